@@ -1,0 +1,3 @@
+"""Root conftest: the `pytester` fixture for the plugin's own integration tests."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,3 @@
+"""pytest-specdecode: would speculative decoding make this vLLM deployment faster?"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,100 @@
+"""Session fixtures: one experiment per pytest session, restored at teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from . import __version__
+from .config import Settings, Workload
+from .errors import ConfigError
+from .experiment import Experiment, PhaseResult
+from .lifecycle import experiment_services
+from .local_process import LocalProcessTarget
+from .results import ResultsFile, redact_argv, redact_env
+from .session import (
+    EXPERIMENT_KEY,
+    api_headers,
+    load_from_options,
+    make_progress,
+    run_dir_for,
+)
+
+
+@pytest.fixture(scope="session")
+def specdecode_settings(pytestconfig: pytest.Config) -> Settings:
+    try:
+        return load_from_options(pytestconfig)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.fixture(scope="session")
+def specdecode_experiment(
+    pytestconfig: pytest.Config, specdecode_settings: Settings
+) -> Iterator[Experiment]:
+    """Brings services up on demand; whatever happens, its teardown restores the original."""
+    settings = specdecode_settings
+    run_dir = run_dir_for(pytestconfig, settings)
+    progress = make_progress(pytestconfig, run_dir / "run.log")
+    headers = api_headers(settings)
+    t = settings.target
+    target = LocalProcessTarget(
+        command=t.command,
+        api_base=t.api_base,
+        model=t.model,
+        workdir=t.workdir,
+        env=t.env,
+        log_dir=run_dir,
+    )
+    results = ResultsFile(
+        run_dir / "results.json",
+        {
+            "plugin_version": __version__,
+            "config_file": str(settings.source),
+            "target": {
+                "backend": t.backend,
+                "host": target.host_name,
+                "api_base": t.api_base,
+                "model": t.model,
+                "command": redact_argv(t.command),
+                "env": redact_env(t.env),
+            },
+            "run": settings.run.__dict__,
+            "candidates": {c.name: dict(c.values) for c in settings.candidates},
+            "workloads": {w.name: w.__dict__ for w in settings.workloads.values()},
+        },
+    )
+    progress(f"run folder {run_dir}")
+    for step in target.plan(settings.candidates):
+        progress(f"plan: {step}")
+    with experiment_services(
+        target, ready_timeout_s=t.startup_timeout_s, progress=progress
+    ) as board:
+        experiment = Experiment(settings, board, results, progress=progress, headers=headers)
+        pytestconfig.stash[EXPERIMENT_KEY] = experiment
+        yield experiment
+    if board.restore_report is not None:
+        results.set("restore", board.restore_report.__dict__)
+
+
+@pytest.fixture(scope="session")
+def specdecode_phase(
+    request: pytest.FixtureRequest, specdecode_experiment: Experiment
+) -> PhaseResult:
+    """The measurements of one phase: 'baseline' or a candidate's name."""
+    return specdecode_experiment.phase(request.param)
+
+
+@pytest.fixture(scope="session")
+def specdecode_candidate(
+    request: pytest.FixtureRequest, specdecode_experiment: Experiment
+) -> PhaseResult:
+    """A candidate's measurements, after the baseline's."""
+    return specdecode_experiment.phase(request.param)
+
+
+@pytest.fixture
+def specdecode_workload(request: pytest.FixtureRequest, specdecode_settings: Settings) -> Workload:
+    return specdecode_settings.workloads[request.param]

@@ -1,0 +1,109 @@
+"""Swapping services for an experiment. The context manager's teardown is the restore."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .errors import ServiceError
+from .service import Progress, Service, Target, wait_until_ready
+from .specconfig import SpecConfig
+
+
+@dataclass
+class RestoreReport:
+    original: str
+    was_active: bool
+    is_active: bool
+    seconds: float
+    errors: list[str]
+
+    def describe(self) -> str:
+        state = "active and serving" if self.is_active else "stopped"
+        text = f"{self.original} restored to {state} in {self.seconds:.0f}s"
+        return text + ("; problems on the way: " + "; ".join(self.errors) if self.errors else "")
+
+
+class Switchboard:
+    """Which service is up right now; brings up the original or a candidate on demand."""
+
+    def __init__(self, target: Target, *, ready_timeout_s: float, progress: Progress) -> None:
+        self.target = target
+        self.original = target.original()
+        self.was_active = self.original.is_active()
+        self.active: Service | None = self.original if self.was_active else None
+        self.active_spec: SpecConfig | None = None
+        self.restore_report: RestoreReport | None = None
+        self._ready_timeout_s = ready_timeout_s
+        self._progress = progress
+
+    def activate(self, spec: SpecConfig | None) -> Service:
+        """Make the original (spec None) or the candidate for `spec` the one serving."""
+        if self.active is not None and self.active_spec == spec:
+            return self.active
+        wanted = self.original if spec is None else self.target.candidate(spec)
+        if self.active is not None:
+            self._progress(f"stopping {self.active.label}")
+            self.active.stop()
+            self.active = None
+        self._progress(f"starting {wanted.label}")
+        wanted.start()
+        self.active, self.active_spec = wanted, spec
+        wait_until_ready(wanted, timeout_s=self._ready_timeout_s, progress=self._progress)
+        return wanted
+
+    def restore(self) -> RestoreReport:
+        """Stop any candidate and put the original back as it was found."""
+        start = time.monotonic()
+        errors: list[str] = []
+        if self.active is not None and self.active is not self.original:
+            try:
+                self._progress(f"restore: stopping {self.active.label}")
+                self.active.stop()
+            except Exception as exc:  # keep going: the original matters more
+                errors.append(f"stopping {self.active.label}: {exc}")
+            self.active = None
+        try:
+            if self.was_active:
+                if not self.original.is_active():
+                    self._progress(f"restore: starting {self.original.label}")
+                    self.original.start()
+                wait_until_ready(
+                    self.original, timeout_s=self._ready_timeout_s, progress=self._progress
+                )
+            elif self.original.is_active():
+                self._progress(f"restore: stopping {self.original.label} (it was not running)")
+                self.original.stop()
+        except Exception as exc:
+            errors.append(str(exc))
+        self.active = self.original if self.original.is_active() else None
+        self.restore_report = RestoreReport(
+            original=self.original.label,
+            was_active=self.was_active,
+            is_active=self.original.is_active(),
+            seconds=time.monotonic() - start,
+            errors=errors,
+        )
+        return self.restore_report
+
+
+@contextmanager
+def experiment_services(
+    target: Target, *, ready_timeout_s: float, progress: Progress
+) -> Iterator[Switchboard]:
+    """Yield a Switchboard; on any exit, restore the original service and check it."""
+    target.preflight()
+    board = Switchboard(target, ready_timeout_s=ready_timeout_s, progress=progress)
+    try:
+        yield board
+    finally:
+        report = board.restore()
+        progress(report.describe())
+        target.close()
+        if report.was_active != report.is_active:
+            raise ServiceError(
+                f"restore failed on {target.host_name}: {report.describe()}. "
+                f"The original was {'active' if report.was_active else 'stopped'} before the run"
+            )

@@ -1,0 +1,194 @@
+"""The embedded default: vLLM as a child process on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shlex
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .commandline import with_speculative_config
+from .errors import ConfigError, ServiceError
+from .specconfig import SpecConfig
+
+# Variables of the plugin's own venv that must not leak into the server's.
+_PLUGIN_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+
+
+class LocalProcessService:
+    """One vLLM server process that this run starts and stops itself."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        argv: Sequence[str],
+        api_base: str,
+        model: str,
+        workdir: Path,
+        env: Mapping[str, str],
+        log_path: Path,
+        stop_timeout_s: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.api_base = api_base
+        self.model = model
+        self.label = f"local vLLM process '{name}'"
+        self._workdir = workdir
+        self._env = env
+        self._log_path = log_path
+        self._stop_timeout_s = stop_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def is_active(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self.is_active():
+            return
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in _PLUGIN_ONLY_ENV}
+        env.update(self._env)
+        with self._log_path.open("ab") as log:
+            log.write(f"$ {shlex.join(self.argv)}\n".encode())
+            log.flush()
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv,
+                    cwd=self._workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise ServiceError(
+                    f"{self.label} could not start `{self.argv[0]}` in {self._workdir}: {exc}; "
+                    "nothing is running (did scripts/setup-embedded run?)"
+                ) from None
+        self.label = f"local vLLM process '{self.name}' (pid {self._proc.pid})"
+
+    def stop(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(self._stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        # Engine workers share the process group: make sure none outlives the server.
+        _signal_group(proc.pid, signal.SIGKILL)
+
+    def failure(self) -> str | None:
+        if self._proc is None:
+            return "never started"
+        code = self._proc.poll()
+        return None if code is None else f"the process exited with status {code}"
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        try:
+            with self._log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+class LocalProcessTarget:
+    """The original server command and the candidates derived from it, all on this machine."""
+
+    host_name = "localhost"
+
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        api_base: str,
+        model: str,
+        workdir: Path,
+        env: Mapping[str, str],
+        log_dir: Path,
+    ) -> None:
+        self.command = list(command)
+        self.api_base = api_base
+        self.model = model
+        self.workdir = workdir
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self._original: LocalProcessService | None = None
+
+    def preflight(self) -> None:
+        """Refuse a port that something else already serves: this backend only runs its own."""
+        parts = urlsplit(self.api_base)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex((parts.hostname or "127.0.0.1", port)) == 0:
+                raise ConfigError(
+                    f"port {port} on {parts.hostname} is already in use, before anything was "
+                    "started: the local backend only measures a server it starts itself. Stop "
+                    "whatever listens there, or change --port/api_base in the config"
+                )
+        if not (self.workdir / self.command[0]).exists() and "/" in self.command[0]:
+            raise ConfigError(
+                f"the server command {self.command[0]!r} does not exist under {self.workdir}; "
+                "run scripts/setup-embedded first"
+            )
+
+    def original(self) -> LocalProcessService:
+        if self._original is None:
+            self._original = self._service("original", self.command)
+        return self._original
+
+    def candidate(self, spec: SpecConfig) -> LocalProcessService:
+        argv = with_speculative_config(self.command, spec, where="[target] command")
+        return self._service(f"candidate-{spec.name}", argv)
+
+    def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
+        steps = [f"start the original: (cd {self.workdir} && {shlex.join(self.command)})"]
+        for spec in specs:
+            argv = with_speculative_config(self.command, spec, where="[target] command")
+            steps += ["stop the running server", f"start candidate {spec.name}: {shlex.join(argv)}"]
+        steps.append("stop the last server (the original was not running before)")
+        return steps
+
+    def close(self) -> None:
+        return None
+
+    def _service(self, name: str, argv: Sequence[str]) -> LocalProcessService:
+        return LocalProcessService(
+            name=name,
+            argv=argv,
+            api_base=self.api_base,
+            model=self.model,
+            workdir=self.workdir,
+            env=self.env,
+            log_path=self.log_dir / f"server-{name}.log",
+        )
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the controller dies, even by SIGKILL (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

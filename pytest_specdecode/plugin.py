@@ -1,0 +1,115 @@
+"""pytest hooks and options. The logic lives in plain objects elsewhere."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from . import fixtures
+from .errors import ConfigError
+from .session import SETTINGS_KEY, load_from_options, run_dir_for, terminal_table
+
+GROUP = "specdecode"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup(GROUP, "speculative decoding experiment (pytest-specdecode)")
+    add = group.addoption
+    add(
+        "--spec-config",
+        action="append",
+        default=[],
+        metavar="NAME|JSON",
+        help="a candidate: a preset name from the config file or inline JSON for vLLM's "
+        "--speculative-config; repeat for several candidates",
+    )
+    add(
+        "--spec-file",
+        metavar="PATH",
+        default=None,
+        help="the experiment's TOML file (default: ini specdecode_file, else "
+        "suites/specdecode.toml under the rootdir)",
+    )
+    add(
+        "--spec-workload",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this prompt type (repeatable; default: all in the config)",
+    )
+    add("--spec-samples", type=int, metavar="N", help="measured requests per prompt and phase")
+    add("--spec-warmup", type=int, metavar="N", help="warm-up requests, not measured")
+    add("--spec-max-tokens", type=int, metavar="N", help="max output tokens per request")
+    add("--spec-concurrency", type=int, metavar="N", help="requests in flight (default 1)")
+    add("--spec-alpha", type=float, metavar="A", help="significance level (default 0.05)")
+    add(
+        "--spec-min-effect",
+        type=float,
+        metavar="F",
+        help="smallest relative change called a regression or improvement (default 0.03)",
+    )
+    add(
+        "--spec-reports",
+        metavar="DIR",
+        default=None,
+        help="where each run's folder goes (default: reports/ beside the config's reports_dir)",
+    )
+    parser.addini("specdecode_file", "default experiment TOML for pytest-specdecode", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(fixtures, "specdecode-fixtures")
+    if hasattr(config, "workerinput") and config.getoption("spec_config"):
+        raise pytest.UsageError(
+            "pytest-specdecode refuses to run under pytest-xdist: two workers would experiment "
+            "on one host at once. Run without -n"
+        )
+    if config.getoption("spec_config") or config.getoption("spec_file"):
+        try:
+            settings = load_from_options(config)
+            run_dir_for(config, settings)  # checks the reports folder is writable, now
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[SETTINGS_KEY] = settings
+    _sigterm_as_interrupt()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    wanted = {"specdecode_phase", "specdecode_candidate", "specdecode_workload"}
+    if not wanted & set(metafunc.fixturenames):
+        return
+    try:
+        settings = load_from_options(metafunc.config)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    candidates = [c.name for c in settings.candidates]
+    if "specdecode_phase" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "specdecode_phase", ["baseline", *candidates], indirect=True, scope="session"
+        )
+    if "specdecode_candidate" in metafunc.fixturenames:
+        metafunc.parametrize("specdecode_candidate", candidates, indirect=True, scope="session")
+    if "specdecode_workload" in metafunc.fixturenames:
+        metafunc.parametrize("specdecode_workload", list(settings.workloads), indirect=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = terminal_table(terminalreporter.config)
+    if lines:
+        terminalreporter.section("speculative decoding: baseline vs candidates")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def _sigterm_as_interrupt() -> None:
+    """A cancelled CI job sends SIGTERM: unwind like Ctrl-C, so the restore runs."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        pass
