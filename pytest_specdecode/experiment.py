@@ -12,14 +12,14 @@ import httpx
 
 from .config import Settings, Workload
 from .lifecycle import Switchboard
-from .loadgen import RequestSample, RequestSpec, run_workload
+from .loadgen import RequestSample, RequestSpec, run_requests
 from .metrics import (
     Acceptance,
     SpecCounters,
     acceptance_between,
+    client_accepted_tokens,
     combine,
     cross_check,
-    mean_tokens_per_chunk,
     parse_spec_counters,
 )
 from .results import ResultsFile
@@ -59,8 +59,11 @@ class WorkloadMeasurement:
         return sum(s.output_tokens for s in self.samples) / self.wall_s
 
     @property
-    def client_tokens_per_chunk(self) -> float | None:
-        return mean_tokens_per_chunk([s.tokens_per_chunk or [] for s in self.samples])
+    def client_accepted(self) -> int | None:
+        """Accepted tokens as the client saw them; None without per-chunk usage."""
+        if any(s.tokens_per_chunk is None for s in self.samples):
+            return None
+        return sum(client_accepted_tokens(s.tokens_per_chunk or []) for s in self.samples)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -71,7 +74,7 @@ class WorkloadMeasurement:
             "mean_ttft_ms": statistics.fmean(s.ttft_s * 1000 for s in self.samples),
             "output_throughput": self.output_throughput,
             "wall_s": self.wall_s,
-            "client_tokens_per_chunk": self.client_tokens_per_chunk,
+            "client_accepted_tokens": self.client_accepted,
             "acceptance": self.acceptance.to_dict(),
         }
 
@@ -184,6 +187,7 @@ class Experiment:
         if candidate in self._verdicts:
             return self._verdicts[candidate]
         base, cand = self.phase(BASELINE), self.phase(candidate)
+        assert cand.spec is not None
         run = self.settings.run
         names = list(cand.measurements)
         tput = compare_family(
@@ -212,7 +216,10 @@ class Experiment:
                 throughput=tput[w],
                 tpot=tpot[w],
                 acceptance_disagreement=cross_check(
-                    cand.measurements[w].acceptance, cand.measurements[w].client_tokens_per_chunk
+                    cand.measurements[w].acceptance,
+                    cand.measurements[w].client_accepted,
+                    requests=len(cand.measurements[w].samples),
+                    num_speculative_tokens=int(cand.spec.values["num_speculative_tokens"]),
                 ),
             )
             for w in names
@@ -265,19 +272,25 @@ class Experiment:
             timeout_s=run.request_timeout_s,
             read_timeout_s=run.read_timeout_s,
         )
-        before = self._counters(service)
-        samples, wall = asyncio.run(
-            run_workload(
-                request,
-                workload=workload.name,
-                phase=phase,
-                samples=run.samples,
-                warmup=run.warmup,
-                concurrency=run.concurrency,
-                headers=self.headers,
-                on_sample=lambda s: self.results.add_sample(s.to_dict()),
+
+        def send(count: int, warmup: bool) -> tuple[list[RequestSample], float]:
+            return asyncio.run(
+                run_requests(
+                    request,
+                    workload=workload.name,
+                    phase=phase,
+                    count=count,
+                    warmup=warmup,
+                    concurrency=run.concurrency,
+                    headers=self.headers,
+                    on_sample=lambda s: self.results.add_sample(s.to_dict()),
+                )
             )
-        )
+
+        if run.warmup:
+            send(run.warmup, True)
+        before = self._counters(service)
+        samples, wall = send(run.samples, False)
         after = self._counters(service)
         return WorkloadMeasurement(workload.name, samples, wall, acceptance_between(before, after))
 

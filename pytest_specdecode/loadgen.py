@@ -208,39 +208,30 @@ def _chunk_text(choice: Mapping[str, Any]) -> str:
     return str(choice.get("text") or "")
 
 
-async def run_workload(
+async def run_requests(
     spec: RequestSpec,
     *,
     workload: str,
     phase: str,
-    samples: int,
-    warmup: int,
+    count: int,
+    warmup: bool = False,
     concurrency: int = 1,
     headers: Mapping[str, str] | None = None,
     on_sample: Callable[[RequestSample], None] = lambda s: None,
 ) -> tuple[list[RequestSample], float]:
-    """Warm up, then send `samples` requests, `concurrency` at a time.
-
-    Returns the measured samples (warm-ups excluded) and the wall time they took.
-    """
+    """Send `count` requests, `concurrency` at a time; returns them and the wall time taken."""
     limits = httpx.Limits(max_connections=max(concurrency, 1))
+    gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(headers=dict(headers or {}), limits=limits) as client:
-        for i in range(warmup):
-            on_sample(
-                await timed_request(
-                    client, spec, workload=workload, phase=phase, index=i, warmup=True
-                )
-            )
-        gate = asyncio.Semaphore(concurrency)
 
         async def one(i: int) -> RequestSample:
             async with gate:
                 sample = await timed_request(
-                    client, spec, workload=workload, phase=phase, index=i, warmup=False
+                    client, spec, workload=workload, phase=phase, index=i, warmup=warmup
                 )
             on_sample(sample)
             return sample
 
         t0 = time.perf_counter()
-        measured = await asyncio.gather(*(one(i) for i in range(samples)))
-        return list(measured), time.perf_counter() - t0
+        samples = await asyncio.gather(*(one(i) for i in range(count)))
+        return list(samples), time.perf_counter() - t0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -110,28 +109,31 @@ def combine(parts: Sequence[Acceptance]) -> Acceptance:
     )
 
 
-def mean_tokens_per_chunk(tokens_per_chunk: Sequence[Sequence[int]]) -> float | None:
-    """Tokens per streamed chunk over many requests, the first chunk (prefill) left out."""
-    decode = [n for chunks in tokens_per_chunk for n in chunks[1:]]
-    return sum(decode) / len(decode) if decode else None
+def client_accepted_tokens(tokens_per_chunk: Sequence[int]) -> int:
+    """Tokens a request received beyond one per decode step: speculation's accepted tokens.
+
+    The role chunk (0 tokens) and the first token (from prefill) are not decode steps.
+    """
+    counts = [n for n in tokens_per_chunk if n > 0][1:]
+    return sum(n - 1 for n in counts)
 
 
 def cross_check(
-    server: Acceptance, client_tokens_per_chunk: float | None, *, tolerance: float = 0.25
+    server: Acceptance, client_accepted: int | None, *, requests: int, num_speculative_tokens: int
 ) -> str | None:
-    """A disagreement between server-side acceptance and what the client saw, or None.
+    """A disagreement between the server's accepted-token count and the client's, or None.
 
-    At concurrency 1 every decode step streams 1 + accepted tokens, so the mean tokens per
-    chunk should track the mean acceptance length.
+    The server may count a few more: tokens accepted past max_tokens or EOS are cut from the
+    stream, at most num_speculative_tokens per request.
     """
-    if not server.present or server.mean_acceptance_length is None:
+    if not server.present:
         return None
-    if client_tokens_per_chunk is None or math.isnan(client_tokens_per_chunk):
-        return "the client saw no per-chunk token counts to check acceptance against"
-    expected = server.mean_acceptance_length
-    if abs(client_tokens_per_chunk - expected) > tolerance * expected:
+    if client_accepted is None:
+        return "the server sent no per-chunk usage, so acceptance could not be cross-checked"
+    slack = requests * num_speculative_tokens
+    if not client_accepted <= server.accepted <= client_accepted + slack:
         return (
-            f"server mean acceptance length {expected:.2f} but the client saw "
-            f"{client_tokens_per_chunk:.2f} tokens per chunk (>{tolerance:.0%} apart)"
+            f"the server counted {server.accepted:.0f} accepted tokens but the client received "
+            f"{client_accepted} beyond one per step (allowed: up to {slack} more on the server)"
         )
     return None
