@@ -98,17 +98,20 @@ async def timed_request(
             return await _stream(client, url, payload, spec, workload, phase, index, warmup)
     except TimeoutError:
         raise RequestError(
-            f"{url}: the stream did not end within {spec.timeout_s:.0f}s ({workload}, {phase})"
+            f"{url}: the stream did not end within {spec.timeout_s:g}s ({workload}, {phase})"
+        ) from None
+    except httpx.ReadTimeout:
+        raise RequestError(
+            f"{url}: no data for {spec.read_timeout_s:g}s ({workload}, {phase})"
         ) from None
     except httpx.TimeoutException as exc:
         raise RequestError(
-            f"{url}: no data for {spec.read_timeout_s:.0f}s ({type(exc).__name__}; "
-            f"{workload}, {phase})"
+            f"{url}: timed out ({type(exc).__name__}; {workload}, {phase})"
         ) from None
     except httpx.HTTPError as exc:
         raise RequestError(
-            f"{url}: the connection broke mid-request ({type(exc).__name__}: {exc}; "
-            f"{workload}, {phase})"
+            f"{url}: the connection broke mid-request ({type(exc).__name__}: "
+            f"{exc or 'no detail'}; {workload}, {phase})"
         ) from None
 
 
@@ -136,7 +139,9 @@ async def _stream(
     async with client.stream("POST", url, json=payload, timeout=timeout) as response:
         if response.status_code != 200:
             body = (await response.aread()).decode(errors="replace")[:300]
-            raise RequestError(f"{url} answered HTTP {response.status_code}: {body}")
+            raise RequestError(
+                f"{url} answered HTTP {response.status_code} ({workload}, {phase}): {body}"
+            )
         async for line in response.aiter_lines():
             if not line or line.startswith(":"):
                 continue
@@ -233,5 +238,12 @@ async def run_requests(
             return sample
 
         t0 = time.perf_counter()
-        samples = await asyncio.gather(*(one(i) for i in range(count)))
+        tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
+        try:
+            samples = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return list(samples), time.perf_counter() - t0

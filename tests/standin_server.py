@@ -191,9 +191,7 @@ def _chat_chunk(
         "object": "chat.completion.chunk",
         "created": 1700000000,
         "model": "stand-in",
-        "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ],
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
     }
     if completion_tokens is not None:
         chunk["usage"] = _usage(completion_tokens)
@@ -208,9 +206,7 @@ def _usage(completion_tokens: int) -> dict[str, int]:
     }
 
 
-def _usage_only_chunk(
-    completion_tokens: int, obj: str = "chat.completion.chunk"
-) -> dict[str, Any]:
+def _usage_only_chunk(completion_tokens: int, obj: str = "chat.completion.chunk") -> dict[str, Any]:
     return {
         "id": "chatcmpl-standin",
         "object": obj,
@@ -288,9 +284,7 @@ class StandInSSEServer:
         return self._thread
 
     def start(self) -> StandInSSEServer:
-        self._thread = threading.Thread(
-            target=self._run, name="StandInSSEServer", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="StandInSSEServer", daemon=True)
         self._thread.start()
         self._started.wait(10)
         if self._startup_error is not None:
@@ -307,6 +301,7 @@ class StandInSSEServer:
         if thread.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop already stopped
                 asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout)
+                loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout)
         if thread.is_alive():
             raise RuntimeError(f"the stand-in server's thread did not stop within {timeout} s")
@@ -345,7 +340,6 @@ class StandInSSEServer:
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
         await self._server.wait_closed()
-        asyncio.get_running_loop().stop()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         task = asyncio.current_task()
@@ -358,6 +352,11 @@ class StandInSSEServer:
                 keep_alive = await self._one_request(reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away
+        except asyncio.CancelledError:
+            # close() ends silent streams and idle connections by cancelling their handlers.
+            # The task must not end cancelled: Python 3.11's start_server callback would log
+            # the CancelledError from task.exception() as an unhandled exception.
+            pass
         finally:
             self.open_connections -= 1
             self._handlers.discard(task)
