@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -30,14 +31,20 @@ class Workload:
 class TargetConfig:
     """How the original service runs, and where it answers."""
 
-    backend: Literal["local"]
+    backend: Literal["local", "systemd"]
     api_base: str
     model: str
-    command: tuple[str, ...]
+    command: tuple[str, ...]  # local: the original server's command line
     workdir: Path
     env: Mapping[str, str]
     startup_timeout_s: float
     api_key_env: str | None  # the *name* of a variable holding an API key, never the key
+    host: str | None = None  # systemd: ssh://user@host:port
+    unit: str | None = None  # systemd: the production unit
+    identity_file: Path | None = None
+    known_hosts: Path | None = None
+    accept_unknown_host_key: bool = False
+    watchdog_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,12 @@ class Settings:
 _TOP_KEYS = {"target", "run", "thresholds", "presets", "workloads", "reports_dir"}
 _TARGET_KEYS = {
     "backend",
+    "host",
+    "unit",
+    "identity_file",
+    "known_hosts",
+    "accept_unknown_host_key",
+    "watchdog_s",
     "api_base",
     "model",
     "command",
@@ -85,6 +98,7 @@ def load_settings(
     path: Path,
     *,
     spec_configs: Sequence[str] = (),
+    target_overrides: Mapping[str, Any] | None = None,
     run_overrides: Mapping[str, Any] | None = None,
     workloads: Sequence[str] = (),
     reports_dir: Path | None = None,
@@ -111,7 +125,14 @@ def load_settings(
     reports = reports_dir or base / str(raw.get("reports_dir", "../reports"))
     return Settings(
         source=path,
-        target=_target_config(_table(raw, "target", where), base, where),
+        target=_target_config(
+            {
+                **_table(raw, "target", where),
+                **{k: v for k, v in (target_overrides or {}).items() if v not in (None, False)},
+            },
+            base,
+            where,
+        ),
         run=run,
         presets=presets,
         workloads=chosen,
@@ -236,9 +257,9 @@ def _choose(
 def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfig:
     here = f"{where} [target]"
     _no_unknown(table, _TARGET_KEYS, here)
-    backend = table.get("backend", "local")
-    if backend != "local":
-        raise ConfigError(f"{here}: backend must be 'local', got {backend!r}")
+    backend = table.get("backend", "systemd" if table.get("host") else "local")
+    if backend not in ("local", "systemd"):
+        raise ConfigError(f"{here}: backend must be 'local' or 'systemd', got {backend!r}")
     api_base = str(table.get("api_base", "")).rstrip("/")
     parts = urlsplit(api_base)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -246,12 +267,16 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
     model = table.get("model")
     if not isinstance(model, str) or not model:
         raise ConfigError(f"{here}: 'model' (the served model name) is required")
-    command = table.get("command")
-    if isinstance(command, str):
-        command = shlex.split(command)
-    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-        raise ConfigError(f"{here}: 'command' must be the server's command line")
-    check_vllm_command(command, where=here)
+    command: Any = ()
+    if backend == "local":
+        command = table.get("command")
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+            raise ConfigError(f"{here}: 'command' must be the server's command line")
+        check_vllm_command(command, where=here)
+    else:
+        _systemd_keys(table, here)
     env = table.get("env", {})
     if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
         raise ConfigError(f"{here}: 'env' must be a table of strings")
@@ -260,16 +285,56 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         isinstance(api_key_env, str) and api_key_env.isidentifier()
     ):
         raise ConfigError(f"{here}: api_key_env must name an environment variable")
-    timeout = table.get("startup_timeout_s", 1800)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ConfigError(f"{here}: startup_timeout_s must be a positive number, got {timeout!r}")
+    timeout = _positive_number(table.get("startup_timeout_s", 1800), "startup_timeout_s", here)
     return TargetConfig(
-        backend="local",
+        backend=backend,
         api_base=api_base,
         model=model,
         command=tuple(command),
         workdir=(base / str(table.get("workdir", "."))).resolve(),
         env=dict(env),
-        startup_timeout_s=float(timeout),
+        startup_timeout_s=timeout,
         api_key_env=api_key_env,
+        host=table.get("host"),
+        unit=table.get("unit"),
+        identity_file=_path(table.get("identity_file"), base),
+        known_hosts=_path(table.get("known_hosts"), base),
+        accept_unknown_host_key=bool(table.get("accept_unknown_host_key", False)),
+        watchdog_s=_positive_number(table.get("watchdog_s", 1800), "watchdog_s", here),
     )
+
+
+def _systemd_keys(table: Mapping[str, Any], here: str) -> None:
+    from .ssh import SSHSpec  # paramiko only where a remote host is used
+    from .unitfile import check_unit_name
+
+    host, unit = table.get("host"), table.get("unit")
+    if not isinstance(host, str):
+        raise ConfigError(
+            f"{here}: the systemd backend needs host = 'ssh://user@host:port' (or --spec-host)"
+        )
+    SSHSpec.parse(host)
+    if not isinstance(unit, str):
+        raise ConfigError(
+            f"{here}: the systemd backend needs unit = 'NAME.service' (or --spec-unit)"
+        )
+    check_unit_name(unit)
+    for key in ("identity_file", "known_hosts"):
+        value = table.get(key)
+        if value is not None and not Path(os.path.expanduser(str(value))).is_file():
+            raise ConfigError(f"{here}: {key} {value!r} is not a readable file")
+    if not isinstance(table.get("accept_unknown_host_key", False), bool):
+        raise ConfigError(f"{here}: accept_unknown_host_key must be true or false")
+
+
+def _positive_number(value: Any, key: str, here: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{here}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _path(value: Any, base: Path) -> Path | None:
+    if value is None:
+        return None
+    path = Path(os.path.expanduser(str(value)))
+    return path if path.is_absolute() else (base / path).resolve()

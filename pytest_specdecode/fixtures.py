@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import pytest
 
 from . import __version__
+from .backends import open_target
 from .config import Settings, Workload
 from .errors import ConfigError
 from .experiment import Experiment, PhaseResult
 from .lifecycle import experiment_services
-from .local_process import LocalProcessTarget
 from .results import ResultsFile, redact_argv, redact_env
 from .session import (
     EXPERIMENT_KEY,
@@ -40,14 +40,7 @@ def specdecode_experiment(
     progress = make_progress(pytestconfig, run_dir / "run.log")
     headers = api_headers(settings)
     t = settings.target
-    target = LocalProcessTarget(
-        command=t.command,
-        api_base=t.api_base,
-        model=t.model,
-        workdir=t.workdir,
-        env=t.env,
-        log_dir=run_dir,
-    )
+    target = open_target(t, log_dir=run_dir)
     results = ResultsFile(
         run_dir / "results.json",
         {
@@ -56,6 +49,7 @@ def specdecode_experiment(
             "target": {
                 "backend": t.backend,
                 "host": target.host_name,
+                "unit": t.unit,
                 "api_base": t.api_base,
                 "model": t.model,
                 "command": redact_argv(t.command),

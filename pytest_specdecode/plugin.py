@@ -55,6 +55,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="where each run's folder goes (default: reports/ beside the config's reports_dir)",
     )
+    add(
+        "--spec-host",
+        metavar="ssh://USER@HOST:PORT",
+        default=None,
+        help="experiment on the systemd unit of this host over SSH (the systemd backend)",
+    )
+    add("--spec-unit", metavar="NAME.service", default=None, help="the production vLLM unit")
+    add("--spec-identity", metavar="PATH", default=None, help="SSH private key file")
+    add(
+        "--spec-known-hosts",
+        metavar="PATH",
+        default=None,
+        help="known_hosts to verify the host key against (default ~/.ssh/known_hosts)",
+    )
+    add(
+        "--spec-accept-unknown-host-key",
+        action="store_true",
+        default=False,
+        help="trust a host key that is not in known_hosts (a changed key is always refused)",
+    )
+    add(
+        "--spec-api-base",
+        metavar="URL",
+        default=None,
+        help="where the service answers, as seen from here (overrides [target] api_base)",
+    )
+    add("--spec-model", metavar="NAME", default=None, help="the served model name")
+    add(
+        "--spec-watchdog",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="the host restores the original by itself if this controller is silent this long",
+    )
     parser.addini("specdecode_file", "default experiment TOML for pytest-specdecode", default="")
 
 
@@ -65,7 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "pytest-specdecode refuses to run under pytest-xdist: two workers would experiment "
             "on one host at once. Run without -n"
         )
-    if config.getoption("spec_config") or config.getoption("spec_file"):
+    if any(config.getoption(o) for o in ("spec_config", "spec_file", "spec_host")):
         try:
             settings = load_from_options(config)
             run_dir_for(config, settings)  # checks the reports folder is writable, now

@@ -31,6 +31,17 @@ def load_from_options(config: pytest.Config) -> Settings:
         _spec_file(config),
         spec_configs=opt("spec_config"),
         workloads=opt("spec_workload"),
+        target_overrides={
+            "host": opt("spec_host"),
+            "unit": opt("spec_unit"),
+            "identity_file": opt("spec_identity"),
+            "known_hosts": opt("spec_known_hosts"),
+            "accept_unknown_host_key": opt("spec_accept_unknown_host_key"),
+            "api_base": opt("spec_api_base"),
+            "model": opt("spec_model"),
+            "watchdog_s": opt("spec_watchdog"),
+            **({"backend": "systemd"} if opt("spec_host") else {}),
+        },
         reports_dir=Path(reports).resolve() if reports else None,
         run_overrides={
             "samples": opt("spec_samples"),

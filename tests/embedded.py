@@ -63,11 +63,17 @@ class EmbeddedExperiment:
 
 
 def write_experiment(
-    pytester: pytest.Pytester, *, run: str = "", thresholds: str = "", workloads: str = ""
+    pytester: pytest.Pytester,
+    *,
+    run: dict[str, object] | None = None,
+    thresholds: str = "",
+    workloads: str = "",
 ) -> EmbeddedExperiment:
     if not (SERVER_PYTHON.exists() and (MODEL_DIR / "model.safetensors").exists()):
         pytest.fail(f"the embedded vLLM is not set up under {EMBEDDED}: run scripts/setup-embedded")
     port = free_port()
+    run_values = {"samples": 5, "warmup": 1, "max_tokens": 32, **(run or {})}
+    run_table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_values.items())
     shutil.copytree(
         REPO / "suites",
         pytester.path / "suites",
@@ -89,10 +95,7 @@ startup_timeout_s = 400
 [target.env]
 VLLM_CPU_KVCACHE_SPACE = "1"
 [run]
-samples = 5
-warmup = 1
-max_tokens = 32
-{run}
+{run_table}
 [thresholds]
 {thresholds}
 [presets]

@@ -88,7 +88,7 @@ def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
 def test_interrupt_mid_measurement_restores_and_keeps_samples(
     pytester: pytest.Pytester, sig: signal.Signals
 ) -> None:
-    exp = write_experiment(pytester, run="samples = 6")
+    exp = write_experiment(pytester, run={"samples": 6})
     cmd = [sys.executable, "-m", "pytest", *exp.args("--spec-config", "ngram")]
     proc = subprocess.Popen(
         cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=subprocess.DEVNULL
@@ -104,7 +104,7 @@ def test_interrupt_mid_measurement_restores_and_keeps_samples(
     time.sleep(2)
     proc.send_signal(sig)
     try:
-        rest, _ = proc.communicate(timeout=90)
+        _, rest = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
@@ -119,7 +119,7 @@ def test_interrupt_mid_measurement_restores_and_keeps_samples(
 
 def test_candidate_that_dies_at_startup_fails_fast_with_its_log(pytester: pytest.Pytester) -> None:
     # vLLM accepts the JSON but the suffix method needs a package the server lacks: it exits.
-    exp = write_experiment(pytester, run="samples = 2\nwarmup = 0")
+    exp = write_experiment(pytester, run={"samples": 2, "warmup": 0})
     result = pytester.runpytest_subprocess(
         *exp.args("--spec-config", "suffix", "--spec-workload", "coding")
     )

@@ -203,8 +203,14 @@ async def test_line_without_data_prefix(standin):
     ("scenario", "expected"),
     [
         ("http_500", "answered HTTP 500 (edge, baseline): Internal Server Error"),
-        ("http_404", 'answered HTTP 404 (edge, baseline): {"object": "error", "message": "The model'),
-        ("http_400", 'answered HTTP 400 (edge, baseline): {"object": "error", "message": "max_tokens must'),
+        (
+            "http_404",
+            'answered HTTP 404 (edge, baseline): {"object": "error", "message": "The model',
+        ),
+        (
+            "http_400",
+            'answered HTTP 400 (edge, baseline): {"object": "error", "message": "max_tokens must',
+        ),
     ],
 )
 async def test_http_error_status_names_status_and_body(standin, scenario, expected):

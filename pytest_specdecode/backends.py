@@ -1,0 +1,39 @@
+"""Choose the backend for a target: a local process (embedded default) or systemd over SSH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import TargetConfig
+from .local_process import LocalProcessTarget
+from .service import Target
+
+
+def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
+    if config.backend == "local":
+        return LocalProcessTarget(
+            command=config.command,
+            api_base=config.api_base,
+            model=config.model,
+            workdir=config.workdir,
+            env=config.env,
+            log_dir=log_dir,
+        )
+    from .ssh import SSHHost, SSHSpec
+    from .systemd import SystemdTarget
+
+    assert config.host and config.unit
+    spec = SSHSpec.parse(
+        config.host,
+        identity_file=config.identity_file,
+        known_hosts=config.known_hosts,
+        accept_unknown_host_key=config.accept_unknown_host_key,
+    )
+    return SystemdTarget(
+        SSHHost(spec),
+        config.unit,
+        api_base=config.api_base,
+        model=config.model,
+        watchdog_s=config.watchdog_s,
+        heartbeat_host=SSHHost(spec),
+    )

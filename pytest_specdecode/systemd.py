@@ -1,0 +1,358 @@
+"""The GPU host's vLLM as systemd units over a Host: the original, candidates, a watchdog, a lock.
+
+What it writes on the host, and where:
+- /etc/systemd/system/<unit>-specdecode.service: the candidate, removed at restore;
+- /run/pytest-specdecode/: the lock (owner.txt) and the watchdog's restore.sh, removed at restore;
+- transient units pytest-specdecode-watchdog.{timer,service} (systemd-run), stopped at restore.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+from .errors import ConfigError, HostError, ServiceError
+from .hosts import Host
+from .specconfig import SpecConfig
+from .unitfile import candidate_unit_name, check_unit_name, render_candidate_unit
+
+STATE_DIR = "/run/pytest-specdecode"
+LOCK_DIR = f"{STATE_DIR}/lock"
+RESTORE_SCRIPT = f"{STATE_DIR}/restore.sh"
+UNIT_DIR = "/etc/systemd/system"
+WATCHDOG = "pytest-specdecode-watchdog"
+# Journal lines that mean the engine is dead although the unit may still look active.
+ENGINE_DEATH = re.compile(
+    r"EngineCore failed|Engine core initialization failed|EngineDeadError|InvalidCxxCompiler"
+    r"|CUDA out of memory|OutOfMemoryError|Traceback \(most recent call last\)"
+)
+_SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+
+
+class SystemdUnit:
+    """One unit on a host, seen as a Service."""
+
+    def __init__(self, host: Host, unit: str, *, api_base: str, model: str) -> None:
+        self.host = host
+        self.unit = check_unit_name(unit)
+        self.api_base = api_base
+        self.model = model
+        self.label = f"unit {unit} on {host.name}"
+        self._started_at: float | None = None
+        self._restarts_at_start = 0
+
+    def show(self) -> dict[str, str]:
+        result = self.host.check(
+            ["systemctl", "show", self.unit, *(f"--property={p}" for p in _SHOW)], timeout=30
+        )
+        return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+    def state(self) -> str:
+        s = self.show()
+        return f"{s.get('ActiveState')}/{s.get('SubState')} (NRestarts={s.get('NRestarts')})"
+
+    def is_active(self) -> bool:
+        return self.show().get("ActiveState") in ("active", "activating", "reloading")
+
+    def start(self) -> None:
+        self._restarts_at_start = int(self.show().get("NRestarts") or 0)
+        self._started_at = time.time()
+        self._systemctl("start", timeout=120)
+
+    def stop(self) -> None:
+        self._systemctl("stop", timeout=180)
+        self._check_stopped()
+
+    def failure(self) -> str | None:
+        s = self.show()
+        restarts = int(s.get("NRestarts") or 0)
+        if s.get("ActiveState") == "failed":
+            return f"the unit failed (Result={s.get('Result')}, status {s.get('ExecMainStatus')})"
+        if restarts > self._restarts_at_start:
+            return (
+                f"crash loop: NRestarts climbed from {self._restarts_at_start} to {restarts} "
+                f"since the start ({s.get('ActiveState')}/{s.get('SubState')})"
+            )
+        if s.get("ActiveState") == "inactive" and self._started_at is not None:
+            return f"the unit stopped by itself (Result={s.get('Result')})"
+        for line in self.log_tail(200):
+            if ENGINE_DEATH.search(line):
+                return f"the engine died while the unit stays {s.get('ActiveState')}: {line[:200]}"
+        return None
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        argv = ["journalctl", "-u", self.unit, "-n", str(lines), "--no-pager", "-o", "cat"]
+        if self._started_at is not None:
+            argv += ["--since", f"@{int(self._started_at) - 1}"]
+        try:
+            result = self.host.run(argv, timeout=30)
+        except HostError:
+            return []
+        return [line for line in result.stdout.splitlines() if line.strip()]
+
+    def _systemctl(self, verb: str, *, timeout: float) -> None:
+        result = self.host.run(["systemctl", verb, self.unit], timeout=timeout)
+        if not result.ok:
+            raise ServiceError(
+                f"`systemctl {verb} {self.unit}` failed on {self.host.name}: "
+                f"{result.describe()}; the unit is now {self.state()}"
+            )
+
+    def _check_stopped(self) -> None:
+        """No process of the unit lingers; GPU memory is free again (where nvidia-smi is)."""
+        deadline = time.monotonic() + 60
+        while True:
+            s = self.show()
+            if s.get("ActiveState") in ("inactive", "failed") and s.get("MainPID") in ("0", ""):
+                break
+            if time.monotonic() > deadline:
+                raise ServiceError(f"{self.label} did not stop within 60s: {self.state()}")
+            time.sleep(1)
+        gpu = self.host.run(
+            [
+                "sh",
+                "-c",
+                "command -v nvidia-smi >/dev/null || exit 3; nvidia-smi "
+                "--query-compute-apps=pid,used_memory --format=csv,noheader",
+            ],
+            timeout=30,
+        )
+        if gpu.exit_status == 0 and gpu.stdout.strip():
+            raise ServiceError(
+                f"{self.label} stopped but GPU memory is still held: {gpu.stdout.strip()}"
+            )
+
+
+class SystemdTarget:
+    """A production unit on a host, and candidate units derived from it."""
+
+    def __init__(
+        self,
+        host: Host,
+        unit: str,
+        *,
+        api_base: str,
+        model: str,
+        watchdog_s: float = 1800.0,
+        heartbeat_host: Host | None = None,
+    ) -> None:
+        self.host = host
+        self.host_name = host.name
+        self.unit = check_unit_name(unit)
+        self.candidate_unit = candidate_unit_name(unit)
+        self.api_base = api_base
+        self.model = model
+        self.watchdog_s = watchdog_s
+        self.run_id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        self._heartbeat_host = heartbeat_host
+        self._heartbeat: threading.Thread | None = None
+        self._stop_heartbeat = threading.Event()
+        self._original: SystemdUnit | None = None
+        self._unit_text: str | None = None
+        self._locked = False
+        self._armed = False
+
+    # -- Target -------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        text = self.unit_text()
+        render_candidate_unit(self.unit, text, _PROBE_SPEC, run_id=self.run_id)  # parses or refuses
+        state = self.original().show()
+        if state.get("ActiveState") != "active":
+            raise ConfigError(
+                f"unit {self.unit} on {self.host_name} is {state.get('ActiveState')}/"
+                f"{state.get('SubState')}, not active: refusing to experiment. The tool restores "
+                "the original to the state it found, and only a serving original is a baseline"
+            )
+        writable = self.host.run(["test", "-w", UNIT_DIR], timeout=30)
+        if not writable.ok:
+            raise ConfigError(
+                f"{self.host_name}: {UNIT_DIR} is not writable by {self.host.name.split('@')[0]}; "
+                "the candidate unit cannot be written (run as root, or via a sudo rule)"
+            )
+        self._lock()
+
+    def original(self) -> SystemdUnit:
+        if self._original is None:
+            self._original = SystemdUnit(
+                self.host, self.unit, api_base=self.api_base, model=self.model
+            )
+        return self._original
+
+    def candidate(self, spec: SpecConfig) -> SystemdUnit:
+        self._arm_watchdog()
+        self._check_port_free()
+        content = render_candidate_unit(self.unit, self.unit_text(), spec, run_id=self.run_id)
+        self.write_file(f"{UNIT_DIR}/{self.candidate_unit}", content)
+        self.host.check(["systemctl", "daemon-reload"], timeout=60)
+        return SystemdUnit(self.host, self.candidate_unit, api_base=self.api_base, model=self.model)
+
+    def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
+        steps = [f"on {self.host_name}: lock {LOCK_DIR}; measure {self.unit} as it runs"]
+        for spec in specs:
+            unit_file = render_candidate_unit(self.unit, self.unit_text(), spec, run_id=self.run_id)
+            steps += [
+                f"arm the watchdog: systemd-run --unit {WATCHDOG} --on-active="
+                f"{self.watchdog_s:.0f}s /bin/sh {RESTORE_SCRIPT} (renewed while running)",
+                f"systemctl stop {self.unit} (or the previous candidate)",
+                f"write {UNIT_DIR}/{self.candidate_unit}:\n" + _indent(unit_file),
+                f"systemctl daemon-reload; systemctl start {self.candidate_unit}",
+            ]
+        steps += [
+            f"restore: systemctl stop {self.candidate_unit}; rm {UNIT_DIR}/"
+            f"{self.candidate_unit}; systemctl daemon-reload; systemctl start {self.unit}; wait "
+            f"until healthy; disarm the watchdog; unlock",
+        ]
+        return steps
+
+    def close(self) -> None:
+        """Called after the restore: remove every trace, then let go of the host."""
+        try:
+            self._remove_candidate()
+            self._disarm_watchdog()
+            self._unlock()
+        finally:
+            self.host.close()
+            if self._heartbeat_host is not None:
+                self._heartbeat_host.close()
+
+    # -- host files -----------------------------------------------------------------------------
+    def unit_text(self) -> str:
+        if self._unit_text is None:
+            result = self.host.run(["systemctl", "cat", self.unit], timeout=30)
+            if not result.ok:
+                raise ConfigError(
+                    f"unit {self.unit} not found on {self.host_name} "
+                    f"({(result.stderr or result.stdout).strip()[:200]}); nothing was touched"
+                )
+            self._unit_text = result.stdout
+        return self._unit_text
+
+    def write_file(self, path: str, content: str, mode: str = "0644") -> None:
+        """Atomically: a temporary file beside it, then rename. Content goes by stdin only."""
+        script = 'umask 022 && cat > "$1.tmp" && chmod "$2" "$1.tmp" && mv -f "$1.tmp" "$1"'
+        self.host.check(["sh", "-c", script, "sh", path, mode], stdin=content, timeout=60)
+
+    # -- lock -------------------------------------------------------------------------------------
+    def _lock(self) -> None:
+        owner = (
+            f"run {self.run_id} by {getpass.getuser()} on {socket.gethostname()} since "
+            f"{datetime.now(UTC).isoformat(timespec='seconds')}, unit {self.unit}"
+        )
+        self.host.check(["mkdir", "-p", "-m", "0700", STATE_DIR], timeout=30)
+        got = self.host.run(["mkdir", LOCK_DIR], timeout=30)
+        if not got.ok:
+            held = self.host.run(["cat", f"{LOCK_DIR}/owner.txt"], timeout=30).stdout.strip()
+            raise ConfigError(
+                f"{self.host_name} is locked by another experiment ({held or 'owner unknown'}); "
+                f"nothing was touched. If that run is dead and its watchdog gone, remove "
+                f"{LOCK_DIR} on the host"
+            )
+        self._locked = True
+        self.write_file(f"{LOCK_DIR}/owner.txt", owner + "\n")
+
+    def _unlock(self) -> None:
+        if self._locked:
+            self.host.run(["rm", "-rf", LOCK_DIR], timeout=30)
+            self._locked = False
+
+    # -- watchdog -----------------------------------------------------------------------------
+    def restore_script(self) -> str:
+        cand, orig = shlex.quote(self.candidate_unit), shlex.quote(self.unit)
+        return "\n".join(
+            [
+                "#!/bin/sh",
+                f"# pytest-specdecode run {self.run_id}: the controller stopped renewing; restore.",
+                f"systemctl stop {cand}",
+                f"rm -f {shlex.quote(f'{UNIT_DIR}/{self.candidate_unit}')}",
+                "systemctl daemon-reload",
+                f"systemctl start {orig}",
+                f"rm -rf {shlex.quote(LOCK_DIR)} {shlex.quote(RESTORE_SCRIPT)}",
+                "",
+            ]
+        )
+
+    def _arm_watchdog(self) -> None:
+        if self._armed:
+            return
+        self.write_file(RESTORE_SCRIPT, self.restore_script(), mode="0700")
+        self._start_timer(self.host)
+        self._armed = True
+        self._stop_heartbeat.clear()
+        self._heartbeat = threading.Thread(
+            target=self._renew_loop, daemon=True, name="specdecode-watchdog"
+        )
+        self._heartbeat.start()
+
+    def _start_timer(self, host: Host) -> None:
+        host.run(["systemctl", "stop", f"{WATCHDOG}.timer", f"{WATCHDOG}.service"], timeout=30)
+        host.run(
+            ["systemctl", "reset-failed", f"{WATCHDOG}.timer", f"{WATCHDOG}.service"], timeout=30
+        )
+        host.check(
+            [
+                "systemd-run",
+                f"--unit={WATCHDOG}",
+                f"--on-active={int(self.watchdog_s)}s",
+                "--timer-property=AccuracySec=1s",
+                f"--description=pytest-specdecode watchdog for {self.unit}",
+                "/bin/sh",
+                RESTORE_SCRIPT,
+            ],
+            timeout=30,
+        )
+
+    def _renew_loop(self) -> None:
+        host = self._heartbeat_host or self.host
+        interval = max(1.0, self.watchdog_s / 3)
+        while not self._stop_heartbeat.wait(interval):
+            try:
+                self._start_timer(host)
+            except Exception:  # the next beat retries; the timer itself is the safety net
+                continue
+
+    def _disarm_watchdog(self) -> None:
+        if not self._armed:
+            return
+        self._stop_heartbeat.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=30)
+        self.host.run(["systemctl", "stop", f"{WATCHDOG}.timer", f"{WATCHDOG}.service"], timeout=30)
+        self.host.run(["rm", "-f", RESTORE_SCRIPT], timeout=30)
+        self._armed = False
+
+    # -- candidate ----------------------------------------------------------------------------
+    def _remove_candidate(self) -> None:
+        path = f"{UNIT_DIR}/{self.candidate_unit}"
+        if self.host.run(["test", "-e", path], timeout=30).ok:
+            self.host.run(["systemctl", "stop", self.candidate_unit], timeout=180)
+            self.host.check(["rm", "-f", path], timeout=30)
+            self.host.check(["systemctl", "daemon-reload"], timeout=60)
+
+    def _check_port_free(self) -> None:
+        port = urlsplit(self.api_base).port or 80
+        deadline = time.monotonic() + 30
+        while True:
+            listeners = self.host.run(["ss", "-Htln", f"sport = :{port}"], timeout=30)
+            if not listeners.ok or not listeners.stdout.strip():
+                return
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"port {port} on {self.host_name} is still in use after stopping "
+                    f"{self.unit}: {listeners.stdout.strip()[:200]}; the candidate cannot bind it"
+                )
+            time.sleep(1)
+
+
+_PROBE_SPEC = SpecConfig("probe", {"method": "ngram", "num_speculative_tokens": 1})
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
