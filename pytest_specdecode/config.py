@@ -38,6 +38,7 @@ class TargetConfig:
     workdir: Path
     env: Mapping[str, str]
     startup_timeout_s: float
+    restore_timeout_s: float
     api_key_env: str | None  # the *name* of a variable holding an API key, never the key
     host: str | None = None  # systemd: ssh://user@host:port
     unit: str | None = None  # systemd: the production unit
@@ -81,6 +82,7 @@ _TARGET_KEYS = {
     "known_hosts",
     "accept_unknown_host_key",
     "watchdog_s",
+    "restore_timeout_s",
     "api_base",
     "model",
     "command",
@@ -294,6 +296,9 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         workdir=(base / str(table.get("workdir", "."))).resolve(),
         env=dict(env),
         startup_timeout_s=timeout,
+        restore_timeout_s=_positive_number(
+            table.get("restore_timeout_s", max(timeout, 3600.0)), "restore_timeout_s", here
+        ),
         api_key_env=api_key_env,
         host=table.get("host"),
         unit=table.get("unit"),

@@ -63,8 +63,16 @@ def specdecode_experiment(
     progress(f"run folder {run_dir}")
     for step in target.plan(settings.candidates):
         progress(f"plan: {step}")
+    try:
+        target.preflight()
+    except ConfigError as exc:  # refused before anything on the host was touched
+        target.close()
+        pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     with experiment_services(
-        target, ready_timeout_s=t.startup_timeout_s, progress=progress
+        target,
+        ready_timeout_s=t.startup_timeout_s,
+        restore_timeout_s=t.restore_timeout_s,
+        progress=progress,
     ) as board:
         experiment = Experiment(settings, board, results, progress=progress, headers=headers)
         pytestconfig.stash[EXPERIMENT_KEY] = experiment

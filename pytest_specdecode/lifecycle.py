@@ -29,7 +29,14 @@ class RestoreReport:
 class Switchboard:
     """Which service is up right now; brings up the original or a candidate on demand."""
 
-    def __init__(self, target: Target, *, ready_timeout_s: float, progress: Progress) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        ready_timeout_s: float,
+        restore_timeout_s: float,
+        progress: Progress,
+    ) -> None:
         self.target = target
         self.original = target.original()
         self.was_active = self.original.is_active()
@@ -37,17 +44,19 @@ class Switchboard:
         self.active_spec: SpecConfig | None = None
         self.restore_report: RestoreReport | None = None
         self._ready_timeout_s = ready_timeout_s
+        self._restore_timeout_s = restore_timeout_s
         self._progress = progress
 
     def activate(self, spec: SpecConfig | None) -> Service:
         """Make the original (spec None) or the candidate for `spec` the one serving."""
         if self.active is not None and self.active_spec == spec:
             return self.active
-        wanted = self.original if spec is None else self.target.candidate(spec)
+        self.target.before_swap()
         if self.active is not None:
             self._progress(f"stopping {self.active.label}")
             self.active.stop()
             self.active = None
+        wanted = self.original if spec is None else self.target.candidate(spec)
         self._progress(f"starting {wanted.label}")
         wanted.start()
         self.active, self.active_spec = wanted, spec
@@ -71,7 +80,7 @@ class Switchboard:
                     self._progress(f"restore: starting {self.original.label}")
                     self.original.start()
                 wait_until_ready(
-                    self.original, timeout_s=self._ready_timeout_s, progress=self._progress
+                    self.original, timeout_s=self._restore_timeout_s, progress=self._progress
                 )
             elif self.original.is_active():
                 self._progress(f"restore: stopping {self.original.label} (it was not running)")
@@ -91,11 +100,18 @@ class Switchboard:
 
 @contextmanager
 def experiment_services(
-    target: Target, *, ready_timeout_s: float, progress: Progress
+    target: Target, *, ready_timeout_s: float, restore_timeout_s: float, progress: Progress
 ) -> Iterator[Switchboard]:
-    """Yield a Switchboard; on any exit, restore the original service and check it."""
-    target.preflight()
-    board = Switchboard(target, ready_timeout_s=ready_timeout_s, progress=progress)
+    """Yield a Switchboard; on any exit, restore the original service and check it.
+
+    Call `target.preflight()` first: it refuses, before anything is touched, what is unsafe.
+    """
+    board = Switchboard(
+        target,
+        ready_timeout_s=ready_timeout_s,
+        restore_timeout_s=restore_timeout_s,
+        progress=progress,
+    )
     try:
         yield board
     finally:

@@ -148,6 +148,9 @@ class LocalProcessTarget:
                 "run scripts/setup-embedded first"
             )
 
+    def before_swap(self) -> None:
+        return None  # the child processes die with this controller (PR_SET_PDEATHSIG)
+
     def original(self) -> LocalProcessService:
         if self._original is None:
             self._original = self._service("original", self.command)

@@ -159,6 +159,7 @@ class SystemdTarget:
         self._unit_text: str | None = None
         self._locked = False
         self._armed = False
+        self.watchdog_fired = False
 
     # -- Target -------------------------------------------------------------------------------
     def preflight(self) -> None:
@@ -185,6 +186,9 @@ class SystemdTarget:
                 self.host, self.unit, api_base=self.api_base, model=self.model
             )
         return self._original
+
+    def before_swap(self) -> None:
+        self._arm_watchdog()
 
     def candidate(self, spec: SpecConfig) -> SystemdUnit:
         self._arm_watchdog()
@@ -314,7 +318,21 @@ class SystemdTarget:
         interval = max(1.0, self.watchdog_s / 3)
         while not self._stop_heartbeat.wait(interval):
             try:
-                self._start_timer(host)
+                fired = host.run(
+                    [
+                        "systemctl",
+                        "show",
+                        f"{WATCHDOG}.service",
+                        "--property=ExecMainStartTimestampMonotonic",
+                        "--value",
+                    ],
+                    timeout=30,
+                ).stdout.strip()
+                if fired not in ("", "0"):
+                    self.watchdog_fired = True  # the host restored on its own: stop renewing
+                    return
+                # Restarting the timer re-arms --on-active from now.
+                host.run(["systemctl", "restart", f"{WATCHDOG}.timer"], timeout=30)
             except Exception:  # the next beat retries; the timer itself is the safety net
                 continue
 
@@ -337,16 +355,19 @@ class SystemdTarget:
             self.host.check(["systemctl", "daemon-reload"], timeout=60)
 
     def _check_port_free(self) -> None:
-        port = urlsplit(self.api_base).port or 80
+        """After the stop, nothing may still answer on the service's port."""
+        parts = urlsplit(self.api_base)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         deadline = time.monotonic() + 30
         while True:
-            listeners = self.host.run(["ss", "-Htln", f"sport = :{port}"], timeout=30)
-            if not listeners.ok or not listeners.stdout.strip():
-                return
+            with socket.socket() as s:
+                s.settimeout(2)
+                if s.connect_ex((parts.hostname or "127.0.0.1", port)) != 0:
+                    return
             if time.monotonic() > deadline:
                 raise ServiceError(
-                    f"port {port} on {self.host_name} is still in use after stopping "
-                    f"{self.unit}: {listeners.stdout.strip()[:200]}; the candidate cannot bind it"
+                    f"port {port} on {self.host_name} still answers 30s after {self.unit} "
+                    "stopped: something else holds it, so the candidate could not bind it"
                 )
             time.sleep(1)
 

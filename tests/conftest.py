@@ -1,0 +1,30 @@
+"""Fixtures for the remote-host tests: a real systemd host (nspawn) with sshd, serving vLLM."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from .testbed import REPO, Testbed
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """Boots scripts/testbed/systemd-host if it is down, and stops it again if it booted it."""
+    script = REPO / "scripts" / "testbed" / "systemd-host"
+    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    if not was_up:
+        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True)
+        if up.returncode != 0:
+            pytest.fail(
+                f"the systemd test host did not come up:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
+            )
+    bed = Testbed.from_script(script)
+    try:
+        yield bed
+    finally:
+        bed.close()
+        if not was_up:
+            subprocess.run(["bash", str(script), "down"], capture_output=True)

@@ -1,0 +1,185 @@
+"""The seed's workflow on a real systemd host over SSH, and every way it can go wrong.
+
+Each test ends by checking that the production unit is active, serves its model, and that
+nothing of the tool's is left on the host.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .testbed import Testbed, results_of, write_remote_experiment
+
+pytestmark = pytest.mark.remote
+
+
+def suite_args(pytester: pytest.Pytester, bed: Testbed, config, *extra: str) -> list[str]:
+    return [
+        str(pytester.path / "suites"),
+        "--spec-file",
+        str(config),
+        *bed.options(),
+        "-p",
+        "no:cacheprovider",
+        "--spec-workload",
+        "coding",
+        *extra,
+    ]
+
+
+@pytest.fixture(autouse=True)
+def original_serving_before_and_after(testbed: Testbed):
+    testbed.wait_serving()
+    assert testbed.traces() == []
+    yield
+    testbed.wait_serving(timeout_s=120)  # a restore must already have waited for health
+    testbed.assert_original_restored()
+
+
+def test_seed_workflow_baseline_candidate_restore(pytester: pytest.Pytester, testbed: Testbed):
+    # The candidate's TPOT ceiling is impossible: a failing assertion must still restore.
+    config = write_remote_experiment(pytester, testbed, thresholds="max_tpot_ms = 1000")
+    config.write_text(
+        config.read_text().replace(
+            "[workloads.coding]\n", "[workloads.coding]\nmin_tokens_per_s = 1.0\n"
+        )
+    )
+    before = testbed.state()
+    result = pytester.runpytest_subprocess(
+        *suite_args(pytester, testbed, config, "--spec-config", "ngram", "-rA")
+    )
+    out, err = result.stdout.str(), result.stderr.str()
+    data = results_of(pytester)
+    regressed = data["verdicts"]["ngram"]["coding"]["verdict"] == "regressed"
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if regressed else pytest.ExitCode.OK), out
+
+    assert f"stopping unit {testbed.unit} on {testbed.host.removeprefix('ssh://')}" in err
+    assert f"starting unit {testbed.candidate_unit}" in err
+    assert re.search(r"restored to active and serving in \d+s", err), err
+    assert data["phases"]["baseline"]["acceptance"]["present"] is False
+    assert data["phases"]["ngram"]["acceptance"]["present"] is True
+    assert data["phases"]["ngram"]["service"].startswith(f"unit {testbed.candidate_unit}")
+    assert data["target"]["unit"] == testbed.unit
+    assert data["restore"]["was_active"] and data["restore"]["is_active"]
+    # The original was restarted exactly once (stopped for the candidate, started at restore).
+    assert testbed.state()["MainPID"] != before["MainPID"]
+
+
+def test_candidate_crash_loop_is_detected_and_restored(pytester, testbed):
+    # vLLM accepts the JSON, then the engine exits: the unit restarts it again and again.
+    config = write_remote_experiment(pytester, testbed, run={"samples": 2, "warmup": 0})
+    result = pytester.runpytest_subprocess(
+        *suite_args(pytester, testbed, config, "--spec-config", "suffix")
+    )
+    out = result.stdout.str()
+    assert result.ret != 0
+    assert f"unit {testbed.candidate_unit}" in out
+    assert re.search(r"crash loop: NRestarts climbed|the unit failed|unit stopped by itself", out)
+    assert "Arctic Inference is required for suffix decoding" in out  # the journal tail
+    assert "restored to active and serving" in result.stderr.str()
+
+
+def test_candidate_that_never_gets_healthy_times_out_and_restores(pytester, testbed):
+    config = write_remote_experiment(
+        pytester, testbed, run={"samples": 2, "warmup": 0}, target={"startup_timeout_s": 12}
+    )
+    # The baseline is already up, so only the candidate's start can take longer than 12 s.
+    result = pytester.runpytest_subprocess(
+        *suite_args(pytester, testbed, config, "--spec-config", "ngram")
+    )
+    out = result.stdout.str()
+    assert result.ret != 0
+    assert f"unit {testbed.candidate_unit} on" in out and "not ready after 12s" in out
+    assert "restored to active and serving" in result.stderr.str()
+
+
+def test_exception_in_the_fixture_restores(pytester, testbed):
+    config = write_remote_experiment(pytester, testbed, run={"samples": 2, "warmup": 0})
+    pytester.makeconftest("""
+        from pytest_specdecode.experiment import Experiment
+        original = Experiment._measure
+        def broken(self, name, spec, service):
+            if name != "baseline":
+                raise RuntimeError("injected fault in the candidate phase")
+            return original(self, name, spec, service)
+        Experiment._measure = broken
+    """)
+    result = pytester.runpytest_subprocess(
+        *suite_args(pytester, testbed, config, "--spec-config", "ngram")
+    )
+    assert result.ret != 0
+    assert "injected fault in the candidate phase" in result.stdout.str()
+    assert "restored to active and serving" in result.stderr.str()
+
+
+def run_until(pytester, testbed, config, marker: str, *extra: str) -> subprocess.Popen:
+    """Start the suite in a subprocess and return once `marker` shows in its progress."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *suite_args(pytester, testbed, config, "--spec-config", "ngram", *extra),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    seen = []
+    deadline = time.monotonic() + 600
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen.append(line)
+        if marker in line:
+            return proc
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    pytest.fail(f"never saw {marker!r}:\n{''.join(seen)}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_candidate_measurement_restores(pytester, testbed, sig):
+    config = write_remote_experiment(pytester, testbed, run={"samples": 8, "max_tokens": 64})
+    proc = run_until(pytester, testbed, config, "[ngram] coding:")
+    time.sleep(3)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
+    assert "restored to active and serving" in err
+    samples = results_of(pytester)["samples"]
+    assert any(s["phase"] == "ngram" for s in samples)  # what was measured is kept
+
+
+def test_dropped_ssh_connection_reconnects_and_restores(pytester, testbed):
+    config = write_remote_experiment(pytester, testbed, run={"samples": 6, "max_tokens": 64})
+    proc = run_until(pytester, testbed, config, "[ngram] coding:")
+    # Kill every SSH session on the host: the controller's connections drop mid-measurement.
+    testbed.ssh("pkill", "-KILL", "-f", "sshd: root")
+    testbed.close()
+    _, err = proc.communicate(timeout=600)
+    assert "restored to active and serving" in err, err
+    assert proc.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), err
+
+
+def test_sigkilled_controller_is_restored_by_the_host_watchdog(pytester, testbed):
+    watchdog_s = 20
+    config = write_remote_experiment(
+        pytester, testbed, run={"samples": 30, "max_tokens": 64}, target={"watchdog_s": watchdog_s}
+    )
+    proc = run_until(pytester, testbed, config, "[ngram] coding:")
+    assert testbed.ssh("systemctl", "is-active", testbed.candidate_unit).stdout.strip() == "active"
+    proc.kill()  # SIGKILL: no teardown runs on the controller
+    proc.wait(timeout=30)
+    killed_at = time.monotonic()
+    assert testbed.traces() != []  # the candidate is still up; only the host can restore now
+    waited = testbed.wait_serving(timeout_s=watchdog_s + 240)
+    assert time.monotonic() - killed_at >= 0
+    assert testbed.ssh(
+        "journalctl", "-u", "pytest-specdecode-watchdog.service", "-o", "cat", "--no-pager"
+    ).ok
+    assert waited < watchdog_s + 240
