@@ -74,6 +74,15 @@ class SSHHost(BaseHost):
                     "cannot be verified; add the host's key there (ssh-keyscan, checked out of "
                     "band) or opt in with --spec-accept-unknown-host-key"
                 ) from None
+        pkey = None
+        if self.spec.identity_file is not None:
+            try:
+                pkey = paramiko.PKey.from_path(str(self.spec.identity_file))
+            except (OSError, paramiko.SSHException, ValueError) as exc:
+                raise ConfigError(
+                    f"{self.name}: cannot read the identity file {self.spec.identity_file}: "
+                    f"{exc}. Nothing on the host was touched"
+                ) from None
         policy = (
             paramiko.AutoAddPolicy()
             if self.spec.accept_unknown_host_key
@@ -85,7 +94,7 @@ class SSHHost(BaseHost):
                 self.spec.hostname,
                 port=self.spec.port,
                 username=self.spec.user,
-                key_filename=str(self.spec.identity_file) if self.spec.identity_file else None,
+                pkey=pkey,
                 timeout=self._connect_timeout_s,
                 banner_timeout=self._connect_timeout_s,
                 auth_timeout=self._connect_timeout_s,

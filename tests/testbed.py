@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass
 class Testbed:
+    __test__ = False  # not a test class
+
     host: str
     identity: Path
     known_hosts: Path
