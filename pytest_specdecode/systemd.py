@@ -89,11 +89,13 @@ class SystemdUnit:
         return None
 
     def log_tail(self, lines: int = 20) -> list[str]:
-        argv = ["journalctl", "-u", self.unit, "-n", str(lines), "--no-pager", "-o", "cat"]
-        if self._started_at is not None:
-            argv += ["--since", f"@{int(self._started_at) - 1}"]
+        """The unit's last journal lines, since this run started it (when it did)."""
+        since = f"@{int(self._started_at) - 1}" if self._started_at is not None else "-1d"
+        script = 'journalctl -u "$1" --since "$2" -o cat --no-pager | tail -n "$3"'
         try:
-            result = self.host.run(argv, timeout=30)
+            result = self.host.run(
+                ["sh", "-c", script, "sh", self.unit, since, str(lines)], timeout=30
+            )
         except HostError:
             return []
         return [line for line in result.stdout.splitlines() if line.strip()]
