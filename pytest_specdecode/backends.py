@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .config import TargetConfig
@@ -11,12 +12,15 @@ from .service import Target
 
 def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
     if config.backend == "local":
+        env = dict(config.env)
+        if config.api_key_env and os.environ.get(config.api_key_env):
+            env["VLLM_API_KEY"] = os.environ[config.api_key_env]  # vLLM's --api-key, unseen
         return LocalProcessTarget(
             command=config.command,
             api_base=config.api_base,
             model=config.model,
             workdir=config.workdir,
-            env=config.env,
+            env=env,
             log_dir=log_dir,
         )
     from .ssh import SSHHost, SSHSpec

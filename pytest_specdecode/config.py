@@ -277,6 +277,12 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
             raise ConfigError(f"{here}: 'command' must be the server's command line")
         check_vllm_command(command, where=here)
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in command):
+            raise ConfigError(
+                f"{here}: the command carries --api-key: a key on a command line shows in ps and "
+                "in logs. Put it in an environment variable and name it in api_key_env; the "
+                "server gets it as VLLM_API_KEY"
+            )
     else:
         _systemd_keys(table, here)
     env = table.get("env", {})

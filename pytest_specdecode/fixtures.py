@@ -62,7 +62,7 @@ def specdecode_experiment(
     )
     progress(f"run folder {run_dir}")
     for step in target.plan(settings.candidates):
-        progress(f"plan: {step}")
+        progress(f"plan: {step}")  # progress redacts secrets
     try:
         target.preflight()
     except ConfigError as exc:  # refused before anything on the host was touched

@@ -45,11 +45,18 @@ class Switchboard:
         self.restore_report: RestoreReport | None = None
         self._ready_timeout_s = ready_timeout_s
         self._restore_timeout_s = restore_timeout_s
+        self._checked_running_original = False
         self._progress = progress
 
     def activate(self, spec: SpecConfig | None) -> Service:
         """Make the original (spec None) or the candidate for `spec` the one serving."""
         if self.active is not None and self.active_spec == spec:
+            if not self._checked_running_original:
+                # Found running: it must serve the configured model before it is measured.
+                wait_until_ready(
+                    self.active, timeout_s=self._ready_timeout_s, progress=self._progress
+                )
+                self._checked_running_original = True
             return self.active
         self.target.before_swap()
         if self.active is not None:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from .commandline import with_speculative_config
 from .errors import ConfigError, ServiceError
+from .results import redact_text
 from .specconfig import SpecConfig
 
 # Variables of the plugin's own venv that must not leak into the server's.
@@ -89,6 +90,17 @@ class LocalProcessService:
             proc.wait(10)
         # Engine workers share the process group: make sure none outlives the server.
         _signal_group(proc.pid, signal.SIGKILL)
+        self._redact_log()
+
+    def _redact_log(self) -> None:
+        """The server's log stays in the run folder: no secret may stay in it."""
+        try:
+            text = self._log_path.read_text(errors="replace")
+            clean = redact_text(text)
+            if clean != text:
+                self._log_path.write_text(clean)
+        except OSError:
+            pass
 
     def failure(self) -> str | None:
         if self._proc is None:
@@ -104,7 +116,7 @@ class LocalProcessService:
                 text = f.read().decode(errors="replace")
         except OSError:
             return []
-        return [line for line in text.splitlines() if line.strip()][-lines:]
+        return [redact_text(line) for line in text.splitlines() if line.strip()][-lines:]
 
 
 class LocalProcessTarget:

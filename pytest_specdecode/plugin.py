@@ -94,12 +94,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(fixtures, "specdecode-fixtures")
-    if hasattr(config, "workerinput") and config.getoption("spec_config"):
+    experimenting = any(config.getoption(o) for o in ("spec_config", "spec_file", "spec_host"))
+    if experimenting and (
+        hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None)
+    ):
         raise pytest.UsageError(
             "pytest-specdecode refuses to run under pytest-xdist: two workers would experiment "
             "on one host at once. Run without -n"
         )
-    if any(config.getoption(o) for o in ("spec_config", "spec_file", "spec_host")):
+    if experimenting:
         try:
             settings = load_from_options(config)
             run_dir_for(config, settings)  # checks the reports folder is writable, now

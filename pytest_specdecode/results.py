@@ -16,6 +16,30 @@ _SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 
 
+_KNOWN_SECRETS: set[str] = set()
+_SECRET_PATTERNS = [
+    re.compile(r"(--(?:api-key|hf-token|token)(?:=|\s+))(\S+)"),
+    re.compile(r"((?:api_key|hf_token|token)['\"]?\s*[:=]\s*\[?\s*['\"])([^'\"]+)"),
+    re.compile(r"(\b\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\S+)"),
+    re.compile(r"(Authorization:\s*Bearer\s+)(\S+)", re.IGNORECASE),
+]
+
+
+def register_secret(value: str) -> None:
+    """A value that must never be written anywhere: it is replaced wherever it appears."""
+    if len(value) >= 4:
+        _KNOWN_SECRETS.add(value)
+
+
+def redact_text(text: str) -> str:
+    """Text with registered secrets and secret-looking assignments hidden."""
+    for secret in _KNOWN_SECRETS:
+        text = text.replace(secret, REDACTED)
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """A command line with the values of secret-bearing flags hidden."""
     out: list[str] = []
@@ -70,7 +94,8 @@ class ResultsFile:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".results-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(_finite(self.data), f, indent=1, default=str, allow_nan=False)
+                text = json.dumps(_finite(self.data), indent=1, default=str, allow_nan=False)
+                f.write(redact_text(text))
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -14,6 +14,7 @@ import pytest
 from .config import Settings, load_settings
 from .errors import ConfigError
 from .experiment import BASELINE, Experiment
+from .results import redact_text, register_secret
 from .service import Progress
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -96,6 +97,7 @@ def make_progress(config: pytest.Config, log_path: Path) -> Progress:
     capman = config.pluginmanager.get_plugin("capturemanager")
 
     def say(message: str) -> None:
+        message = redact_text(message)
         elapsed = time.monotonic() - start
         line = f"[specdecode {elapsed:6.0f}s] {message}"
         with log_path.open("a") as log:
@@ -123,6 +125,7 @@ def api_headers(settings: Settings) -> dict[str, str]:
     key = os.environ.get(name)
     if not key:
         raise ConfigError(f"[target] api_key_env names {name}, but it is not set")
+    register_secret(key)
     return {"Authorization": f"Bearer {key}"}
 
 

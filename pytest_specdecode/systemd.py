@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from .errors import ConfigError, HostError, ServiceError
 from .hosts import Host
+from .results import redact_text
 from .specconfig import SpecConfig
 from .unitfile import candidate_unit_name, check_unit_name, render_candidate_unit
 
@@ -98,7 +99,7 @@ class SystemdUnit:
             )
         except HostError:
             return []
-        return [line for line in result.stdout.splitlines() if line.strip()]
+        return [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
 
     def _systemctl(self, verb: str, *, timeout: float) -> None:
         result = self.host.run(["systemctl", verb, self.unit], timeout=timeout)
