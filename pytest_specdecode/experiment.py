@@ -28,6 +28,7 @@ from .specconfig import SpecConfig
 from .stats import Comparison, Verdict, compare_family
 
 BASELINE = "baseline"
+BASELINE_AFTER = "baseline-after"  # the original measured again, last (the ABA drift check)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class Experiment:
         self.progress = progress
         self.headers = dict(headers or {})
         self.phases: dict[str, PhaseResult] = {}
+        self.failures: dict[str, Exception] = {}
         self._verdicts: dict[str, dict[str, WorkloadVerdict]] = {}
 
     def candidate(self, name: str) -> SpecConfig:
@@ -173,14 +175,28 @@ class Experiment:
         raise KeyError(name)
 
     def phase(self, name: str) -> PhaseResult:
+        """A phase's measurements. A phase that failed fails again at once: no second reload."""
         if name in self.phases:
             return self.phases[name]
-        if name != BASELINE:
-            self.phase(BASELINE)
-        spec = None if name == BASELINE else self.candidate(name)
-        service = self.board.activate(spec)
-        self.phases[name] = self._measure(name, spec, service)
+        if name in self.failures:
+            raise self.failures[name]
+        try:
+            if name != BASELINE:
+                self.phase(BASELINE)
+            spec = None if name == BASELINE else self.candidate(name)
+            service = self.board.activate(spec)
+            self.phases[name] = self._measure(name, spec, service)
+        except Exception as exc:
+            self.failures[name] = exc
+            raise
         return self.phases[name]
+
+    def baseline_after(self) -> PhaseResult:
+        """The original measured once more, after the candidates: the drift check (ABA)."""
+        if BASELINE_AFTER not in self.phases:
+            service = self.board.activate(None)
+            self.phases[BASELINE_AFTER] = self._measure(BASELINE_AFTER, None, service)
+        return self.phases[BASELINE_AFTER]
 
     def verdicts(self, candidate: str) -> dict[str, WorkloadVerdict]:
         """Per prompt type, with Holm correction across the prompt types."""
