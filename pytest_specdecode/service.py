@@ -76,6 +76,7 @@ def wait_until_ready(
             elapsed = time.monotonic() - start
             reason = service.failure()
             if reason:
+                time.sleep(2)  # let the dying server finish writing its traceback
                 raise ServiceError(
                     f"{service.label} failed while starting, after {elapsed:.0f}s: {reason}"
                     + _tail_text(service)

@@ -84,15 +84,22 @@ class SystemdUnit:
             )
         if s.get("ActiveState") == "inactive" and self._started_at is not None:
             return f"the unit stopped by itself (Result={s.get('Result')})"
-        for line in self.log_tail(200):
-            if ENGINE_DEATH.search(line):
-                return f"the engine died while the unit stays {s.get('ActiveState')}: {line[:200]}"
+        death = self._engine_death()
+        if death:
+            return f"the engine died while the unit stays {s.get('ActiveState')}: {death[:200]}"
         return None
 
     def log_tail(self, lines: int = 20) -> list[str]:
-        """The unit's last journal lines, since this run started it (when it did)."""
-        since = f"@{int(self._started_at) - 1}" if self._started_at is not None else "-1d"
-        script = 'journalctl -u "$1" --since "$2" -o cat --no-pager | tail -n "$3"'
+        """The newest journal lines: since this run started the unit, else of its current run."""
+        if self._started_at is not None:
+            script = 'journalctl -u "$1" --since "@$2" -o cat --no-pager | tail -n "$3"'
+            since = str(int(self._started_at) - 1)
+        else:
+            script = (
+                'id=$(systemctl show -p InvocationID --value "$1"); '
+                'journalctl _SYSTEMD_INVOCATION_ID="$id" -o cat --no-pager | tail -n "$3"'
+            )
+            since = ""
         try:
             result = self.host.run(
                 ["sh", "-c", script, "sh", self.unit, since, str(lines)], timeout=30
@@ -100,6 +107,21 @@ class SystemdUnit:
         except HostError:
             return []
         return [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
+
+    def _engine_death(self) -> str | None:
+        """A journal line of the unit's current run that says the engine is dead."""
+        script = (
+            'id=$(systemctl show -p InvocationID --value "$1"); '
+            'journalctl _SYSTEMD_INVOCATION_ID="$id" -o cat --no-pager | tail -n 300'
+        )
+        try:
+            result = self.host.run(["sh", "-c", script, "sh", self.unit], timeout=30)
+        except HostError:
+            return None
+        for line in result.stdout.splitlines():
+            if ENGINE_DEATH.search(line):
+                return redact_text(line)
+        return None
 
     def _systemctl(self, verb: str, *, timeout: float) -> None:
         result = self.host.run(["systemctl", verb, self.unit], timeout=timeout)
