@@ -11,6 +11,7 @@ from .backends import open_target
 from .config import Settings, Workload
 from .errors import ConfigError
 from .experiment import Experiment, PhaseResult
+from .history import run_facts, use_stored_baseline
 from .lifecycle import experiment_services
 from .results import ResultsFile, redact_argv, redact_env
 from .session import (
@@ -18,6 +19,7 @@ from .session import (
     api_headers,
     load_from_options,
     make_progress,
+    measure_baseline_after,
     run_dir_for,
 )
 
@@ -32,7 +34,7 @@ def specdecode_settings(pytestconfig: pytest.Config) -> Settings:
 
 @pytest.fixture(scope="session")
 def specdecode_experiment(
-    pytestconfig: pytest.Config, specdecode_settings: Settings
+    pytestconfig: pytest.Config, specdecode_settings: Settings, request: pytest.FixtureRequest
 ) -> Iterator[Experiment]:
     """Brings services up on demand; whatever happens, its teardown restores the original."""
     settings = specdecode_settings
@@ -68,6 +70,7 @@ def specdecode_experiment(
     except ConfigError as exc:  # refused before anything on the host was touched
         target.close()
         pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    results.set("environment", run_facts(target, settings))  # GPUs, suite commit
     with experiment_services(
         target,
         ready_timeout_s=t.startup_timeout_s,
@@ -75,8 +78,10 @@ def specdecode_experiment(
         progress=progress,
     ) as board:
         experiment = Experiment(settings, board, results, progress=progress, headers=headers)
+        use_stored_baseline(experiment, pytestconfig.getoption("spec_baseline_from"))
         pytestconfig.stash[EXPERIMENT_KEY] = experiment
         yield experiment
+        measure_baseline_after(pytestconfig, request.session, experiment)  # --spec-aba
     if board.restore_report is not None:
         results.set("restore", board.restore_report.__dict__)
 

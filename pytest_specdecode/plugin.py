@@ -8,7 +8,15 @@ import pytest
 
 from . import fixtures
 from .errors import ConfigError
-from .session import SETTINGS_KEY, load_from_options, run_dir_for, terminal_table
+from .session import (
+    SETTINGS_KEY,
+    check_run_options,
+    dry_run,
+    finish_reports,
+    load_from_options,
+    run_dir_for,
+    terminal_table,
+)
 
 GROUP = "specdecode"
 
@@ -89,12 +97,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="the host restores the original by itself if this controller is silent this long",
     )
+    add(
+        "--spec-dry-run",
+        action="store_true",
+        default=False,
+        help="print the plan (host, unit files, commands, requests, estimated duration) and "
+        "exit; nothing is started or changed",
+    )
+    add(
+        "--spec-aba",
+        action="store_true",
+        default=False,
+        help="drift check: measure the original again after the candidates; a significant "
+        "difference flags the experiment unreliable",
+    )
+    add(
+        "--spec-baseline-from",
+        metavar="PATH",
+        default=None,
+        help="reuse the baseline of a stored run's results.json instead of measuring it (warns "
+        "when model, vLLM version, GPU or prompts differ)",
+    )
     parser.addini("specdecode_file", "default experiment TOML for pytest-specdecode", default="")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-html's, which reads --html
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(fixtures, "specdecode-fixtures")
-    experimenting = any(config.getoption(o) for o in ("spec_config", "spec_file", "spec_host"))
+    experimenting = any(
+        config.getoption(o)
+        for o in ("spec_config", "spec_file", "spec_host", "spec_dry_run", "spec_baseline_from")
+    )
     if experimenting and (
         hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None)
     ):
@@ -105,11 +138,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if experimenting:
         try:
             settings = load_from_options(config)
-            run_dir_for(config, settings)  # checks the reports folder is writable, now
+            check_run_options(config, settings)
+            if not config.getoption("spec_dry_run"):
+                run_dir_for(config, settings)  # checks the reports folder is writable, now
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
         config.stash[SETTINGS_KEY] = settings
+    if config.pluginmanager.hasplugin("html"):  # pytest-html is optional
+        from . import html_report
+
+        html_report.register(config)
     _sigterm_as_interrupt()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    dry_run(session.config)
+
+
+@pytest.hookimpl(trylast=True)  # after the session fixtures' teardown: the restore
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    finish_reports(session.config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import time
+import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from . import report
+from .backends import open_target
 from .config import Settings, load_settings
-from .errors import ConfigError
+from .errors import ConfigError, SpecDecodeError
 from .experiment import BASELINE, Experiment
+from .history import check_stored_baseline, previous_timing, stored_baseline_warnings
 from .results import redact_text, register_secret
 from .service import Progress
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 RUN_DIR_KEY = pytest.StashKey[Path]()
 EXPERIMENT_KEY = pytest.StashKey[Experiment]()
+FINISHED_KEY = pytest.StashKey["report.Written | None"]()
 
 
 def load_from_options(config: pytest.Config) -> Settings:
@@ -146,8 +152,8 @@ def terminal_table(config: pytest.Config) -> list[str]:
             lines.append(f"{name:<12} {m.median_tokens_per_s:>12.1f} {m.median_tpot_ms:>15.1f}")
         return lines
     lines.append(header)
-    for candidate in experiment.phases:
-        if candidate == BASELINE:
+    for candidate, phase in experiment.phases.items():
+        if phase.spec is None:  # the baseline, and the baseline measured again (ABA)
             continue
         for name, v in experiment.verdicts(candidate).items():
             acc = v.measured.acceptance.mean_acceptance_length
@@ -165,8 +171,103 @@ def terminal_table(config: pytest.Config) -> list[str]:
                 f"  {candidate}: per-position acceptance [{rates}], draft acceptance "
                 f"{acc.draft_acceptance_rate:.1%}"
             )
-    report = experiment.board.restore_report
-    if report is not None:
-        lines.append(report.describe())
+    restore = experiment.board.restore_report
+    if restore is not None:
+        lines.append(restore.describe())
+    lines += report.terminal_notes(experiment.results.data)
+    written = config.stash.get(FINISHED_KEY, None)
+    if written is not None:
+        lines.append(f"summary: {written.summary}")
     lines.append(f"results: {experiment.results.path}")
     return lines
+
+
+def check_run_options(config: pytest.Config, settings: Settings) -> None:
+    """Refuse, before anything starts, a --spec-baseline-from that cannot be reused."""
+    path = config.getoption("spec_baseline_from")
+    if path:
+        check_stored_baseline(path, settings)
+
+
+def dry_run(config: pytest.Config) -> None:
+    """--spec-dry-run: print the plan and exit 0. Nothing is started, written or changed."""
+    if not config.getoption("spec_dry_run") or SETTINGS_KEY not in config.stash:
+        return
+    settings = config.stash[SETTINGS_KEY]
+    target = open_target(settings.target, log_dir=settings.reports_dir)
+    try:
+        steps = target.plan(settings.candidates)  # systemd: reads the unit, read-only
+    except SpecDecodeError as exc:
+        pytest.exit(f"pytest-specdecode dry run: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    finally:
+        host = getattr(target, "host", None)
+        if host is not None:  # not target.close(): that cleans up on the host
+            host.close()
+    lines = report.dry_run_lines(
+        settings,
+        steps,
+        host=target.host_name,
+        timing=previous_timing(settings),
+        aba=config.getoption("spec_aba"),
+        baseline_from=config.getoption("spec_baseline_from"),
+    )
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        sys.stdout.write(redact_text("\n".join(lines)) + "\n")
+        sys.stdout.flush()
+    pytest.exit("dry run: nothing was started or changed", returncode=pytest.ExitCode.OK)
+
+
+def measure_baseline_after(
+    config: pytest.Config, session: pytest.Session, experiment: Experiment
+) -> None:
+    """--spec-aba: measure the original again, last, before the restore (the drift check)."""
+    if not config.getoption("spec_aba"):
+        return
+    if session.shouldfail or session.shouldstop or session.exitstatus != pytest.ExitCode.OK:
+        experiment.progress("drift check (ABA) skipped: the run was stopped")
+    elif BASELINE in experiment.phases and any(
+        p.spec is not None for p in experiment.phases.values()
+    ):
+        experiment.progress("drift check (ABA): measuring the original again")
+        experiment.baseline_after()
+    else:
+        experiment.progress("drift check (ABA) skipped: no candidate was measured")
+
+
+def finish_reports(config: pytest.Config) -> report.Written | None:
+    """Once, at the end: verdicts, checks, plots and summary.md in the run folder.
+
+    Never raises: results.json is already complete, and the test outcome must stand.
+    """
+    if FINISHED_KEY in config.stash:
+        return config.stash[FINISHED_KEY]
+    config.stash[FINISHED_KEY] = None
+    experiment = config.stash.get(EXPERIMENT_KEY, None)
+    if experiment is None:
+        return None
+    try:
+        stored_baseline_warnings(experiment.results.data)
+        written = report.finish(
+            experiment,
+            run_dir_for(config, experiment.settings),
+            failed=_failed_tests(config),
+            step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
+        )
+    except Exception:
+        _write("[specdecode] the report could not be written:\n" + traceback.format_exc())
+        return None
+    config.stash[FINISHED_KEY] = written
+    return written
+
+
+def _failed_tests(config: pytest.Config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return []
+    return [
+        r.nodeid.split("::")[-1] + ("" if r.when == "call" else f" ({r.when})")
+        for key in ("failed", "error")
+        for r in reporter.stats.get(key, [])
+        if getattr(r, "nodeid", None)
+    ]
