@@ -268,11 +268,6 @@ def title(candidates: Sequence[str], model: str | None, host: str | None) -> str
     return f"Speculative decoding: baseline vs {versus}{where}"
 
 
-def title_of(doc: Doc) -> str:
-    target = doc.get("target", {})
-    return title(list(doc.get("candidates", {})), target.get("model"), target.get("host"))
-
-
 # --------------------------------------------------------------------------- the checks
 
 
@@ -391,13 +386,13 @@ def drift_check(doc: Doc) -> dict[str, Any] | None:
         f"{w} {c.baseline_median:.1f} → {c.candidate_median:.1f} tok/s ({c.change:+.1%})"
         for w, c in tput.items()
     )
-    text = {
-        "drifted": f"the baseline drifted on {', '.join(drifted)}: the experiment is unreliable",
-        "insufficient samples": "too few samples to tell whether the baseline drifted ("
-        + next(c.reason for c in comparisons if c.verdict == Verdict.INSUFFICIENT)
-        + ")",
-        "consistent": "no significant drift: the baseline before and after agree",
-    }[status]
+    if status == "drifted":
+        text = f"the baseline drifted on {', '.join(drifted)}: the experiment is unreliable"
+    elif status == "insufficient samples":
+        reason = next(c.reason for c in comparisons if c.verdict == Verdict.INSUFFICIENT)
+        text = f"too few samples to tell whether the baseline drifted ({reason})"
+    else:
+        text = "no significant drift: the baseline before and after agree"
     return {
         "status": status,
         "unreliable": status == "drifted",
@@ -583,6 +578,7 @@ def _short_commit(doc: Doc) -> str:
 # --------------------------------------------------------------------------- HTML
 
 CSS = """
+#environment td {color: #333}
 .specdecode {color: #222; font-size: 13px; max-width: 1400px}
 .specdecode h3 {color: #111; font-size: 15px; margin: 18px 0 6px}
 .specdecode p, .specdecode li {color: #222}
@@ -591,9 +587,9 @@ CSS = """
   text-align: right; color: #222; white-space: nowrap}
 .specdecode-table th {background: #f3f3f3}
 .specdecode-table th:first-child, .specdecode-table td:first-child {text-align: left}
-.specdecode-table td.verdict {text-align: left; font-weight: bold}
-.specdecode .v-regressed {background: #fbe1e1; color: #9b1c1c}
-.specdecode .v-improved {background: #ddf3e1; color: #17612b}
+.specdecode-table td.verdict {text-align: left}
+.specdecode .v-regressed {background: #fbe1e1; color: #9b1c1c; font-weight: bold}
+.specdecode .v-improved {background: #ddf3e1; color: #17612b; font-weight: bold}
 .specdecode .v-insufficient-samples {background: #fff4d1}
 .specdecode .headline {font-size: 14px; font-weight: bold; padding: 6px 10px;
   border-left: 5px solid #999; background: #f7f7f7}
@@ -641,7 +637,6 @@ def summary_html(doc: Doc, plots: Mapping[str, Path] | None = None) -> str:
     klass = "unreliable" if (doc.get("drift") or {}).get("unreliable") else result.split()[0]
     parts = [
         f"<section class='specdecode' id='specdecode-summary'><style>{CSS}</style>",
-        f"<h3>{_e(title_of(doc))}</h3>",
         f"<p class='headline {klass}'>Result: {_e(headline(doc))}</p>",
         f"<p class='note'>{_e(run_text(doc.get('run', {})))}</p>",
     ]
@@ -700,7 +695,7 @@ def extra_html(doc: Doc, phase: str, workload: str | None) -> str | None:
     for w in workloads:
         acc = doc["phases"][phase].get("workloads", {}).get(w, {}).get("acceptance")
         if acc and acc.get("present"):
-            parts.append(f"<p>{_e(w)}: {_e(acceptance_text(acc))}</p>")
+            parts.append(f"<p>{_e(acceptance_text(acc))} ({_e(w)})</p>")
             parts.append(_per_position_html(acc.get("per_position_rates") or []))
         entry = (doc.get("equivalence") or equivalence(doc)).get(phase, {}).get(w)
         if entry:
@@ -749,14 +744,14 @@ def _phase_table(doc: Doc, phase: str, workloads: Sequence[str]) -> str:
 def _per_position_html(rates: Sequence[float]) -> str:
     if not rates:
         return ""
+    positions = "".join(f"<th>{i}</th>" for i in range(1, len(rates) + 1))
     cells = "".join(
-        f"<td>{i}</td><td><span class='bar' style='width:{max(1, round(r * 120))}px'></span>"
-        f"{r:.2f}</td>"
-        for i, r in enumerate(rates, start=1)
+        f"<td><span class='bar' style='width:{max(1, round(r * 60))}px'></span>{r:.2f}</td>"
+        for r in rates
     )
     return (
-        "<table class='specdecode-table'><thead><tr><th colspan='2'>per-position acceptance"
-        f"</th></tr></thead><tbody><tr>{cells}</tr></tbody></table>"
+        "<table class='specdecode-table'><thead><tr><th>draft position</th>"
+        f"{positions}</tr></thead><tbody><tr><td>acceptance rate</td>{cells}</tr></tbody></table>"
     )
 
 
@@ -982,7 +977,7 @@ def plot_acceptance(doc: Doc, path: Path) -> Path:
     if drawn:
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance rate")
-        ax.set_ylim(0, 1.03)
+        ax.set_ylim(-0.02, 1.03)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
@@ -1105,7 +1100,10 @@ def dry_run_lines(
         f"prompt types: {', '.join(settings.workloads)}",
     ]
     if baseline_from:
-        lines.append(f"baseline: reused from {baseline_from}, not measured")
+        lines.append(
+            f"baseline: reused from {baseline_from}, not measured"
+            + ("; the original is not started for it" if t.backend == "local" else "")
+        )
     steps = list(steps)
     if aba and settings.candidates:  # just before the restore, the plan's last step
         steps.insert(
@@ -1121,7 +1119,8 @@ def dry_run_lines(
     lines += [
         f"requests: {requests} = {phases} phases x {len(settings.workloads)} prompt types x "
         f"({run.samples} measured + {run.warmup} warm-up)",
-        f"estimated duration: about {_duration(seconds)} ({starts} server starts at "
+        f"estimated duration: about {_duration(seconds)} ({starts} server "
+        f"start{'' if starts == 1 else 's'} at "
         f"~{timing.start_s:.0f}s, requests at up to ~{timing.s_per_token * 1000:.0f} ms per "
         f"output token; {timing.source})",
     ]
