@@ -59,7 +59,7 @@ def _environment(config: pytest.Config, table: dict[str, Any]) -> None:
         return
     ours = {
         key: (
-            {k: html.escape(str(v)) for k, v in value.items()}
+            {html.escape(str(k)): html.escape(str(v)) for k, v in value.items()}
             if isinstance(value, dict)
             else html.escape(str(value))
         )
