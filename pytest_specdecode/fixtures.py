@@ -9,7 +9,7 @@ import pytest
 from . import __version__
 from .backends import open_target
 from .config import Settings, Workload
-from .errors import ConfigError
+from .errors import ConfigError, SpecDecodeError
 from .experiment import Experiment, PhaseResult
 from .history import run_facts, use_stored_baseline
 from .lifecycle import experiment_services
@@ -63,12 +63,13 @@ def specdecode_experiment(
         },
     )
     progress(f"run folder {run_dir}")
-    for step in target.plan(settings.candidates):
-        progress(f"plan: {step}")  # progress redacts secrets
-    try:
+    try:  # nothing is touched until preflight has passed; its last step takes the lock
+        for step in target.plan(settings.candidates):
+            progress(f"plan: {step}")  # progress redacts secrets
         target.preflight()
-    except ConfigError as exc:  # refused before anything on the host was touched
+    except SpecDecodeError as exc:
         target.close()
+        progress(f"refused, nothing was touched: {exc}")
         pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     results.set("environment", run_facts(target, settings))  # GPUs, suite commit
     with experiment_services(

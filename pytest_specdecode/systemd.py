@@ -197,6 +197,7 @@ class SystemdTarget:
                 f"{state.get('SubState')}, not active: refusing to experiment. The tool restores "
                 "the original to the state it found, and only a serving original is a baseline"
             )
+        self._check_port_owner()
         writable = self.host.run(["test", "-w", UNIT_DIR], timeout=30)
         if not writable.ok:
             raise ConfigError(
@@ -378,6 +379,23 @@ class SystemdTarget:
             self.host.run(["systemctl", "stop", self.candidate_unit], timeout=180)
             self.host.check(["rm", "-f", path], timeout=30)
             self.host.check(["systemctl", "daemon-reload"], timeout=60)
+
+    def _check_port_owner(self) -> None:
+        """The API port must be the unit's: else we would measure, or collide with, another."""
+        port = urlsplit(self.api_base).port or 80
+        listeners = self.host.run(["ss", "-Htlnp", f"sport = :{port}"], timeout=30)
+        pids = sorted(set(re.findall(r"pid=(\d+)", listeners.stdout))) if listeners.ok else []
+        if not pids:
+            return  # nothing listens yet (or no ss): the readiness wait will tell
+        script = 'for p in "$@"; do echo "$p $(cat /proc/$p/comm) $(cat /proc/$p/cgroup)"; done'
+        owners = self.host.run(["sh", "-c", script, "sh", *pids], timeout=30).stdout
+        if f"/{self.unit}" not in owners:
+            holder = " ".join(owners.split()[:2]) or pids[0]
+            raise ConfigError(
+                f"port {port} on {self.host_name} is held by pid {holder}, which is not part of "
+                f"unit {self.unit}: api_base points at another server, and a candidate could "
+                "not bind that port. Nothing was touched"
+            )
 
     def _check_port_free(self) -> None:
         """After the stop, nothing may still answer on the service's port."""

@@ -52,18 +52,25 @@ def test_seed_workflow_baseline_candidate_restore(pytester: pytest.Pytester, tes
     )
     before = testbed.state()
     result = pytester.runpytest_subprocess(
-        *suite_args(pytester, testbed, config, "--spec-config", "ngram", "-rA")
+        *suite_args(
+            pytester, testbed, config, "--spec-config", "ngram", "--spec-config", "ngram-k3", "-rA"
+        )
     )
     out, err = result.stdout.str(), result.stderr.str()
     data = results_of(pytester)
-    regressed = data["verdicts"]["ngram"]["coding"]["verdict"] == "regressed"
+    regressed = any(
+        data["verdicts"][c]["coding"]["verdict"] == "regressed" for c in ("ngram", "ngram-k3")
+    )
     assert result.ret == (pytest.ExitCode.TESTS_FAILED if regressed else pytest.ExitCode.OK), out
 
-    assert f"stopping unit {testbed.unit} on {testbed.host.removeprefix('ssh://')}" in err
-    assert f"starting unit {testbed.candidate_unit}" in err
+    # Two candidates: candidates + 1 restarts. The original stops once and starts once.
+    assert err.count(f"stopping unit {testbed.unit} on") == 1, err
+    assert err.count(f"starting unit {testbed.candidate_unit}") == 2, err
+    assert err.count(f"restore: starting unit {testbed.unit}") == 1, err
     assert re.search(r"restored to active and serving in \d+s", err), err
     assert data["phases"]["baseline"]["acceptance"]["present"] is False
     assert data["phases"]["ngram"]["acceptance"]["present"] is True
+    assert data["phases"]["ngram-k3"]["acceptance"]["present"] is True
     assert data["phases"]["ngram"]["service"].startswith(f"unit {testbed.candidate_unit}")
     assert data["target"]["unit"] == testbed.unit
     assert data["restore"]["was_active"] and data["restore"]["is_active"]
@@ -83,7 +90,8 @@ def test_candidate_crash_loop_is_detected_and_restored(pytester, testbed):
     assert re.search(
         r"crash loop: NRestarts climbed|the unit failed|stopped by itself|the engine died", out
     )
-    assert out.count("failed while starting") == 3  # once per test, from one failed start
+    # One start attempt: the other tests of that phase fail at once, with no second reload.
+    assert result.stderr.str().count(f"starting unit {testbed.candidate_unit}") == 1
     assert "Arctic Inference is required for suffix decoding" in out  # the journal tail
     assert "restored to active and serving" in result.stderr.str()
 
@@ -149,7 +157,7 @@ def run_until(pytester, testbed, config, marker: str, *extra: str) -> subprocess
 def test_signal_mid_candidate_measurement_restores(pytester, testbed, sig):
     config = write_remote_experiment(pytester, testbed, run={"samples": 8, "max_tokens": 64})
     proc = run_until(pytester, testbed, config, "[ngram] coding:")
-    time.sleep(3)
+    time.sleep(10)  # a few candidate requests are done, more are under way
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, err

@@ -160,6 +160,7 @@ model = "{bed.model}"
 {thresholds}
 [presets]
 ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }}
+ngram-k3 = {{ method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 4 }}
 suffix = {{ method = "suffix", num_speculative_tokens = 3 }}
 {seed[seed.index("[workloads.coding]") :]}
 """)
