@@ -185,6 +185,7 @@ class SystemdTarget:
         self._locked = False
         self._armed = False
         self.watchdog_fired = False
+        self._wrote_candidate = False
 
     # -- Target -------------------------------------------------------------------------------
     def preflight(self) -> None:
@@ -220,6 +221,7 @@ class SystemdTarget:
         self._arm_watchdog()
         self._check_port_free()
         content = render_candidate_unit(self.unit, self.unit_text(), spec, run_id=self.run_id)
+        self._wrote_candidate = True
         self.write_file(f"{UNIT_DIR}/{self.candidate_unit}", content)
         self.host.check(["systemctl", "daemon-reload"], timeout=60)
         return SystemdUnit(self.host, self.candidate_unit, api_base=self.api_base, model=self.model)
@@ -374,6 +376,8 @@ class SystemdTarget:
 
     # -- candidate ----------------------------------------------------------------------------
     def _remove_candidate(self) -> None:
+        if not self._wrote_candidate:
+            return
         path = f"{UNIT_DIR}/{self.candidate_unit}"
         if self.host.run(["test", "-e", path], timeout=30).ok:
             self.host.run(["systemctl", "stop", self.candidate_unit], timeout=180)
