@@ -26,8 +26,8 @@ from .experiment import BASELINE, PhaseResult, WorkloadMeasurement
 from .hosts import Host, LocalHost
 from .loadgen import RequestSample
 from .metrics import Acceptance
-from .report import Timing, fmt_num, fmt_p, fmt_pct, tokens_per_s, tpot_ms
-from .stats import Verdict, compare_family
+from .report import Timing, compare_phases, fmt_num, fmt_p, fmt_pct, tokens_per_s
+from .stats import Verdict
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -353,21 +353,7 @@ def compare_runs(
         ]
         if not names:
             continue
-        tput = compare_family(
-            {w: (tokens_per_s(a, phase, w), tokens_per_s(b, phase, w)) for w in names},
-            metric="throughput",
-            higher_is_better=True,
-            alpha=alpha,
-            min_effect=min_effect,
-        )
-        tpot_names = [w for w in names if tpot_ms(a, phase, w) and tpot_ms(b, phase, w)]
-        tpot = compare_family(
-            {w: (tpot_ms(a, phase, w), tpot_ms(b, phase, w)) for w in tpot_names},
-            metric="tpot",
-            higher_is_better=False,
-            alpha=alpha,
-            min_effect=min_effect,
-        )
+        tput, tpot = compare_phases(a, phase, b, phase, names, alpha=alpha, min_effect=min_effect)
         for w in names:
             t, p = tput[w], tpot.get(w)
             verdicts = {t.verdict, p.verdict if p else Verdict.NO_DIFFERENCE}

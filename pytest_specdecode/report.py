@@ -23,7 +23,7 @@ import numpy as np
 
 from .experiment import BASELINE, BASELINE_AFTER
 from .results import redact_text
-from .stats import Verdict, compare_family
+from .stats import Comparison, Verdict, compare_family
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -111,6 +111,35 @@ def tpot_ms(doc: Doc, phase: str, workload: str) -> list[float]:
         for s in measured_samples(doc, phase, workload)
         if _finite(s.get("tpot_s")) and s["tpot_s"] > 0
     ]
+
+
+def compare_phases(
+    a: Doc,
+    phase_a: str,
+    b: Doc,
+    phase_b: str,
+    names: Sequence[str],
+    *,
+    alpha: float,
+    min_effect: float,
+) -> tuple[dict[str, Comparison], dict[str, Comparison]]:
+    """Throughput and TPOT of `phase_b` in run b against `phase_a` in run a, Holm per metric."""
+    tput = compare_family(
+        {w: (tokens_per_s(a, phase_a, w), tokens_per_s(b, phase_b, w)) for w in names},
+        metric="throughput",
+        higher_is_better=True,
+        alpha=alpha,
+        min_effect=min_effect,
+    )
+    tpot_names = [w for w in names if tpot_ms(a, phase_a, w) and tpot_ms(b, phase_b, w)]
+    tpot = compare_family(
+        {w: (tpot_ms(a, phase_a, w), tpot_ms(b, phase_b, w)) for w in tpot_names},
+        metric="tpot",
+        higher_is_better=False,
+        alpha=alpha,
+        min_effect=min_effect,
+    )
+    return tput, tpot
 
 
 def server_versions(doc: Doc) -> dict[str, str]:
@@ -353,20 +382,8 @@ def drift_check(doc: Doc) -> dict[str, Any] | None:
     ]
     if not names:
         return None
-    tput = compare_family(
-        {w: (tokens_per_s(doc, BASELINE, w), tokens_per_s(doc, BASELINE_AFTER, w)) for w in names},
-        metric="throughput",
-        higher_is_better=True,
-        alpha=alpha,
-        min_effect=min_effect,
-    )
-    tpot_names = [w for w in names if tpot_ms(doc, BASELINE, w) and tpot_ms(doc, BASELINE_AFTER, w)]
-    tpot = compare_family(
-        {w: (tpot_ms(doc, BASELINE, w), tpot_ms(doc, BASELINE_AFTER, w)) for w in tpot_names},
-        metric="tpot",
-        higher_is_better=False,
-        alpha=alpha,
-        min_effect=min_effect,
+    tput, tpot = compare_phases(
+        doc, BASELINE, doc, BASELINE_AFTER, names, alpha=alpha, min_effect=min_effect
     )
     comparisons = [*tput.values(), *tpot.values()]
     drifted = sorted(
