@@ -77,6 +77,7 @@ def specdecode_experiment(
         ready_timeout_s=t.startup_timeout_s,
         restore_timeout_s=t.restore_timeout_s,
         progress=progress,
+        headers=headers,
     ) as board:
         experiment = Experiment(settings, board, results, progress=progress, headers=headers)
         use_stored_baseline(experiment, pytestconfig.getoption("spec_baseline_from"))

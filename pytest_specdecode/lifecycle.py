@@ -36,6 +36,7 @@ class Switchboard:
         ready_timeout_s: float,
         restore_timeout_s: float,
         progress: Progress,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.target = target
         self.original = target.original()
@@ -46,6 +47,7 @@ class Switchboard:
         self._ready_timeout_s = ready_timeout_s
         self._restore_timeout_s = restore_timeout_s
         self._checked_running_original = False
+        self._headers = headers
         self._progress = progress
 
     def activate(self, spec: SpecConfig | None) -> Service:
@@ -53,9 +55,7 @@ class Switchboard:
         if self.active is not None and self.active_spec == spec:
             if not self._checked_running_original:
                 # Found running: it must serve the configured model before it is measured.
-                wait_until_ready(
-                    self.active, timeout_s=self._ready_timeout_s, progress=self._progress
-                )
+                self._wait(self.active, self._ready_timeout_s)
                 self._checked_running_original = True
             return self.active
         self.target.before_swap()
@@ -67,8 +67,13 @@ class Switchboard:
         self._progress(f"starting {wanted.label}")
         wanted.start()
         self.active, self.active_spec = wanted, spec
-        wait_until_ready(wanted, timeout_s=self._ready_timeout_s, progress=self._progress)
+        self._wait(wanted, self._ready_timeout_s)
         return wanted
+
+    def _wait(self, service: Service, timeout_s: float) -> float:
+        return wait_until_ready(
+            service, timeout_s=timeout_s, progress=self._progress, headers=self._headers
+        )
 
     def restore(self) -> RestoreReport:
         """Stop any candidate and put the original back as it was found."""
@@ -86,9 +91,7 @@ class Switchboard:
                 if not self.original.is_active():
                     self._progress(f"restore: starting {self.original.label}")
                     self.original.start()
-                wait_until_ready(
-                    self.original, timeout_s=self._restore_timeout_s, progress=self._progress
-                )
+                self._wait(self.original, self._restore_timeout_s)
             elif self.original.is_active():
                 self._progress(f"restore: stopping {self.original.label} (it was not running)")
                 self.original.stop()
@@ -107,7 +110,12 @@ class Switchboard:
 
 @contextmanager
 def experiment_services(
-    target: Target, *, ready_timeout_s: float, restore_timeout_s: float, progress: Progress
+    target: Target,
+    *,
+    ready_timeout_s: float,
+    restore_timeout_s: float,
+    progress: Progress,
+    headers: dict[str, str] | None = None,
 ) -> Iterator[Switchboard]:
     """Yield a Switchboard; on any exit, restore the original service and check it.
 
@@ -118,6 +126,7 @@ def experiment_services(
         ready_timeout_s=ready_timeout_s,
         restore_timeout_s=restore_timeout_s,
         progress=progress,
+        headers=headers,
     )
     try:
         yield board

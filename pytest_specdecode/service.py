@@ -107,6 +107,11 @@ def _serves(client: httpx.Client, service: Service) -> bool:
         response = client.get(f"{service.api_base}/v1/models")
     except httpx.HTTPError:
         return False
+    if response.status_code in (401, 403):
+        raise ServiceError(
+            f"{service.label} refuses the API key (HTTP {response.status_code} on /v1/models): "
+            "set [target] api_key_env to the variable that holds the server's key"
+        )
     if response.status_code != 200:
         return False
     served = [m.get("id") for m in response.json().get("data", [])]
