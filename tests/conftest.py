@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 
+# httpx imports httpcore lazily, at its first client. If that happened inside a test that uses
+# `pytester`, pytester's sys.modules restore would drop httpcore afterwards, and a re-import
+# would bring exception classes that httpx no longer maps (raw httpcore errors would escape).
+import httpcore  # noqa: F401
 import pytest
 
 from .testbed import REPO, Testbed
