@@ -139,7 +139,7 @@ def load_settings(
         presets=presets,
         workloads=chosen,
         candidates=candidates,
-        reports_dir=reports if reports.is_absolute() else Path.cwd() / reports,
+        reports_dir=(reports if reports.is_absolute() else Path.cwd() / reports).resolve(),
     )
 
 
