@@ -12,7 +12,7 @@ import pytest
 
 from pytest_specdecode.systemd import LOCK_DIR
 
-from .testbed import Testbed, write_remote_experiment
+from .testbed import Testbed, suite_args, write_remote_experiment
 
 pytestmark = pytest.mark.remote
 
@@ -31,18 +31,7 @@ def unchanged(testbed: Testbed):
 
 def suite(pytester, bed: Testbed, *extra: str, config=None) -> pytest.RunResult:
     config = config or write_remote_experiment(pytester, bed)
-    args = [
-        str(pytester.path / "suites"),
-        "--spec-file",
-        str(config),
-        *bed.options(),
-        "-p",
-        "no:cacheprovider",
-        "--spec-workload",
-        "coding",
-        "--spec-config",
-        "ngram",
-    ]
+    args = suite_args(pytester, bed, config, "--spec-config", "ngram")
     return pytester.runpytest_subprocess(*args, *extra)
 
 

@@ -14,23 +14,9 @@ import time
 
 import pytest
 
-from .testbed import Testbed, results_of, write_remote_experiment
+from .testbed import Testbed, results_of, suite_args, write_remote_experiment
 
 pytestmark = pytest.mark.remote
-
-
-def suite_args(pytester: pytest.Pytester, bed: Testbed, config, *extra: str) -> list[str]:
-    return [
-        str(pytester.path / "suites"),
-        "--spec-file",
-        str(config),
-        *bed.options(),
-        "-p",
-        "no:cacheprovider",
-        "--spec-workload",
-        "coding",
-        *extra,
-    ]
 
 
 @pytest.fixture(autouse=True)

@@ -170,3 +170,18 @@ suffix = {{ method = "suffix", num_speculative_tokens = 3 }}
 def results_of(pytester: pytest.Pytester) -> dict:
     (run,) = [p for p in (pytester.path / "reports").iterdir() if p.is_dir()]
     return json.loads((run / "results.json").read_text())
+
+
+def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: str) -> list[str]:
+    """Arguments that run the copied suite against the test host, coding prompt only."""
+    return [
+        str(pytester.path / "suites"),
+        "--spec-file",
+        str(config),
+        *bed.options(),
+        "-p",
+        "no:cacheprovider",
+        "--spec-workload",
+        "coding",
+        *extra,
+    ]
