@@ -191,9 +191,7 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     if not isinstance(run.min_effect, float | int) or not 0 <= run.min_effect < 1:
         raise ConfigError(f"{where}: min_effect must be in [0, 1), got {run.min_effect!r}")
     for key in ("request_timeout_s", "read_timeout_s"):
-        value = getattr(run, key)
-        if not isinstance(value, float | int) or value <= 0:
-            raise ConfigError(f"{where}: {key} must be a positive number, got {value!r}")
+        _positive_number(getattr(run, key), key, where)
     return run
 
 
@@ -203,11 +201,7 @@ def _positive_int(value: Any, key: str, where: str, *, minimum: int) -> None:
 
 
 def _threshold(value: Any, key: str, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{where}: {key} must be a positive number, got {value!r}")
-    return float(value)
+    return None if value is None else _positive_number(value, key, where)
 
 
 def _workloads(

@@ -7,7 +7,6 @@ import ctypes
 import os
 import shlex
 import signal
-import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from urllib.parse import urlsplit
 from .commandline import with_speculative_config
 from .errors import ConfigError, ServiceError
 from .results import redact_text
+from .service import port_answers
 from .specconfig import SpecConfig
 
 # Variables of the plugin's own venv that must not leak into the server's.
@@ -144,16 +144,13 @@ class LocalProcessTarget:
 
     def preflight(self) -> None:
         """Refuse a port that something else already serves: this backend only runs its own."""
-        parts = urlsplit(self.api_base)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex((parts.hostname or "127.0.0.1", port)) == 0:
-                raise ConfigError(
-                    f"port {port} on {parts.hostname} is already in use, before anything was "
-                    "started: the local backend only measures a server it starts itself. Stop "
-                    "whatever listens there, or change --port/api_base in the config"
-                )
+        if port_answers(self.api_base):
+            parts = urlsplit(self.api_base)
+            raise ConfigError(
+                f"port {parts.port} on {parts.hostname} is already in use, before anything was "
+                "started: the local backend only measures a server it starts itself. Stop "
+                "whatever listens there, or change --port/api_base in the config"
+            )
         if not (self.workdir / self.command[0]).exists() and "/" in self.command[0]:
             raise ConfigError(
                 f"the server command {self.command[0]!r} does not exist under {self.workdir}; "

@@ -98,6 +98,13 @@ def combine(parts: Sequence[Acceptance]) -> Acceptance:
         sum(a.per_position_rates[i] * a.drafts for a in present if i < len(a.per_position_rates))
         for i in range(width)
     ]
+    return _from_counts(drafts, draft_tokens, accepted, per_pos_counts)
+
+
+def _from_counts(
+    drafts: float, draft_tokens: float, accepted: float, accepted_per_position: Sequence[float]
+) -> Acceptance:
+    """Acceptance from raw counts; rates only where there were drafts."""
     return Acceptance(
         present=True,
         drafts=drafts,
@@ -105,7 +112,7 @@ def combine(parts: Sequence[Acceptance]) -> Acceptance:
         accepted=accepted,
         mean_acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
         draft_acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
-        per_position_rates=[n / drafts for n in per_pos_counts] if drafts > 0 else [],
+        per_position_rates=[n / drafts for n in accepted_per_position] if drafts > 0 else [],
     )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -56,6 +58,15 @@ class Target(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def port_answers(api_base: str) -> bool:
+    """Whether something accepts TCP connections on the API's host and port."""
+    parts = urlsplit(api_base)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex((parts.hostname or "127.0.0.1", port)) == 0
 
 
 def wait_until_ready(

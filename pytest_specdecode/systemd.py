@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from .errors import ConfigError, HostError, ServiceError
 from .hosts import Host
 from .results import redact_text
+from .service import port_answers
 from .specconfig import SpecConfig
 from .unitfile import candidate_unit_name, check_unit_name, render_candidate_unit
 
@@ -91,9 +92,17 @@ class SystemdUnit:
 
     def log_tail(self, lines: int = 20) -> list[str]:
         """The newest journal lines: since this run started the unit, else of its current run."""
-        if self._started_at is not None:
+        return self._journal(lines, since_start=self._started_at is not None)
+
+    def _engine_death(self) -> str | None:
+        """A journal line of the unit's current run that says the engine is dead."""
+        lines = self._journal(300, since_start=False)
+        return next((line for line in lines if ENGINE_DEATH.search(line)), None)
+
+    def _journal(self, lines: int, *, since_start: bool) -> list[str]:
+        if since_start:
             script = 'journalctl -u "$1" --since "@$2" -o cat --no-pager | tail -n "$3"'
-            since = str(int(self._started_at) - 1)
+            since = str(int(self._started_at or 0) - 1)
         else:
             script = (
                 'id=$(systemctl show -p InvocationID --value "$1"); '
@@ -107,21 +116,6 @@ class SystemdUnit:
         except HostError:
             return []
         return [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
-
-    def _engine_death(self) -> str | None:
-        """A journal line of the unit's current run that says the engine is dead."""
-        script = (
-            'id=$(systemctl show -p InvocationID --value "$1"); '
-            'journalctl _SYSTEMD_INVOCATION_ID="$id" -o cat --no-pager | tail -n 300'
-        )
-        try:
-            result = self.host.run(["sh", "-c", script, "sh", self.unit], timeout=30)
-        except HostError:
-            return None
-        for line in result.stdout.splitlines():
-            if ENGINE_DEATH.search(line):
-                return redact_text(line)
-        return None
 
     def _systemctl(self, verb: str, *, timeout: float) -> None:
         result = self.host.run(["systemctl", verb, self.unit], timeout=timeout)
@@ -315,7 +309,7 @@ class SystemdTarget:
         if self._armed:
             return
         self.write_file(RESTORE_SCRIPT, self.restore_script(), mode="0700")
-        self._start_timer(self.host)
+        self._start_timer()
         self._armed = True
         self._stop_heartbeat.clear()
         self._heartbeat = threading.Thread(
@@ -323,7 +317,8 @@ class SystemdTarget:
         )
         self._heartbeat.start()
 
-    def _start_timer(self, host: Host) -> None:
+    def _start_timer(self) -> None:
+        host = self.host  # renewals restart the timer from the heartbeat's own connection
         host.run(["systemctl", "stop", f"{WATCHDOG}.timer", f"{WATCHDOG}.service"], timeout=30)
         host.run(
             ["systemctl", "reset-failed", f"{WATCHDOG}.timer", f"{WATCHDOG}.service"], timeout=30
@@ -403,18 +398,13 @@ class SystemdTarget:
 
     def _check_port_free(self) -> None:
         """After the stop, nothing may still answer on the service's port."""
-        parts = urlsplit(self.api_base)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                s.settimeout(2)
-                if s.connect_ex((parts.hostname or "127.0.0.1", port)) != 0:
-                    return
+        while port_answers(self.api_base):
             if time.monotonic() > deadline:
                 raise ServiceError(
-                    f"port {port} on {self.host_name} still answers 30s after {self.unit} "
-                    "stopped: something else holds it, so the candidate could not bind it"
+                    f"port {urlsplit(self.api_base).port} on {self.host_name} still answers 30s "
+                    f"after {self.unit} stopped: something else holds it, so the candidate could "
+                    "not bind it"
                 )
             time.sleep(1)
 
