@@ -7,13 +7,11 @@ from collections.abc import Iterator
 import pytest
 
 from . import __version__
-from .backends import open_target
-from .config import Settings, Workload
+from .config.settings import Settings, Workload
 from .errors import ConfigError, SpecDecodeError
-from .experiment import Experiment, PhaseResult
-from .history import run_facts, use_stored_baseline
-from .lifecycle import experiment_services
-from .results import ResultsFile, redact_argv, redact_env
+from .measure.experiment import Experiment, PhaseResult
+from .record.history import run_facts, use_stored_baseline
+from .record.store import ResultsFile, redact_argv, redact_env
 from .session import (
     EXPERIMENT_KEY,
     api_headers,
@@ -22,6 +20,8 @@ from .session import (
     measure_baseline_after,
     run_dir_for,
 )
+from .targets import open_target
+from .targets.lifecycle import experiment_services
 
 
 @pytest.fixture(scope="session")

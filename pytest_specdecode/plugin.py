@@ -145,7 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
         config.stash[SETTINGS_KEY] = settings
     if config.pluginmanager.hasplugin("html"):  # pytest-html is optional
-        from . import html_report
+        from .report import html_hooks as html_report
 
         html_report.register(config)
     _sigterm_as_interrupt()

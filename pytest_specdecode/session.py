@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from . import report
-from .backends import open_target
-from .config import Settings, load_settings
+from .config.settings import Settings, load_settings
 from .errors import ConfigError, SpecDecodeError
-from .experiment import BASELINE, Experiment
-from .history import check_stored_baseline, previous_timing, stored_baseline_warnings
-from .results import redact_text, register_secret
-from .service import Progress
+from .measure.experiment import BASELINE, Experiment
+from .record.history import check_stored_baseline, previous_timing, stored_baseline_warnings
+from .record.store import redact_text, register_secret
+from .report import summary as report
+from .targets import open_target
+from .targets.base import Progress
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 RUN_DIR_KEY = pytest.StashKey[Path]()

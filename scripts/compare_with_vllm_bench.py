@@ -25,7 +25,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pytest_specdecode.loadgen import RequestSpec, run_requests
+from pytest_specdecode.measure.loadgen import RequestSpec, run_requests
 
 
 def vllm_bench(args: argparse.Namespace, prompts: list[str]) -> dict[str, float]:

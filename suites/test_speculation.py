@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_specdecode.config import Workload
-from pytest_specdecode.experiment import Experiment, PhaseResult
+from pytest_specdecode.config.settings import Workload
+from pytest_specdecode.measure.experiment import Experiment, PhaseResult
 
 
 def test_throughput_threshold(specdecode_phase: PhaseResult, specdecode_workload: Workload) -> None:

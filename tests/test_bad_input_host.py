@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.systemd import LOCK_DIR
+from pytest_specdecode.targets.systemd import LOCK_DIR
 
 from .testbed import Testbed, suite_args, write_remote_experiment
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.config import load_settings
+from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.errors import ConfigError
 
 SUITE = Path(__file__).parent.parent / "suites" / "specdecode.toml"

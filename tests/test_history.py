@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode import history, report
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.experiment import BASELINE
-from pytest_specdecode.hosts import CommandResult
+from pytest_specdecode.measure.experiment import BASELINE
+from pytest_specdecode.record import history
+from pytest_specdecode.report import summary as report
+from pytest_specdecode.targets.hosts import CommandResult
 
 from .test_report_data import NGRAM_ACCEPTANCE, add_phase, experiment, settings
 
@@ -142,7 +143,7 @@ def test_specdecode_compare_console_script(
     assert history.main([str(a), str(tmp_path / "missing.json")]) == 2
     # Installed as a console script.
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "specdecode-compare"]
-    assert script.value == "pytest_specdecode.history:main"
+    assert script.value == "pytest_specdecode.record.history:main"
     done = subprocess.run(
         [Path(sys.executable).parent / "specdecode-compare", str(a), str(a)],
         capture_output=True,

@@ -17,8 +17,13 @@ import httpx
 import pytest
 
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.loadgen import RequestSample, RequestSpec, run_requests, timed_request
-from pytest_specdecode.metrics import client_accepted_tokens
+from pytest_specdecode.measure.loadgen import (
+    RequestSample,
+    RequestSpec,
+    run_requests,
+    timed_request,
+)
+from pytest_specdecode.measure.server_metrics import client_accepted_tokens
 from tests.standin_server import (
     COMPLETIONS_TEXT,
     MULTI_TOKEN_PER_CHUNK,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.metrics import (
+from pytest_specdecode.measure.server_metrics import (
     SpecCounters,
     acceptance_between,
     combine,

@@ -99,7 +99,7 @@ def test_candidate_that_never_gets_healthy_times_out_and_restores(pytester, test
 def test_exception_in_the_fixture_restores(pytester, testbed):
     config = write_remote_experiment(pytester, testbed, run={"samples": 2, "warmup": 0})
     pytester.makeconftest("""
-        from pytest_specdecode.experiment import Experiment
+        from pytest_specdecode.measure.experiment import Experiment
         original = Experiment._measure
         def broken(self, name, spec, service):
             if name != "baseline":

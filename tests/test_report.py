@@ -9,9 +9,9 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from pytest_specdecode import report
-from pytest_specdecode.experiment import BASELINE_AFTER
-from pytest_specdecode.report import TABLE_HEADER
+from pytest_specdecode.measure.experiment import BASELINE_AFTER
+from pytest_specdecode.report import summary as report
+from pytest_specdecode.report.summary import TABLE_HEADER
 
 from .test_report_data import NGRAM_ACCEPTANCE, TEXT, add_phase, experiment, settings
 

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pytest_specdecode.config import Settings, load_settings
-from pytest_specdecode.experiment import Experiment, PhaseResult, WorkloadMeasurement
-from pytest_specdecode.loadgen import RequestSample
-from pytest_specdecode.metrics import Acceptance
-from pytest_specdecode.results import ResultsFile
+from pytest_specdecode.config.settings import Settings, load_settings
+from pytest_specdecode.measure.experiment import Experiment, PhaseResult, WorkloadMeasurement
+from pytest_specdecode.measure.loadgen import RequestSample
+from pytest_specdecode.measure.server_metrics import Acceptance
+from pytest_specdecode.record.store import ResultsFile
 
 TEXT = "def insert(self, key):\n    node = Node(key)\n    if self.root is None: ..."
 NGRAM_ACCEPTANCE = Acceptance(

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pytest_specdecode import history
+from pytest_specdecode.record import history
 
 from .embedded import write_experiment
 

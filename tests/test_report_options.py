@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode import report
-from pytest_specdecode.config import load_settings
-from pytest_specdecode.hosts import CommandResult
-from pytest_specdecode.systemd import SystemdTarget
+from pytest_specdecode.config.settings import load_settings
+from pytest_specdecode.report import summary as report
+from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.systemd import SystemdTarget
 
 from .test_history import stored_run
 

@@ -9,7 +9,7 @@ import paramiko
 import pytest
 
 from pytest_specdecode.errors import ConfigError, HostError
-from pytest_specdecode.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
 
 from .testbed import Testbed
 

@@ -1,4 +1,4 @@
-"""Tests for pytest_specdecode.stats (pure statistics, no server, no network)."""
+"""Tests for pytest_specdecode.analysis.stats (pure statistics, no server, no network)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from pytest_specdecode.stats import (
+from pytest_specdecode.analysis.stats import (
     Comparison,
     Verdict,
     compare,

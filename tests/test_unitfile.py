@@ -2,9 +2,9 @@ import shlex
 
 import pytest
 
+from pytest_specdecode.config.specconfig import parse_spec_config
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.specconfig import parse_spec_config
-from pytest_specdecode.unitfile import (
+from pytest_specdecode.targets.unitfile import (
     candidate_unit_name,
     check_unit_name,
     effective_exec_start,

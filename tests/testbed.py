@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_specdecode.hosts import CommandResult
-from pytest_specdecode.ssh import SSHHost, SSHSpec
-from pytest_specdecode.systemd import LOCK_DIR, RESTORE_SCRIPT, UNIT_DIR, WATCHDOG
-from pytest_specdecode.unitfile import candidate_unit_name
+from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.systemd import LOCK_DIR, RESTORE_SCRIPT, UNIT_DIR, WATCHDOG
+from pytest_specdecode.targets.unitfile import candidate_unit_name
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,14 @@ from typing import Any
 
 import httpx
 
-from .config import Settings, Workload
-from .lifecycle import Switchboard
+from ..analysis.stats import Comparison, Verdict, compare_family
+from ..config.settings import Settings, Workload
+from ..config.specconfig import SpecConfig
+from ..record.store import ResultsFile
+from ..targets.base import Progress, Service
+from ..targets.lifecycle import Switchboard
 from .loadgen import RequestSample, RequestSpec, run_requests
-from .metrics import (
+from .server_metrics import (
     Acceptance,
     SpecCounters,
     acceptance_between,
@@ -22,10 +26,6 @@ from .metrics import (
     cross_check,
     parse_spec_counters,
 )
-from .results import ResultsFile
-from .service import Progress, Service
-from .specconfig import SpecConfig
-from .stats import Comparison, Verdict, compare_family
 
 BASELINE = "baseline"
 BASELINE_AFTER = "baseline-after"  # the original measured again, last (the ABA drift check)

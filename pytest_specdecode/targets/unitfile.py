@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .commandline import SPEC_FLAG, check_vllm_command
-from .errors import ConfigError
-from .specconfig import SpecConfig
+from ..config.specconfig import SpecConfig
+from ..errors import ConfigError
+from .vllm_argv import SPEC_FLAG, check_vllm_command
 
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
 CANDIDATE_SUFFIX = "-specdecode"

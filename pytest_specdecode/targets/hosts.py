@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import HostError
+from ..errors import HostError
 
 
 @dataclass(frozen=True)

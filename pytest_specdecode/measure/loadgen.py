@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import httpx
 
-from .errors import RequestError
+from ..errors import RequestError
 
 Endpoint = Literal["chat", "completions"]
 

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .experiment import BASELINE, BASELINE_AFTER
-from .results import redact_text
-from .stats import Comparison, Verdict, compare_family
+from ..analysis.stats import Comparison, Verdict, compare_family
+from ..measure.experiment import BASELINE, BASELINE_AFTER
+from ..record.store import redact_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from .config import Settings
-    from .experiment import Experiment
+    from ..config.settings import Settings
+    from ..measure.experiment import Experiment
 
 Doc = Mapping[str, Any]
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pytest_html import extras
 
-from . import report as reports
-from .experiment import BASELINE
-from .session import EXPERIMENT_KEY, RUN_DIR_KEY, SETTINGS_KEY, finish_reports
+from ..measure.experiment import BASELINE
+from ..session import EXPERIMENT_KEY, RUN_DIR_KEY, SETTINGS_KEY, finish_reports
+from . import summary as reports
 
 REPORT_FILE = "report.html"
 

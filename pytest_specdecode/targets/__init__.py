@@ -1,17 +1,26 @@
-"""Choose the backend for a target: a local process (embedded default) or systemd over SSH."""
+"""Where the targets live: the original service and its candidates, behind one interface.
+
+Backends, one module each (as pytest-testinfra's): `local` (a vLLM child process, the embedded
+default) and `systemd` (a unit on a host reached over SSH). `open_target` picks one; nothing
+else asks which backend it has.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .config import TargetConfig
-from .local_process import LocalProcessTarget
-from .service import Target
+from .base import Target
+
+if TYPE_CHECKING:
+    from ..config.settings import TargetConfig
 
 
 def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
     if config.backend == "local":
+        from .local import LocalProcessTarget
+
         env = dict(config.env)
         if config.api_key_env and os.environ.get(config.api_key_env):
             env["VLLM_API_KEY"] = os.environ[config.api_key_env]  # vLLM's --api-key, unseen

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import paramiko
 
-from .errors import ConfigError, HostError
+from ..errors import ConfigError, HostError
 from .hosts import BaseHost, CommandResult
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$|^\[?[0-9A-Fa-f:.]+\]?$")

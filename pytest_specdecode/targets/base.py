@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import ServiceError
-from .specconfig import SpecConfig
+from ..config.specconfig import SpecConfig
+from ..errors import ServiceError
 
 Progress = Callable[[str], None]
 

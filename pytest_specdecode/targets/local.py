@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .commandline import with_speculative_config
-from .errors import ConfigError, ServiceError
-from .results import redact_text
-from .service import port_answers
-from .specconfig import SpecConfig
+from ..config.specconfig import SpecConfig
+from ..errors import ConfigError, ServiceError
+from ..record.store import redact_text
+from .base import port_answers
+from .vllm_argv import with_speculative_config
 
 # Variables of the plugin's own venv that must not leak into the server's.
 _PLUGIN_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")

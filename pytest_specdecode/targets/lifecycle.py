@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .errors import ServiceError
-from .service import Progress, Service, Target, wait_until_ready
-from .specconfig import SpecConfig
+from ..config.specconfig import SpecConfig
+from ..errors import ServiceError
+from .base import Progress, Service, Target, wait_until_ready
 
 
 @dataclass

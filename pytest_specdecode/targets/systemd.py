@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
-from .errors import ConfigError, HostError, ServiceError
+from ..config.specconfig import SpecConfig
+from ..errors import ConfigError, HostError, ServiceError
+from ..record.store import redact_text
+from .base import port_answers
 from .hosts import Host
-from .results import redact_text
-from .service import port_answers
-from .specconfig import SpecConfig
 from .unitfile import candidate_unit_name, check_unit_name, render_candidate_unit
 
 STATE_DIR = "/run/pytest-specdecode"

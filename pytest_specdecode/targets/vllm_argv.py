@@ -5,8 +5,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from .errors import ConfigError
-from .specconfig import SpecConfig
+from ..config.specconfig import SpecConfig
+from ..errors import ConfigError
 
 SPEC_FLAG = "--speculative-config"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"

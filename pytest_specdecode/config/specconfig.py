@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # Mirrors vllm.config.speculative (vLLM 0.32): the methods and user-settable keys.
 NGRAM_METHODS = frozenset({"ngram", "ngram_gpu"})

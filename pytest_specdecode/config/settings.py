@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from .commandline import check_vllm_command
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..targets.vllm_argv import check_vllm_command
 from .specconfig import SpecConfig, parse_spec_config, validate_spec_values
 
 
@@ -310,8 +310,8 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
 
 
 def _systemd_keys(table: Mapping[str, Any], here: str) -> None:
-    from .ssh import SSHSpec  # paramiko only where a remote host is used
-    from .unitfile import check_unit_name
+    from ..targets.ssh import SSHSpec  # paramiko only where a remote host is used
+    from ..targets.unitfile import check_unit_name
 
     host, unit = table.get("host"), table.get("unit")
     if not isinstance(host, str):

@@ -21,17 +21,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
-from .experiment import BASELINE, PhaseResult, WorkloadMeasurement
-from .hosts import Host, LocalHost
-from .loadgen import RequestSample
-from .metrics import Acceptance
-from .report import Timing, compare_phases, fmt_num, fmt_p, fmt_pct, tokens_per_s
-from .stats import Verdict
+from ..analysis.stats import Verdict
+from ..errors import ConfigError
+from ..measure.experiment import BASELINE, PhaseResult, WorkloadMeasurement
+from ..measure.loadgen import RequestSample
+from ..measure.server_metrics import Acceptance
+from ..report.summary import Timing, compare_phases, fmt_num, fmt_p, fmt_pct, tokens_per_s
+from ..targets.hosts import Host, LocalHost
 
 if TYPE_CHECKING:
-    from .config import Settings
-    from .experiment import Experiment
+    from ..config.settings import Settings
+    from ..measure.experiment import Experiment
 
 Doc = Mapping[str, Any]
 

@@ -1,0 +1,1 @@
+"""Where measurements are analysed: statistics, comparisons, checks. Pure functions."""

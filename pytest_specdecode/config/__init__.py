@@ -1,0 +1,1 @@
+"""Configuration: the experiment's TOML and the --speculative-config values."""

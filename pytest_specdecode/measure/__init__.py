@@ -1,0 +1,1 @@
+"""Where a measurement is taken: the load generator, the server's metrics, the experiment."""

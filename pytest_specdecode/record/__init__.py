@@ -1,0 +1,1 @@
+"""Where a run is recorded: results.json, stored runs, redaction of secrets."""

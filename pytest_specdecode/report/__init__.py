@@ -1,0 +1,1 @@
+"""Where a run is reported: terminal, Markdown, HTML, plots and the plan."""
