@@ -1,24 +1,38 @@
-"""pytest hooks and options. The logic lives in plain objects elsewhere."""
+"""pytest hooks and options. The run's state and logic live in `session.SpecDecodeSession`."""
 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
-from . import fixtures
+from . import fixtures, hookspecs
+from .config.settings import Settings
 from .errors import ConfigError
-from .session import (
-    SETTINGS_KEY,
-    check_run_options,
-    dry_run,
-    finish_reports,
-    load_from_options,
-    run_dir_for,
-    terminal_table,
-)
+from .session import PLUGIN_NAME, SpecDecodeSession, session_of, settings_from_options
+from .targets import open_target
+from .targets.base import Target
 
 GROUP = "specdecode"
+_EXPERIMENT_OPTIONS = (
+    "spec_config",
+    "spec_file",
+    "spec_host",
+    "spec_dry_run",
+    "spec_baseline_from",
+)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_specdecode_open_target(
+    config: pytest.Config, settings: Settings, log_dir: Path
+) -> Target:
+    return open_target(settings.target, log_dir=log_dir)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,7 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "suites/specdecode.toml under the rootdir)",
     )
     add(
+        "--spec-prompt-type",
         "--spec-workload",
+        dest="spec_prompt_type",
         action="append",
         default=[],
         metavar="NAME",
@@ -50,18 +66,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--spec-warmup", type=int, metavar="N", help="warm-up requests, not measured")
     add("--spec-max-tokens", type=int, metavar="N", help="max output tokens per request")
     add("--spec-concurrency", type=int, metavar="N", help="requests in flight (default 1)")
-    add("--spec-alpha", type=float, metavar="A", help="significance level (default 0.05)")
+    add("--spec-alpha", type=float, metavar="A", help="significance level (default [run] alpha)")
     add(
         "--spec-min-effect",
         type=float,
         metavar="F",
-        help="smallest relative change called a regression or improvement (default 0.03)",
+        help="smallest relative change called a regression or improvement ([run] min_effect)",
     )
     add(
         "--spec-reports",
         metavar="DIR",
         default=None,
-        help="where each run's folder goes (default: reports/ beside the config's reports_dir)",
+        help="where each run's folder goes (default: the config's reports_dir)",
     )
     add(
         "--spec-host",
@@ -124,50 +140,50 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-html's, which reads --html
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(fixtures, "specdecode-fixtures")
-    experimenting = any(
-        config.getoption(o)
-        for o in ("spec_config", "spec_file", "spec_host", "spec_dry_run", "spec_baseline_from")
-    )
-    if experimenting and (
-        hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None)
-    ):
+    if not any(config.getoption(o) for o in _EXPERIMENT_OPTIONS):
+        return
+    if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None):
         raise pytest.UsageError(
             "pytest-specdecode refuses to run under pytest-xdist: two workers would experiment "
             "on one host at once. Run without -n"
         )
-    if experimenting:
-        try:
-            settings = load_from_options(config)
-            check_run_options(config, settings)
-            if not config.getoption("spec_dry_run"):
-                run_dir_for(config, settings)  # checks the reports folder is writable, now
-        except ConfigError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        config.stash[SETTINGS_KEY] = settings
-    if config.pluginmanager.hasplugin("html"):  # pytest-html is optional
-        from .report import html_hooks as html_report
+    try:
+        session = SpecDecodeSession(config, settings_from_options(config))
+        session.check_before_start()
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(session, PLUGIN_NAME)
+    if config.pluginmanager.hasplugin("html") and session.writes_html:
+        from .report import html_hooks
 
-        html_report.register(config)
+        html_hooks.register(config, session)
     _sigterm_as_interrupt()
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    dry_run(session.config)
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """--spec-dry-run: print the plan and collect nothing (as pytest's own --markers does)."""
+    if not config.option.spec_dry_run:
+        return None
+    config._do_configure()
+    try:
+        return session_of(config).dry_run()
+    finally:
+        config._ensure_unconfigure()
 
 
 @pytest.hookimpl(trylast=True)  # after the session fixtures' teardown: the restore
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    finish_reports(session.config)
+    found = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if found is not None:
+        found.finish()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    wanted = {"specdecode_phase", "specdecode_candidate", "specdecode_workload"}
+    wanted = {"specdecode_phase", "specdecode_candidate", "specdecode_prompt_type"}
     if not wanted & set(metafunc.fixturenames):
         return
-    try:
-        settings = load_from_options(metafunc.config)
-    except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    settings = session_of(metafunc.config).settings
     candidates = [c.name for c in settings.candidates]
     if "specdecode_phase" in metafunc.fixturenames:
         metafunc.parametrize(
@@ -175,12 +191,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
     if "specdecode_candidate" in metafunc.fixturenames:
         metafunc.parametrize("specdecode_candidate", candidates, indirect=True, scope="session")
-    if "specdecode_workload" in metafunc.fixturenames:
-        metafunc.parametrize("specdecode_workload", list(settings.workloads), indirect=True)
+    if "specdecode_prompt_type" in metafunc.fixturenames:
+        metafunc.parametrize("specdecode_prompt_type", list(settings.prompt_types), indirect=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    lines = terminal_table(terminalreporter.config)
+    found = terminalreporter.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    lines = found.terminal_lines() if found is not None else []
     if lines:
         terminalreporter.section("speculative decoding: baseline vs candidates")
         for line in lines:

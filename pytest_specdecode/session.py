@@ -1,43 +1,54 @@
-"""Glue between pytest's config and the experiment objects: options, run folder, progress."""
+"""The run's state for one pytest session: one object, registered as a plugin in pytest_configure.
+
+It owns the settings, the run folder, the progress log, the experiment and the end of the run.
+The hooks in plugin.py and the fixtures in fixtures.py only call into it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
+from . import __version__
+from .analysis.compare import PromptTypeVerdict
+from .analysis.run import RunAnalysis, analyze, candidate_verdicts
 from .config.settings import Settings, load_settings
 from .errors import ConfigError, SpecDecodeError
-from .measure.experiment import BASELINE, Experiment
-from .record.history import check_stored_baseline, previous_timing, stored_baseline_warnings
-from .record.store import redact_text, register_secret
-from .report import summary as report
-from .targets import open_target
-from .targets.base import Progress
+from .measure.environment import environment
+from .measure.experiment import Experiment
+from .record.redaction import redact_argv, redact_env, redact_text, register_secret
+from .record.reuse import stored_baseline
+from .record.schema import BASELINE, RunRecord, TargetInfo
+from .record.store import RunStore
+from .report import Written, write_reports
+from .report import terminal as terminal_report
+from .report.plan import RUN_LOG, dry_run_lines, previous_timing
+from .targets.base import Target
+from .targets.lifecycle import experiment_services
 
-SETTINGS_KEY = pytest.StashKey[Settings]()
-RUN_DIR_KEY = pytest.StashKey[Path]()
-EXPERIMENT_KEY = pytest.StashKey[Experiment]()
-FINISHED_KEY = pytest.StashKey["report.Written | None"]()
+PLUGIN_NAME = "specdecode-session"
 
 
-def load_from_options(config: pytest.Config) -> Settings:
-    """The validated Settings for this pytest run, loaded once."""
-    if SETTINGS_KEY in config.stash:
-        return config.stash[SETTINGS_KEY]
+def settings_from_options(config: pytest.Config) -> Settings:
+    """The validated Settings for this pytest run; raises ConfigError."""
     opt = config.getoption
     reports = opt("spec_reports")
-    settings = load_settings(
+    return load_settings(
         _spec_file(config),
         spec_configs=opt("spec_config"),
-        workloads=opt("spec_workload"),
+        prompt_types=opt("spec_prompt_type"),
         target_overrides={
             "host": opt("spec_host"),
             "unit": opt("spec_unit"),
@@ -59,8 +70,6 @@ def load_from_options(config: pytest.Config) -> Settings:
             "min_effect": opt("spec_min_effect"),
         },
     )
-    config.stash[SETTINGS_KEY] = settings
-    return settings
 
 
 def _spec_file(config: pytest.Config) -> Path:
@@ -71,59 +80,260 @@ def _spec_file(config: pytest.Config) -> Path:
     return Path(config.rootpath) / "suites" / "specdecode.toml"
 
 
-def run_dir_for(config: pytest.Config, settings: Settings) -> Path:
-    """This run's own folder under the reports dir, created and proven writable."""
-    if RUN_DIR_KEY in config.stash:
-        return config.stash[RUN_DIR_KEY]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    label = "-".join(c.name for c in settings.candidates) or "baseline-only"
-    label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:60]
-    run_dir = settings.reports_dir / f"{stamp}-{label}"
-    suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = settings.reports_dir / f"{stamp}-{label}-{suffix}"
-    try:
-        run_dir.mkdir(parents=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(
-            f"reports directory {settings.reports_dir} is not writable ({exc.strerror}); "
-            "nothing was started. Pass --spec-reports DIR"
-        ) from None
-    config.stash[RUN_DIR_KEY] = run_dir
-    return run_dir
+def session_of(config: pytest.Config) -> SpecDecodeSession:
+    """The run's session object: registered in pytest_configure, or now if a suite asks first."""
+    found = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if found is None:
+        try:
+            found = SpecDecodeSession(config, settings_from_options(config))
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.pluginmanager.register(found, PLUGIN_NAME)
+    return found
 
 
-def make_progress(config: pytest.Config, log_path: Path) -> Progress:
-    """Progress lines shown live (past output capture) and kept in the run's log."""
-    start = time.monotonic()
-    capman = config.pluginmanager.get_plugin("capturemanager")
+class SpecDecodeSession:
+    """One experiment per pytest session."""
 
-    def say(message: str) -> None:
-        message = redact_text(message)
-        elapsed = time.monotonic() - start
-        line = f"[specdecode {elapsed:6.0f}s] {message}"
-        with log_path.open("a") as log:
-            log.write(f"{datetime.now(UTC).isoformat(timespec='seconds')} {message}\n")
-        if capman is not None:
-            with capman.global_and_fixture_disabled():
-                _write(line)
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.run_dir = _new_run_dir(settings)  # created once the run really starts
+        self.experiment: Experiment | None = None
+        self.written: Written | None = None
+        self.progress = ProgressLog(config)
+        self._finished = False
+        self._reports_existed = settings.reports_dir.exists()
+
+    # -- before anything starts ---------------------------------------------------------------
+    def check_before_start(self) -> None:
+        """Refuse, before anything starts: a reused baseline that cannot be, reports unwritable."""
+        path = self.config.getoption("spec_baseline_from")
+        if path:
+            stored_baseline(path, self.settings)
+        _check_writable(self.settings.reports_dir)
+
+    @property
+    def writes_html(self) -> bool:
+        """pytest-html writes report.html into the run folder: only when an experiment runs."""
+        return not (self.config.getoption("spec_dry_run") or self.config.option.collectonly)
+
+    # -- the dry run ----------------------------------------------------------------------------
+    def dry_run(self) -> int:
+        """Print the plan. Nothing is started, written or locked; only reads on a host."""
+        settings = self.settings
+        target = self._open_target(settings.reports_dir)
+        try:
+            steps = target.plan(settings.candidates)  # systemd: reads the unit, read-only
+        except SpecDecodeError as exc:
+            _write(f"pytest-specdecode dry run: {exc}")
+            return pytest.ExitCode.USAGE_ERROR
+        finally:
+            target.close()  # touches the host only to undo what this run did: nothing
+        lines = dry_run_lines(
+            settings,
+            steps,
+            host=target.host_name,
+            timing=previous_timing(
+                settings, host=target.host_name, default_start_s=target.typical_start_s
+            ),
+            aba=self.config.getoption("spec_aba"),
+            baseline_from=self.config.getoption("spec_baseline_from"),
+            adopts_original=target.adopts_running_original,
+        )
+        _write("\n".join(lines), stream=sys.stdout)
+        return pytest.ExitCode.OK
+
+    # -- the run ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def running(self, session: pytest.Session) -> Iterator[Experiment]:
+        """Bring services up on demand; whatever happens, the teardown restores the original."""
+        settings = self.settings
+        t = settings.target
+        headers = _api_headers(settings)
+        target = self._open_target(self.run_dir)
+        transports = target.transports()
+        try:  # nothing is touched until preflight has passed; its last step takes the lock
+            for step in target.plan(settings.candidates):
+                self.progress(f"plan: {step}")
+            target.preflight()
+        except SpecDecodeError as exc:
+            target.close()
+            self.progress(f"refused, nothing was touched: {exc}")
+            self._discard_run_dir()
+            pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.progress.open(self.run_dir / RUN_LOG)
+        self.progress(f"run folder {self.run_dir}")
+        store: RunStore | None = None
+        board = None
+        try:
+            with experiment_services(
+                target,
+                ready_timeout_s=t.startup_timeout_s,
+                restore_timeout_s=t.restore_timeout_s,
+                progress=self.progress,
+                headers=headers,
+                transport=transports.sync,
+            ) as board:
+                store = RunStore(self.run_dir, self._new_record(target))
+                self.experiment = Experiment(
+                    settings,
+                    board,
+                    store,
+                    progress=self.progress,
+                    headers=headers,
+                    transports=transports,
+                )
+                yield self.experiment
+                self._measure_baseline_after(session)
+        finally:  # the restore ran in experiment_services' teardown: keep what it reported
+            if store is not None and board is not None and board.restore_report is not None:
+                store.record.restore = board.restore_report.to_dict()
+                store.flush()
+
+    def _open_target(self, log_dir: Path) -> Target:
+        return self.config.hook.pytest_specdecode_open_target(
+            config=self.config, settings=self.settings, log_dir=log_dir
+        )
+
+    def _new_record(self, target: Target) -> RunRecord:
+        settings = self.settings
+        t = settings.target
+        record = RunRecord(
+            plugin_version=__version__,
+            config_file=str(settings.source),
+            target=TargetInfo(
+                backend=t.backend,
+                host=target.host_name,
+                api_base=t.api_base,
+                model=t.model,
+                unit=t.unit,
+                command=redact_argv(t.command),
+                env=redact_env(t.env),
+            ),
+            run=settings.run,
+            candidates={c.name: dict(c.values) for c in settings.candidates},
+            prompt_types=dict(settings.prompt_types),
+            environment=environment(target, settings.source),
+        )
+        reuse = self.config.getoption("spec_baseline_from")
+        if reuse:
+            record.phases[BASELINE], record.baseline_from = stored_baseline(reuse, settings)
+            self.progress(f"baseline: reused from {reuse}, not measured")
+        return record
+
+    def verdict(self, candidate: str, prompt_type: str) -> PromptTypeVerdict:
+        """One candidate against the baseline on one prompt type (both already measured)."""
+        assert self.experiment is not None
+        return candidate_verdicts(self.experiment.record, candidate)[prompt_type]
+
+    def _measure_baseline_after(self, session: pytest.Session) -> None:
+        """--spec-aba: measure the original again, last, before the restore (the drift check)."""
+        if not self.config.getoption("spec_aba") or self.experiment is None:
+            return
+        record = self.experiment.record
+        if session.shouldfail or session.shouldstop or session.exitstatus != pytest.ExitCode.OK:
+            self.progress("drift check (ABA) skipped: the run was stopped")
+        elif record.arm_phases(BASELINE) and record.measured_candidates:
+            self.progress("drift check (ABA): measuring the original again")
+            self.experiment.baseline_after()
         else:
-            _write(line)
+            self.progress("drift check (ABA) skipped: no candidate was measured")
 
-    return say
+    def _discard_run_dir(self) -> None:
+        """A refused run leaves nothing to review: no run folder, no HTML report."""
+        from .report import html_hooks
+
+        html_hooks.disable(self.config)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if not self._reports_existed:
+            with contextlib.suppress(OSError):
+                self.settings.reports_dir.rmdir()
+
+    # -- the end ------------------------------------------------------------------------------
+    def analysis(self) -> RunAnalysis | None:
+        return analyze(self.experiment.record) if self.experiment else None
+
+    def finish(self) -> Written | None:
+        """Once, after the restore: the analysis into results.json, the plots and summary.md.
+
+        Never raises: the samples are already stored, and the test outcome must stand.
+        """
+        if self._finished:
+            return self.written
+        self._finished = True
+        if self.experiment is None:
+            return None
+        try:
+            store = self.experiment.store
+            analysis = analyze(store.record)
+            store.analysis = analysis.to_json()
+            store.flush()
+            self.written = write_reports(
+                store.record,
+                analysis,
+                self.run_dir,
+                failed=_failed_tests(self.config),
+                step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
+            )
+        except Exception:
+            _write("[specdecode] the report could not be written:\n" + traceback.format_exc())
+        return self.written
+
+    def terminal_lines(self) -> list[str]:
+        if self.experiment is None:
+            return []
+        record = self.experiment.record
+        files = {"results": self.experiment.store.path}
+        if self.written is not None:
+            files = {"summary": self.written.summary, **files}
+        lines = terminal_report.lines(record, analyze(record), files=files)
+        return [redact_text(line) for line in lines]
 
 
-def _write(line: str) -> None:
-    stream = sys.__stderr__ or sys.stderr
-    stream.write(line + "\n")
+class ProgressLog:
+    """Progress lines shown live (past pytest's capture) and kept in the run's log.
+
+    Lines before the run folder exists are kept and written to the log when it opens.
+    """
+
+    def __init__(self, config: pytest.Config, *, stream: TextIO | None = None) -> None:
+        self._start = time.monotonic()
+        self._capman = config.pluginmanager.get_plugin("capturemanager")
+        self._stream = stream
+        self._log: Path | None = None
+        self._pending: list[str] = []
+
+    def open(self, path: Path) -> None:
+        self._log = path
+        with path.open("a") as log:
+            log.writelines(self._pending)
+        self._pending = []
+
+    def __call__(self, message: str) -> None:
+        message = redact_text(message)
+        stamped = f"{datetime.now(UTC).isoformat(timespec='seconds')} {message}\n"
+        if self._log is None:
+            self._pending.append(stamped)
+        else:
+            with self._log.open("a") as log:
+                log.write(stamped)
+        line = f"[specdecode {time.monotonic() - self._start:6.0f}s] {message}"
+        if self._capman is not None:
+            with self._capman.global_and_fixture_disabled():
+                _write(line, self._stream)
+        else:
+            _write(line, self._stream)
+
+
+def _write(text: str, stream=None) -> None:
+    stream = stream or sys.__stderr__ or sys.stderr
+    stream.write(text + "\n")
     stream.flush()
 
 
-def api_headers(settings: Settings) -> dict[str, str]:
+def _api_headers(settings: Settings) -> dict[str, str]:
     """Authorization from the variable the config names; the key itself is never stored."""
     name = settings.target.api_key_env
     if not name:
@@ -135,130 +345,33 @@ def api_headers(settings: Settings) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def terminal_table(config: pytest.Config) -> list[str]:
-    """The seed-style table, one row per prompt type and candidate."""
-    experiment = config.stash.get(EXPERIMENT_KEY, None)
-    if experiment is None or BASELINE not in experiment.phases:
-        return []
-    lines: list[str] = []
-    header = (
-        f"{'prompt':<12} {'candidate':<14} {'base tok/s':>10} {'cand tok/s':>10} "
-        f"{'change':>8} {'TPOT base→cand ms':>19} {'p_adj':>7} {'accept len':>10}  verdict"
-    )
-    base = experiment.phases[BASELINE]
-    if len(experiment.phases) == 1:
-        lines.append(f"{'prompt':<12} {'median tok/s':>12} {'median TPOT ms':>15}")
-        for name, m in base.measurements.items():
-            lines.append(f"{name:<12} {m.median_tokens_per_s:>12.1f} {m.median_tpot_ms:>15.1f}")
-        return lines
-    lines.append(header)
-    for candidate, phase in experiment.phases.items():
-        if phase.spec is None:  # the baseline, and the baseline measured again (ABA)
-            continue
-        for name, v in experiment.verdicts(candidate).items():
-            acc = v.measured.acceptance.mean_acceptance_length
-            lines.append(
-                f"{name:<12} {candidate:<14} {v.throughput.baseline_median:>10.1f} "
-                f"{v.throughput.candidate_median:>10.1f} {v.throughput.change:>+8.1%} "
-                f"{v.tpot.baseline_median:>8.1f} → {v.tpot.candidate_median:<8.1f} "
-                f"{v.throughput.p_adjusted:>7.3g} {(f'{acc:.2f}' if acc else 'n/a'):>10}  "
-                f"{v.verdict}"
-            )
-        acc = experiment.phases[candidate].acceptance
-        if acc.present and acc.per_position_rates:
-            rates = ", ".join(f"{r:.2f}" for r in acc.per_position_rates)
-            lines.append(
-                f"  {candidate}: per-position acceptance [{rates}], draft acceptance "
-                f"{acc.draft_acceptance_rate:.1%}"
-            )
-    restore = experiment.board.restore_report
-    if restore is not None:
-        lines.append(restore.describe())
-    lines += report.terminal_notes(experiment.results.data)
-    written = config.stash.get(FINISHED_KEY, None)
-    if written is not None:
-        lines.append(f"summary: {written.summary}")
-    lines.append(f"results: {experiment.results.path}")
-    return lines
+def _new_run_dir(settings: Settings) -> Path:
+    """This run's own folder under the reports dir: a name no other run has taken."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    label = "-".join(c.name for c in settings.candidates) or "baseline-only"
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:60]
+    run_dir = settings.reports_dir / f"{stamp}-{label}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = settings.reports_dir / f"{stamp}-{label}-{suffix}"
+    return run_dir
 
 
-def check_run_options(config: pytest.Config, settings: Settings) -> None:
-    """Refuse, before anything starts, a --spec-baseline-from that cannot be reused."""
-    path = config.getoption("spec_baseline_from")
-    if path:
-        check_stored_baseline(path, settings)
-
-
-def dry_run(config: pytest.Config) -> None:
-    """--spec-dry-run: print the plan and exit 0. Nothing is started, written or changed."""
-    if not config.getoption("spec_dry_run") or SETTINGS_KEY not in config.stash:
-        return
-    settings = config.stash[SETTINGS_KEY]
-    target = open_target(settings.target, log_dir=settings.reports_dir)
+def _check_writable(reports_dir: Path) -> None:
+    """Prove the reports folder can be written, leaving nothing behind."""
+    existing = reports_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        steps = target.plan(settings.candidates)  # systemd: reads the unit, read-only
-    except SpecDecodeError as exc:
-        pytest.exit(f"pytest-specdecode dry run: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-    finally:
-        host = getattr(target, "host", None)
-        if host is not None:  # not target.close(): that cleans up on the host
-            host.close()
-    lines = report.dry_run_lines(
-        settings,
-        steps,
-        host=target.host_name,
-        timing=previous_timing(settings),
-        aba=config.getoption("spec_aba"),
-        baseline_from=config.getoption("spec_baseline_from"),
-    )
-    capman = config.pluginmanager.get_plugin("capturemanager")
-    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-        sys.stdout.write(redact_text("\n".join(lines)) + "\n")
-        sys.stdout.flush()
-    pytest.exit("dry run: nothing was started or changed", returncode=pytest.ExitCode.OK)
-
-
-def measure_baseline_after(
-    config: pytest.Config, session: pytest.Session, experiment: Experiment
-) -> None:
-    """--spec-aba: measure the original again, last, before the restore (the drift check)."""
-    if not config.getoption("spec_aba"):
-        return
-    if session.shouldfail or session.shouldstop or session.exitstatus != pytest.ExitCode.OK:
-        experiment.progress("drift check (ABA) skipped: the run was stopped")
-    elif BASELINE in experiment.phases and any(
-        p.spec is not None for p in experiment.phases.values()
-    ):
-        experiment.progress("drift check (ABA): measuring the original again")
-        experiment.baseline_after()
-    else:
-        experiment.progress("drift check (ABA) skipped: no candidate was measured")
-
-
-def finish_reports(config: pytest.Config) -> report.Written | None:
-    """Once, at the end: verdicts, checks, plots and summary.md in the run folder.
-
-    Never raises: results.json is already complete, and the test outcome must stand.
-    """
-    if FINISHED_KEY in config.stash:
-        return config.stash[FINISHED_KEY]
-    config.stash[FINISHED_KEY] = None
-    experiment = config.stash.get(EXPERIMENT_KEY, None)
-    if experiment is None:
-        return None
-    try:
-        stored_baseline_warnings(experiment.results.data)
-        written = report.finish(
-            experiment,
-            run_dir_for(config, experiment.settings),
-            failed=_failed_tests(config),
-            step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
-        )
-    except Exception:
-        _write("[specdecode] the report could not be written:\n" + traceback.format_exc())
-        return None
-    config.stash[FINISHED_KEY] = written
-    return written
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        Path(tempfile.mkdtemp(dir=existing, prefix=".specdecode-probe-")).rmdir()
+    except OSError as exc:
+        raise ConfigError(
+            f"reports directory {reports_dir} is not writable ({exc.strerror}); nothing was "
+            "started. Pass --spec-reports DIR"
+        ) from None
 
 
 def _failed_tests(config: pytest.Config) -> list[str]:

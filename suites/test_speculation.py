@@ -7,42 +7,38 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_specdecode.config.settings import Workload
-from pytest_specdecode.measure.experiment import Experiment, PhaseResult
+from pytest_specdecode.analysis.compare import PromptTypeVerdict
+from pytest_specdecode.config.settings import PromptType
+from pytest_specdecode.record.schema import Phase
+from pytest_specdecode.report.rows import Row
 
 
-def test_throughput_threshold(specdecode_phase: PhaseResult, specdecode_workload: Workload) -> None:
-    m = specdecode_phase.measurements[specdecode_workload.name]
-    floor = specdecode_workload.min_tokens_per_s
+def test_throughput_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptType) -> None:
+    m = specdecode_phase.measurements[specdecode_prompt_type.name]
+    floor = specdecode_prompt_type.min_tokens_per_s
     if floor is None:
         pytest.skip("no min_tokens_per_s configured")
     assert m.median_tokens_per_s >= floor, (
-        f"[{specdecode_phase.name}] {m.workload}: median {m.median_tokens_per_s:.1f} tok/s "
+        f"[{specdecode_phase.name}] {m.prompt_type}: median {m.median_tokens_per_s:.1f} tok/s "
         f"is below the threshold {floor:.1f} tok/s (samples: "
         f"{', '.join(f'{v:.1f}' for v in m.tokens_per_s)})"
     )
 
 
-def test_tpot_threshold(specdecode_phase: PhaseResult, specdecode_workload: Workload) -> None:
-    m = specdecode_phase.measurements[specdecode_workload.name]
-    ceiling = specdecode_workload.max_tpot_ms
+def test_tpot_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptType) -> None:
+    m = specdecode_phase.measurements[specdecode_prompt_type.name]
+    ceiling = specdecode_prompt_type.max_tpot_ms
     if ceiling is None:
         pytest.skip("no max_tpot_ms configured")
     assert m.median_tpot_ms <= ceiling, (
-        f"[{specdecode_phase.name}] {m.workload}: median TPOT {m.median_tpot_ms:.1f} ms "
+        f"[{specdecode_phase.name}] {m.prompt_type}: median TPOT {m.median_tpot_ms:.1f} ms "
         f"is above the threshold {ceiling:.1f} ms"
     )
 
 
-def test_speculation_does_not_regress(
-    specdecode_candidate: PhaseResult,
-    specdecode_workload: Workload,
-    specdecode_experiment: Experiment,
-) -> None:
-    verdict = specdecode_experiment.verdicts(specdecode_candidate.name)[specdecode_workload.name]
-    if verdict.regressed:
-        pytest.fail(
-            f"speculation {specdecode_candidate.name} regressed: {verdict.row()}", pytrace=False
-        )
-    if verdict.insufficient:
-        pytest.skip(f"no verdict for {specdecode_candidate.name}: {verdict.throughput.reason}")
+def test_speculation_does_not_regress(specdecode_verdict: PromptTypeVerdict) -> None:
+    v = specdecode_verdict
+    if v.regressed:
+        pytest.fail(f"speculation {v.candidate} regressed: {Row.of(v).sentence()}", pytrace=False)
+    if v.insufficient:
+        pytest.skip(f"no verdict for {v.candidate}: {v.reason}")

@@ -1,9 +1,16 @@
-"""Fixtures for the remote-host tests: a real systemd host (nspawn) with sshd, serving vLLM."""
+"""Shared test set-up: markers by folder, a clean environment, and the systemd test host.
+
+unit/       fast tests, no server (seconds)
+real_vllm/  against the embedded CPU vLLM (marker `vllm`, minutes)
+real_host/  against the systemd test host over a real sshd (marker `remote`, minutes)
+support/    helpers, no tests
+"""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 # httpx imports httpcore lazily, at its first client. If that happened inside a test that uses
 # `pytester`, pytester's sys.modules restore would drop httpcore afterwards, and a re-import
@@ -11,7 +18,23 @@ from collections.abc import Iterator
 import httpcore  # noqa: F401
 import pytest
 
-from .testbed import REPO, Testbed
+from .support.testbed import REPO, Testbed
+
+HERE = Path(__file__).parent
+MARKERS = {"real_vllm": "vllm", "real_host": "remote"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
+        if folder in MARKERS:
+            item.add_marker(MARKERS[folder])
+
+
+@pytest.fixture(autouse=True)
+def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's own test runs never write into a CI job's step summary."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
 
 @pytest.fixture(scope="session")

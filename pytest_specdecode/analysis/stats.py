@@ -4,7 +4,7 @@ Pure functions over samples of a strictly positive metric (throughput, TPOT, ...
 a two-sided Mann-Whitney U test, Holm correction across a family of comparisons
 (e.g. one per prompt type), a bootstrap CI for the ratio of medians and a verdict
 that also requires a minimum practical effect. The verdict is decided in one place,
-:func:`_decide`.
+:func:`decide`.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _samples_needed(family_size: int, alpha: float) -> int:
     return n
 
 
-def _decide(
+def decide(
     *,
     n_baseline: int,
     n_candidate: int,
@@ -308,8 +308,8 @@ def compare_family(
     *,
     metric: str,
     higher_is_better: bool,
-    alpha: float = 0.05,
-    min_effect: float = 0.03,
+    alpha: float,
+    min_effect: float,
     seed: int = 0,
     n_resamples: int = 2000,
 ) -> dict[str, Comparison]:
@@ -326,7 +326,7 @@ def compare_family(
     adjusted = holm_adjust([r.p_value for r in raws.values()])
     out: dict[str, Comparison] = {}
     for (key, r), p_adj in zip(raws.items(), adjusted, strict=True):
-        verdict, reason = _decide(
+        verdict, reason = decide(
             n_baseline=r.n_baseline,
             n_candidate=r.n_candidate,
             ratio=r.ratio,
@@ -359,8 +359,8 @@ def compare(
     *,
     metric: str,
     higher_is_better: bool,
-    alpha: float = 0.05,
-    min_effect: float = 0.03,
+    alpha: float,
+    min_effect: float,
     seed: int = 0,
     n_resamples: int = 2000,
 ) -> Comparison:

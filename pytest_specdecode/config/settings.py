@@ -17,8 +17,8 @@ from .specconfig import SpecConfig, parse_spec_config, validate_spec_values
 
 
 @dataclass(frozen=True)
-class Workload:
-    """One prompt type, with optional per-workload thresholds."""
+class PromptType:
+    """One prompt type (coding, math, ...), with its optional thresholds."""
 
     name: str
     prompt: str
@@ -50,6 +50,8 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """The design of the measurement. These defaults are the only place each is defined."""
+
     samples: int = 5
     warmup: int = 1
     concurrency: int = 1
@@ -67,13 +69,12 @@ class Settings:
     source: Path
     target: TargetConfig
     run: RunConfig
-    presets: Mapping[str, Mapping[str, Any]]
-    workloads: Mapping[str, Workload]
+    prompt_types: Mapping[str, PromptType]
     candidates: tuple[SpecConfig, ...] = ()
     reports_dir: Path = field(default=Path("reports"))
 
 
-_TOP_KEYS = {"target", "run", "thresholds", "presets", "workloads", "reports_dir"}
+_TOP_KEYS = {"target", "run", "thresholds", "presets", "prompt_types", "workloads", "reports_dir"}
 _TARGET_KEYS = {
     "backend",
     "host",
@@ -93,7 +94,7 @@ _TARGET_KEYS = {
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
-_WORKLOAD_KEYS = {"prompt", "max_tokens"} | _THRESHOLD_KEYS
+_PROMPT_TYPE_KEYS = {"prompt", "max_tokens"} | _THRESHOLD_KEYS
 
 
 def load_settings(
@@ -102,7 +103,7 @@ def load_settings(
     spec_configs: Sequence[str] = (),
     target_overrides: Mapping[str, Any] | None = None,
     run_overrides: Mapping[str, Any] | None = None,
-    workloads: Sequence[str] = (),
+    prompt_types: Sequence[str] = (),
     reports_dir: Path | None = None,
 ) -> Settings:
     """Read and validate everything; raises ConfigError naming the file and the key."""
@@ -117,8 +118,8 @@ def load_settings(
     run = _run_config(_table(raw, "run", where), run_overrides or {}, where)
     thresholds = _table(raw, "thresholds", where)
     _no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
-    all_workloads = _workloads(_table(raw, "workloads", where), thresholds, run, where)
-    chosen = _choose(all_workloads, workloads, where)
+    all_types = _prompt_types(_prompt_type_table(raw, where), thresholds, run, where)
+    chosen = _choose(all_types, prompt_types, where)
     candidates = tuple(parse_spec_config(text, presets) for text in spec_configs)
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
@@ -136,8 +137,7 @@ def load_settings(
             where,
         ),
         run=run,
-        presets=presets,
-        workloads=chosen,
+        prompt_types=chosen,
         candidates=candidates,
         reports_dir=(reports if reports.is_absolute() else Path.cwd() / reports).resolve(),
     )
@@ -204,23 +204,30 @@ def _threshold(value: Any, key: str, where: str) -> float | None:
     return None if value is None else _positive_number(value, key, where)
 
 
-def _workloads(
+def _prompt_type_table(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """[prompt_types.NAME] tables; [workloads.NAME], the older name, is read the same way."""
+    if "prompt_types" in raw and "workloads" in raw:
+        raise ConfigError(f"{where}: both [prompt_types] and [workloads]; keep [prompt_types]")
+    return _table(raw, "workloads" if "workloads" in raw else "prompt_types", where)
+
+
+def _prompt_types(
     table: dict[str, Any], thresholds: Mapping[str, Any], run: RunConfig, where: str
-) -> dict[str, Workload]:
+) -> dict[str, PromptType]:
     if not table:
-        raise ConfigError(f"{where}: [workloads] is empty; define at least one prompt type")
-    out: dict[str, Workload] = {}
+        raise ConfigError(f"{where}: [prompt_types] is empty; define at least one prompt type")
+    out: dict[str, PromptType] = {}
     for name, spec in table.items():
-        here = f"{where} [workloads.{name}]"
+        here = f"{where} [prompt_types.{name}]"
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{here} must be a table with a 'prompt'")
-        _no_unknown(spec, _WORKLOAD_KEYS, here)
+        _no_unknown(spec, _PROMPT_TYPE_KEYS, here)
         prompt = spec.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError(f"{here}: 'prompt' must be a non-empty string")
         max_tokens = spec.get("max_tokens", run.max_tokens)
         _positive_int(max_tokens, "max_tokens", here, minimum=2)
-        out[name] = Workload(
+        out[name] = PromptType(
             name=name,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -237,17 +244,17 @@ def _workloads(
 
 
 def _choose(
-    all_workloads: dict[str, Workload], names: Sequence[str], where: str
-) -> dict[str, Workload]:
+    all_types: dict[str, PromptType], names: Sequence[str], where: str
+) -> dict[str, PromptType]:
     if not names:
-        return all_workloads
-    missing = [n for n in names if n not in all_workloads]
+        return all_types
+    missing = [n for n in names if n not in all_types]
     if missing:
         raise ConfigError(
-            f"--spec-workload {', '.join(missing)}: no such prompt type in {where}; "
-            f"known: {', '.join(all_workloads)}"
+            f"--spec-prompt-type {', '.join(missing)}: no such prompt type in {where}; "
+            f"known: {', '.join(all_types)}"
         )
-    return {n: all_workloads[n] for n in names}
+    return {n: all_types[n] for n in names}
 
 
 def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfig:

@@ -20,7 +20,7 @@ Endpoint = Literal["chat", "completions"]
 class RequestSample:
     """One streamed request, timed on the client."""
 
-    workload: str
+    prompt_type: str
     phase: str
     index: int
     warmup: bool
@@ -86,7 +86,7 @@ async def timed_request(
     client: httpx.AsyncClient,
     spec: RequestSpec,
     *,
-    workload: str,
+    prompt_type: str,
     phase: str,
     index: int,
     warmup: bool,
@@ -95,23 +95,23 @@ async def timed_request(
     url, payload = spec.url_and_payload()
     try:
         async with asyncio.timeout(spec.timeout_s):
-            return await _stream(client, url, payload, spec, workload, phase, index, warmup)
+            return await _stream(client, url, payload, spec, prompt_type, phase, index, warmup)
     except TimeoutError:
         raise RequestError(
-            f"{url}: the stream did not end within {spec.timeout_s:g}s ({workload}, {phase})"
+            f"{url}: the stream did not end within {spec.timeout_s:g}s ({prompt_type}, {phase})"
         ) from None
     except httpx.ReadTimeout:
         raise RequestError(
-            f"{url}: no data for {spec.read_timeout_s:g}s ({workload}, {phase})"
+            f"{url}: no data for {spec.read_timeout_s:g}s ({prompt_type}, {phase})"
         ) from None
     except httpx.TimeoutException as exc:
         raise RequestError(
-            f"{url}: timed out ({type(exc).__name__}; {workload}, {phase})"
+            f"{url}: timed out ({type(exc).__name__}; {prompt_type}, {phase})"
         ) from None
     except httpx.HTTPError as exc:
         raise RequestError(
             f"{url}: the connection broke mid-request ({type(exc).__name__}: "
-            f"{exc or 'no detail'}; {workload}, {phase})"
+            f"{exc or 'no detail'}; {prompt_type}, {phase})"
         ) from None
 
 
@@ -120,7 +120,7 @@ async def _stream(
     url: str,
     payload: dict[str, Any],
     spec: RequestSpec,
-    workload: str,
+    prompt_type: str,
     phase: str,
     index: int,
     warmup: bool,
@@ -140,7 +140,7 @@ async def _stream(
         if response.status_code != 200:
             body = (await response.aread()).decode(errors="replace")[:300]
             raise RequestError(
-                f"{url} answered HTTP {response.status_code} ({workload}, {phase}): {body}"
+                f"{url} answered HTTP {response.status_code} ({prompt_type}, {phase}): {body}"
             )
         async for line in response.aiter_lines():
             if not line or line.startswith(":"):
@@ -190,7 +190,7 @@ async def _stream(
             "(with speculation a chunk may carry several tokens, so chunks are not tokens)"
         )
     return RequestSample(
-        workload=workload,
+        prompt_type=prompt_type,
         phase=phase,
         index=index,
         warmup=warmup,
@@ -216,23 +216,29 @@ def _chunk_text(choice: Mapping[str, Any]) -> str:
 async def run_requests(
     spec: RequestSpec,
     *,
-    workload: str,
+    prompt_type: str,
     phase: str,
     count: int,
     warmup: bool = False,
     concurrency: int = 1,
     headers: Mapping[str, str] | None = None,
     on_sample: Callable[[RequestSample], None] = lambda s: None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> tuple[list[RequestSample], float]:
-    """Send `count` requests, `concurrency` at a time; returns them and the wall time taken."""
+    """Send `count` requests, `concurrency` at a time; returns them and the wall time taken.
+
+    `transport` is httpx's seam: fast tests pass an `httpx.MockTransport`.
+    """
     limits = httpx.Limits(max_connections=max(concurrency, 1))
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(headers=dict(headers or {}), limits=limits) as client:
+    async with httpx.AsyncClient(
+        headers=dict(headers or {}), limits=limits, transport=transport
+    ) as client:
 
         async def one(i: int) -> RequestSample:
             async with gate:
                 sample = await timed_request(
-                    client, spec, workload=workload, phase=phase, index=i, warmup=warmup
+                    client, spec, prompt_type=prompt_type, phase=phase, index=i, warmup=warmup
                 )
             on_sample(sample)
             return sample

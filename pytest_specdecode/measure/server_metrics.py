@@ -1,4 +1,9 @@
-"""vLLM's speculative-decoding counters from /metrics, and what they mean. Pure functions."""
+"""vLLM's counters from /metrics, and what they mean over a measured window. Pure functions.
+
+Two kinds: speculation's counters (drafts, accepted tokens, per position), and the server's
+traffic counters (requests, prompt and generation tokens, decode steps), which tell whether a
+window held only this run's requests and let the client's view be checked exactly.
+"""
 
 from __future__ import annotations
 
@@ -12,20 +17,50 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+REQUESTS = "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+DECODE_STEPS = "vllm:inter_token_latency_seconds_count"  # one per decode step and request
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+_TRAFFIC = {
+    REQUESTS: "requests",
+    PROMPT_TOKENS: "prompt_tokens",
+    GENERATION_TOKENS: "generation_tokens",
+    DECODE_STEPS: "decode_steps",
+    RUNNING: "running",
+    WAITING: "waiting",
+}
 
 
 @dataclass(frozen=True)
-class SpecCounters:
+class ServerCounters:
     """The counters summed over engine labels; None where the server does not export them."""
 
     drafts: float | None = None
     draft_tokens: float | None = None
     accepted: float | None = None
     accepted_per_position: dict[int, float] = field(default_factory=dict)
+    traffic: dict[str, float] = field(default_factory=dict)  # _TRAFFIC's names, where exported
 
     @property
     def present(self) -> bool:
         return self.drafts is not None
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the server counted over a window, for every client, not only this run's."""
+
+    requests: float | None = None  # finished successfully
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    decode_steps: float | None = None  # a step of one request, after its first token
+    busy_before: float | None = None  # running + waiting requests when the window opened
+    busy_after: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -44,7 +79,7 @@ class Acceptance:
         return asdict(self)
 
 
-def parse_spec_counters(metrics_text: str) -> SpecCounters:
+def parse_counters(metrics_text: str) -> ServerCounters:
     """Read the spec-decode counters from Prometheus text, summing over engines."""
     totals: dict[str, float] = {}
     per_pos: dict[int, float] = {}
@@ -53,17 +88,40 @@ def parse_spec_counters(metrics_text: str) -> SpecCounters:
             if sample.name == ACCEPTED_PER_POS:
                 pos = int(sample.labels.get("position", "0"))
                 per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
-            elif sample.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+            elif sample.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED) or sample.name in _TRAFFIC:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return SpecCounters(
+    return ServerCounters(
         drafts=totals.get(DRAFTS),
         draft_tokens=totals.get(DRAFT_TOKENS),
         accepted=totals.get(ACCEPTED),
         accepted_per_position=per_pos,
+        traffic={name: totals[metric] for metric, name in _TRAFFIC.items() if metric in totals},
     )
 
 
-def acceptance_between(before: SpecCounters, after: SpecCounters) -> Acceptance:
+def traffic_between(before: ServerCounters, after: ServerCounters) -> Traffic:
+    """The server's traffic counts over the window between two scrapes."""
+
+    def delta(name: str) -> float | None:
+        if name not in after.traffic or name not in before.traffic:
+            return None
+        return after.traffic[name] - before.traffic[name]
+
+    def busy(counters: ServerCounters) -> float | None:
+        parts = [counters.traffic.get(n) for n in ("running", "waiting")]
+        return None if None in parts else sum(p for p in parts if p is not None)
+
+    return Traffic(
+        requests=delta("requests"),
+        prompt_tokens=delta("prompt_tokens"),
+        generation_tokens=delta("generation_tokens"),
+        decode_steps=delta("decode_steps"),
+        busy_before=busy(before),
+        busy_after=busy(after),
+    )
+
+
+def acceptance_between(before: ServerCounters, after: ServerCounters) -> Acceptance:
     """Acceptance over the interval between two scrapes."""
     if not after.present or after.draft_tokens is None or after.accepted is None:
         return Acceptance(present=False)
@@ -123,24 +181,3 @@ def client_accepted_tokens(tokens_per_chunk: Sequence[int]) -> int:
     """
     counts = [n for n in tokens_per_chunk if n > 0][1:]
     return sum(n - 1 for n in counts)
-
-
-def cross_check(
-    server: Acceptance, client_accepted: int | None, *, requests: int, num_speculative_tokens: int
-) -> str | None:
-    """A disagreement between the server's accepted-token count and the client's, or None.
-
-    The server may count a few more: tokens accepted past max_tokens or EOS are cut from the
-    stream, at most num_speculative_tokens per request.
-    """
-    if not server.present:
-        return None
-    if client_accepted is None:
-        return "the server sent no per-chunk usage, so acceptance could not be cross-checked"
-    slack = requests * num_speculative_tokens
-    if not client_accepted <= server.accepted <= client_accepted + slack:
-        return (
-            f"the server counted {server.accepted:.0f} accepted tokens but the client received "
-            f"{client_accepted} beyond one per step (allowed: up to {slack} more on the server)"
-        )
-    return None

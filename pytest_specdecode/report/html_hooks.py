@@ -1,51 +1,68 @@
-"""pytest-html hooks: title, environment, summary section with plots, per-test extras.
+"""pytest-html hooks: title, environment, the summary section with plots, per-test extras.
 
-Registered by `plugin.pytest_configure` only when pytest-html is present. What the report says
-comes from `report.py`; these hooks only hand it to pytest-html at the right moment.
+Registered by plugin.pytest_configure only when pytest-html is present and an experiment runs.
+What the report says comes from html.py; these hooks hand it to pytest-html at the right time.
 """
 
 from __future__ import annotations
 
-import html
+import html as _html
 import sys
 from typing import Any
 
 import pytest
 from pytest_html import extras
 
-from ..measure.experiment import BASELINE
-from ..session import EXPERIMENT_KEY, RUN_DIR_KEY, SETTINGS_KEY, finish_reports
-from . import summary as reports
+from ..session import PLUGIN_NAME, SpecDecodeSession
+from . import html
+from .text import title
 
 REPORT_FILE = "report.html"
 
 
-def register(config: pytest.Config) -> None:
+def register(config: pytest.Config, session: SpecDecodeSession) -> None:
     """Register these hooks. Without --html, the report goes into the run folder, one file."""
     config.pluginmanager.register(sys.modules[__name__], "specdecode-html")
-    if RUN_DIR_KEY in config.stash and not config.getoption("htmlpath"):
-        config.option.htmlpath = str(config.stash[RUN_DIR_KEY] / REPORT_FILE)
+    if not config.getoption("htmlpath"):
+        config.option.htmlpath = str(session.run_dir / REPORT_FILE)
         config.option.self_contained_html = True
 
 
+def disable(config: pytest.Config) -> None:
+    """No HTML report after all (a refused run): pytest-html's report object goes."""
+    from pytest_html.basereport import BaseReport
+
+    for plugin in list(config.pluginmanager.get_plugins()):
+        if isinstance(plugin, BaseReport):
+            config.pluginmanager.unregister(plugin)
+
+
+def _session(config: pytest.Config) -> SpecDecodeSession | None:
+    return config.pluginmanager.get_plugin(PLUGIN_NAME)
+
+
 def pytest_html_report_title(report: Any) -> None:
-    settings = report.config.stash.get(SETTINGS_KEY, None)
-    if settings is None:
+    found = _session(report.config)
+    if found is None:
         return
+    settings = found.settings
     host = (settings.target.host or "localhost").removeprefix("ssh://")
-    report.title = reports.title([c.name for c in settings.candidates], settings.target.model, host)
+    report.title = title([c.name for c in settings.candidates], settings.target.model, host)
 
 
 def pytest_html_results_summary(
     prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
 ) -> None:
-    written = finish_reports(session.config)  # idempotent: the files may be written already
-    experiment = session.config.stash.get(EXPERIMENT_KEY, None)
-    if experiment is None:
+    found = _session(session.config)
+    if found is None:
         return
-    doc = experiment.results.data
-    prefix.append(reports.summary_html(doc, written.plots if written else None))
-    _environment(session.config, reports.environment_table(doc))
+    written = found.finish()  # idempotent: the files may be written already
+    analysis = found.analysis()
+    if found.experiment is None or analysis is None:
+        return
+    record = found.experiment.record
+    prefix.append(html.summary(record, analysis, written.plots if written else None))
+    _environment(session.config, html.environment(record))
 
 
 def _environment(config: pytest.Config, table: dict[str, Any]) -> None:
@@ -59,9 +76,9 @@ def _environment(config: pytest.Config, table: dict[str, Any]) -> None:
         return
     ours = {
         key: (
-            {html.escape(str(k)): html.escape(str(v)) for k, v in value.items()}
+            {_html.escape(str(k)): _html.escape(str(v)) for k, v in value.items()}
             if isinstance(value, dict)
-            else html.escape(str(value))
+            else _html.escape(str(value))
         )
         for key, value in table.items()
     }
@@ -82,19 +99,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 
 
 def _extra(item: pytest.Item) -> str | None:
-    experiment = item.config.stash.get(EXPERIMENT_KEY, None)
+    found = _session(item.config)
     callspec = getattr(item, "callspec", None)
-    if experiment is None or callspec is None:
+    if found is None or found.experiment is None or callspec is None:
         return None
     params = callspec.params
     phase = params.get("specdecode_phase", params.get("specdecode_candidate"))
-    if phase not in experiment.phases:  # never measure here: only what was measured
+    record = found.experiment.record
+    if phase not in record.phases:  # never measure here: only what was measured
         return None
     try:
-        if experiment.phases[phase].spec is not None and BASELINE in experiment.phases:
-            experiment.verdicts(phase)
-        return reports.extra_html(experiment.results.data, phase, params.get("specdecode_workload"))
+        analysis = found.analysis()
+        assert analysis is not None
+        return html.extra(record, analysis, phase, params.get("specdecode_prompt_type"))
     except Exception as exc:  # a report must not turn a test result into an internal error
         return (
-            f"<p>pytest-specdecode could not render this test's data: {html.escape(repr(exc))}</p>"
+            f"<p>pytest-specdecode could not render this test's data: {_html.escape(repr(exc))}</p>"
         )

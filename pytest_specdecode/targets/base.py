@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -12,8 +14,17 @@ import httpx
 
 from ..config.specconfig import SpecConfig
 from ..errors import ServiceError
+from .hosts import Host
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Transports:
+    """httpx transports to the services' API; None means a real network connection."""
+
+    sync: httpx.BaseTransport | None = None
+    async_: httpx.AsyncBaseTransport | None = None
 
 
 class Service(Protocol):
@@ -39,7 +50,10 @@ class Service(Protocol):
 class Target(Protocol):
     """A deployment: its original service, and candidates derived from it."""
 
-    host_name: str
+    host_name: str  # as shown in every message, e.g. "root@gpu:22" or "localhost"
+    host: Host  # where the services run: facts such as the GPUs are read there
+    adopts_running_original: bool  # True: the original is measured as it runs, not started
+    typical_start_s: float  # a server start, for estimates before any run was stored
 
     def preflight(self) -> None:
         """Refuse, before anything is touched, what would make the experiment unsafe."""
@@ -57,7 +71,13 @@ class Target(Protocol):
         """The steps the experiment would take, readable before anything is touched."""
         ...
 
-    def close(self) -> None: ...
+    def transports(self) -> Transports:
+        """How to reach the API: real connections, unless a test's seam says otherwise."""
+        ...
+
+    def close(self) -> None:
+        """Undo what this run did on the host (nothing else), then let go of it."""
+        ...
 
 
 def port_answers(api_base: str) -> bool:
@@ -77,20 +97,24 @@ def wait_until_ready(
     poll_s: float = 1.0,
     report_every_s: float = 15.0,
     headers: dict[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
 ) -> float:
     """Block until /health answers and /v1/models lists the model; returns the seconds waited."""
     start = time.monotonic()
     last_report = start
     progress(f"waiting for {service.label} at {service.api_base} (up to {timeout_s:.0f}s)")
-    with httpx.Client(timeout=5.0, headers=headers) as client:
+    with httpx.Client(timeout=5.0, headers=headers, transport=transport) as client:
         while True:
             elapsed = time.monotonic() - start
             reason = service.failure()
             if reason:
                 time.sleep(2)  # let the dying server finish writing its traceback
+                tail = service.log_tail(30)
+                cause = cause_in(tail)
                 raise ServiceError(
-                    f"{service.label} failed while starting, after {elapsed:.0f}s: {reason}"
-                    + _tail_text(service)
+                    f"{service.label} failed while starting, after {elapsed:.0f}s: "
+                    + (f"{cause} ({reason})" if cause else reason)
+                    + _tail_text(service.label, tail)
                 )
             if _serves(client, service):
                 progress(f"{service.label} ready after {elapsed:.0f}s")
@@ -99,7 +123,7 @@ def wait_until_ready(
                 raise ServiceError(
                     f"{service.label} not ready after {timeout_s:.0f}s "
                     f"(no healthy /health and /v1/models at {service.api_base})"
-                    + _tail_text(service)
+                    + _tail_text(service.label, service.log_tail(30))
                 )
             if time.monotonic() - last_report >= report_every_s:
                 last_report = time.monotonic()
@@ -134,8 +158,19 @@ def _serves(client: httpx.Client, service: Service) -> bool:
     return True
 
 
-def _tail_text(service: Service, lines: int = 30) -> str:
-    tail = service.log_tail(lines)
+_EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b: ")
+
+
+def cause_in(lines: Sequence[str]) -> str | None:
+    """The last exception line of a log tail, as Python prints it: what killed the server."""
+    found = [line.strip() for line in lines if _EXCEPTION_LINE.search(line)]
+    if not found:
+        return None
+    line = found[-1]
+    return line[_EXCEPTION_LINE.search(line).start() :][:300]  # type: ignore[union-attr]
+
+
+def _tail_text(label: str, tail: Sequence[str]) -> str:
     if not tail:
         return ""
-    return f"\n--- last {len(tail)} log lines of {service.label} ---\n" + "\n".join(tail)
+    return f"\n--- last {len(tail)} log lines of {label} ---\n" + "\n".join(tail)

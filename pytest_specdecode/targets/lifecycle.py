@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
 
 from ..config.specconfig import SpecConfig
 from ..errors import ServiceError
@@ -14,16 +17,39 @@ from .base import Progress, Service, Target, wait_until_ready
 
 @dataclass
 class RestoreReport:
+    """How the original was put back: the one text of it, in every report."""
+
     original: str
     was_active: bool
     is_active: bool
     seconds: float
     errors: list[str]
+    serving: bool = False  # it answered /health and /v1/models with its model again
+
+    @property
+    def failed(self) -> bool:
+        """Not as it was found: a serving original must be active and serving again."""
+        if self.was_active:
+            return not (self.is_active and self.serving)
+        return self.is_active
 
     def describe(self) -> str:
-        state = "active and serving" if self.is_active else "stopped"
+        if self.is_active:
+            state = "active and serving" if self.serving else "active but NOT serving"
+        else:
+            state = "stopped"
         text = f"{self.original} restored to {state} in {self.seconds:.0f}s"
         return text + ("; problems on the way: " + "; ".join(self.errors) if self.errors else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RestoreReport:
+        return cls(
+            **{k: data[k] for k in ("original", "was_active", "is_active", "seconds")},
+            errors=list(data.get("errors", [])),
+        )
 
 
 class Switchboard:
@@ -37,6 +63,7 @@ class Switchboard:
         restore_timeout_s: float,
         progress: Progress,
         headers: dict[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.target = target
         self.original = target.original()
@@ -48,6 +75,7 @@ class Switchboard:
         self._restore_timeout_s = restore_timeout_s
         self._checked_running_original = False
         self._headers = headers
+        self._transport = transport
         self._progress = progress
 
     def activate(self, spec: SpecConfig | None) -> Service:
@@ -72,13 +100,18 @@ class Switchboard:
 
     def _wait(self, service: Service, timeout_s: float) -> float:
         return wait_until_ready(
-            service, timeout_s=timeout_s, progress=self._progress, headers=self._headers
+            service,
+            timeout_s=timeout_s,
+            progress=self._progress,
+            headers=self._headers,
+            transport=self._transport,
         )
 
     def restore(self) -> RestoreReport:
         """Stop any candidate and put the original back as it was found."""
         start = time.monotonic()
         errors: list[str] = []
+        serving = False
         if self.active is not None and self.active is not self.original:
             try:
                 self._progress(f"restore: stopping {self.active.label}")
@@ -92,6 +125,7 @@ class Switchboard:
                     self._progress(f"restore: starting {self.original.label}")
                     self.original.start()
                 self._wait(self.original, self._restore_timeout_s)
+                serving = True
             elif self.original.is_active():
                 self._progress(f"restore: stopping {self.original.label} (it was not running)")
                 self.original.stop()
@@ -104,6 +138,7 @@ class Switchboard:
             is_active=self.original.is_active(),
             seconds=time.monotonic() - start,
             errors=errors,
+            serving=serving,
         )
         return self.restore_report
 
@@ -116,6 +151,7 @@ def experiment_services(
     restore_timeout_s: float,
     progress: Progress,
     headers: dict[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
 ) -> Iterator[Switchboard]:
     """Yield a Switchboard; on any exit, restore the original service and check it.
 
@@ -127,6 +163,7 @@ def experiment_services(
         restore_timeout_s=restore_timeout_s,
         progress=progress,
         headers=headers,
+        transport=transport,
     )
     try:
         yield board
@@ -134,7 +171,7 @@ def experiment_services(
         report = board.restore()
         progress(report.describe())
         target.close()
-        if report.was_active != report.is_active:
+        if report.failed:
             raise ServiceError(
                 f"restore failed on {target.host_name}: {report.describe()}. "
                 f"The original was {'active' if report.was_active else 'stopped'} before the run"

@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError, ServiceError
-from ..record.store import redact_text
-from .base import port_answers
+from ..record.redaction import redact_text
+from .base import Transports, port_answers
+from .hosts import LocalHost
 from .vllm_argv import with_speculative_config
 
 # Variables of the plugin's own venv that must not leak into the server's.
@@ -123,6 +124,8 @@ class LocalProcessTarget:
     """The original server command and the candidates derived from it, all on this machine."""
 
     host_name = "localhost"
+    adopts_running_original = False  # it starts the original itself, and stops it at the end
+    typical_start_s = 60.0
 
     def __init__(
         self,
@@ -140,6 +143,7 @@ class LocalProcessTarget:
         self.workdir = workdir
         self.env = dict(env)
         self.log_dir = log_dir
+        self.host = LocalHost()
         self._original: LocalProcessService | None = None
 
     def preflight(self) -> None:
@@ -176,6 +180,9 @@ class LocalProcessTarget:
             steps += ["stop the running server", f"start candidate {spec.name}: {shlex.join(argv)}"]
         steps.append("stop the last server (the original was not running before)")
         return steps
+
+    def transports(self) -> Transports:
+        return Transports()
 
     def close(self) -> None:
         return None

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError, HostError, ServiceError
-from ..record.store import redact_text
-from .base import port_answers
+from ..record.redaction import redact_text
+from .base import Transports, port_answers
 from .hosts import Host
 from .unitfile import candidate_unit_name, check_unit_name, render_candidate_unit
 
@@ -153,6 +153,9 @@ class SystemdUnit:
 class SystemdTarget:
     """A production unit on a host, and candidate units derived from it."""
 
+    adopts_running_original = True  # the running unit is the baseline, measured as it runs
+    typical_start_s = 300.0
+
     def __init__(
         self,
         host: Host,
@@ -237,6 +240,9 @@ class SystemdTarget:
             f"until healthy; disarm the watchdog; unlock",
         ]
         return steps
+
+    def transports(self) -> Transports:
+        return Transports()
 
     def close(self) -> None:
         """Called after the restore: remove every trace, then let go of the host."""

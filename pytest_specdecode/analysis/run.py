@@ -1,0 +1,177 @@
+"""The analysis of a whole run: verdicts per candidate, the drift check, outputs, warnings.
+
+`analyze(record)` is the one entry: the live session, the reports and the stored-run tools call
+it, so a live run and its results.json give the same analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from ..targets.lifecycle import RestoreReport
+from .checks import Equivalence, differences, equivalences, facts
+from .compare import PromptTypeVerdict, compare_arms
+from .stats import Verdict
+
+
+@dataclass(frozen=True)
+class Drift:
+    """ABA: the original measured before the candidates against the original measured after."""
+
+    verdicts: Mapping[str, PromptTypeVerdict]
+
+    @property
+    def drifted(self) -> list[str]:
+        return [
+            name
+            for name, v in self.verdicts.items()
+            if any(c.verdict in (Verdict.IMPROVED, Verdict.REGRESSED) for c in v.comparisons)
+        ]
+
+    @property
+    def status(self) -> str:
+        if self.drifted:
+            return "drifted"
+        if all(v.verdict is Verdict.INSUFFICIENT for v in self.verdicts.values()):
+            return "insufficient samples"
+        return "consistent"
+
+    @property
+    def unreliable(self) -> bool:
+        return self.status == "drifted"
+
+    def text(self) -> str:
+        moves = ", ".join(
+            f"{name} {v.throughput.baseline_median:.1f} → {v.throughput.candidate_median:.1f} "
+            f"tok/s ({v.throughput.change:+.1%})"
+            for name, v in self.verdicts.items()
+        )
+        if self.status == "drifted":
+            head = (
+                f"the baseline drifted on {', '.join(self.drifted)}: the experiment is unreliable"
+            )
+        elif self.status == "insufficient samples":
+            reason = next(iter(self.verdicts.values())).reason
+            head = f"too few samples to tell whether the baseline drifted ({reason})"
+        else:
+            head = "no significant drift: the baseline before and after agree"
+        return f"{head}. Before → after: {moves}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "unreliable": self.unreliable,
+            "drifted": self.drifted,
+            "text": self.text(),
+            "verdicts": {k: v.to_json() for k, v in self.verdicts.items()},
+        }
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    verdicts: dict[str, dict[str, PromptTypeVerdict]]  # candidate -> prompt type -> verdict
+    drift: Drift | None
+    equivalence: dict[str, dict[str, Equivalence]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """The run's verdict: regressed, improved, no significant difference, ..."""
+        found = [v.verdict for per in self.verdicts.values() for v in per.values()]
+        if not found:
+            return "not measured"
+        for verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
+            if verdict in found:
+                return verdict.value
+        if all(v is Verdict.INSUFFICIENT for v in found):
+            return Verdict.INSUFFICIENT.value
+        return Verdict.NO_DIFFERENCE.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "verdicts": {
+                c: {name: v.to_json() for name, v in per.items()}
+                for c, per in self.verdicts.items()
+            },
+            "drift": self.drift.to_json() if self.drift else None,
+            "equivalence": {
+                c: {name: e.to_json() for name, e in per.items()}
+                for c, per in self.equivalence.items()
+            },
+            "warnings": self.warnings,
+        }
+
+
+def candidate_verdicts(record: RunRecord, candidate: str) -> dict[str, PromptTypeVerdict]:
+    """One candidate against the baseline, per prompt type."""
+    spec = record.candidates.get(candidate) or {}
+    k = spec.get("num_speculative_tokens")
+    return compare_arms(
+        record.arm_phases(BASELINE),
+        record.arm_phases(candidate),
+        alpha=record.run.alpha,
+        min_effect=record.run.min_effect,
+        num_speculative_tokens=int(k) if isinstance(k, int) else None,
+    )
+
+
+def drift(record: RunRecord) -> Drift | None:
+    verdicts = compare_arms(
+        record.arm_phases(BASELINE),
+        record.arm_phases(BASELINE_AFTER),
+        alpha=record.run.alpha,
+        min_effect=record.run.min_effect,
+    )
+    return Drift(verdicts) if verdicts else None
+
+
+def analyze(record: RunRecord) -> RunAnalysis:
+    """Everything derived from the record: nothing here measures or starts anything."""
+    verdicts = (
+        {c: candidate_verdicts(record, c) for c in record.measured_candidates}
+        if record.arm_phases(BASELINE)
+        else {}
+    )
+    checks = drift(record)
+    outputs = equivalences(record)
+    return RunAnalysis(
+        verdicts=verdicts,
+        drift=checks,
+        equivalence=outputs,
+        warnings=_warnings(record, verdicts, checks, outputs),
+    )
+
+
+def _warnings(
+    record: RunRecord,
+    verdicts: dict[str, dict[str, PromptTypeVerdict]],
+    checks: Drift | None,
+    outputs: dict[str, dict[str, Equivalence]],
+) -> list[str]:
+    """What a reviewer should not miss, one sentence each."""
+    out = [f"{phase} failed: {why}" for phase, why in record.failures.items()]
+    if record.baseline_from:
+        stored = record.baseline_from.get("facts") or {}
+        out += [
+            f"the stored baseline differs: {d}"
+            for d in differences(stored, facts(record), only_prompts=list(record.prompt_types))
+        ]
+    for candidate, per in outputs.items():
+        for name, entry in per.items():
+            if entry.status != "identical":
+                out.append(f"{candidate}/{name} output {entry.text()}")
+    if checks is not None and checks.unreliable:
+        out.append(f"drift check (ABA): {checks.text()}")
+    for candidate, per in verdicts.items():
+        for name, v in per.items():
+            if v.acceptance_note:
+                out.append(f"{candidate}/{name} acceptance: {v.acceptance_note}")
+    if record.restore:
+        restore = RestoreReport.from_dict(record.restore)
+        if restore.errors or restore.failed:
+            out.append(f"restore: {restore.describe()}")
+    return out

@@ -1,0 +1,1 @@
+"""Console scripts: each a thin main() over the package."""

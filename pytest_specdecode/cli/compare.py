@@ -1,0 +1,113 @@
+"""specdecode-compare: run B against run A, phase by phase and prompt type by prompt type."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ..analysis.checks import differences, facts
+from ..analysis.compare import compare_arms
+from ..analysis.stats import Verdict
+from ..errors import ConfigError
+from ..record.schema import RunRecord
+from ..record.store import load_run
+from ..report.rows import Row
+from ..report.text import fmt_num, fmt_p, fmt_pct
+
+
+def compare_runs(a: RunRecord, b: RunRecord, *, alpha: float, min_effect: float) -> list[Row]:
+    """Each phase both runs measured: B's against A's, Holm across prompt types per phase."""
+    found: list[Row] = []
+    for name in [p for p in a.phases if p in b.phases]:
+        verdicts = compare_arms(
+            [a.phases[name]],
+            [b.phases[name]],
+            alpha=alpha,
+            min_effect=min_effect,
+            labels=(name, name),
+        )
+        found += [Row.of(v) for v in verdicts.values()]
+    return found
+
+
+def comparison_lines(
+    a: RunRecord, b: RunRecord, found: Sequence[Row], *, names: tuple[str, str], markdown: bool
+) -> list[str]:
+    fa, fb = facts(a), facts(b)
+    diffs = differences(fa, fb, keys=("model", "host", "vllm_version", "gpus"))
+    diffs += differences(fa, fb, keys=("prompts", "decoding", "git_commit"))
+    for name in [c for c in a.candidates if c in b.candidates]:
+        if a.candidates[name] != b.candidates[name]:
+            diffs.append(f"the candidate {name!r} has another config")
+    header = ("phase", "prompt", "A tok/s", "B tok/s", "change", "TPOT A → B ms", "p", "verdict")
+    if markdown:
+        lines = [
+            "## pytest-specdecode: run B against run A",
+            "",
+            f"- A: `{names[0]}`",
+            f"- B: `{names[1]}`",
+            *(f"- ⚠ {d}" for d in diffs),
+            "",
+            "| " + " | ".join(header) + " |",
+            "|:--|:--|--:|--:|--:|:--|--:|:--|",
+        ]
+    else:
+        lines = [f"A: {names[0]}", f"B: {names[1]}"]
+        lines += [f"differs: {d}" for d in diffs] or ["no differences in model, host, vLLM, GPU"]
+        lines.append(
+            f"{'phase':<14} {'prompt':<12} {'A tok/s':>8} {'B tok/s':>8} {'change':>8} "
+            f"{'TPOT A → B ms':>17} {'p_adj':>7}  verdict"
+        )
+    for r in found:
+        tpot = f"{fmt_num(r.tpot_baseline)} → {fmt_num(r.tpot_candidate)}"
+        a_tps, b_tps, change = fmt_num(r.baseline_tps), fmt_num(r.candidate_tps), fmt_pct(r.change)
+        if markdown:
+            cells = (r.candidate, r.prompt_type, a_tps, b_tps, change, tpot, fmt_p(r.p), r.verdict)
+            lines.append("| " + " | ".join(cells) + " |")
+        else:
+            lines.append(
+                f"{r.candidate:<14} {r.prompt_type:<12} {a_tps:>8} {b_tps:>8} {change:>8} "
+                f"{tpot:>17} {fmt_p(r.p):>7}  {r.verdict}"
+            )
+    if not found:
+        lines.append("no phase and prompt type was measured in both runs")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="specdecode-compare",
+        description="Compare two stored pytest-specdecode runs: each phase both measured, "
+        "prompt type by prompt type, run B against run A (the same analysis as a live run).",
+    )
+    parser.add_argument("a", help="run A: results.json or its run folder")
+    parser.add_argument("b", help="run B: results.json or its run folder")
+    parser.add_argument("--alpha", type=float, default=None, help="default: run A's alpha")
+    parser.add_argument("--min-effect", type=float, default=None, help="default: run A's")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when run B is significantly and materially slower on any row",
+    )
+    args = parser.parse_args(argv)
+    try:
+        a, b = load_run(args.a), load_run(args.b)
+    except ConfigError as exc:
+        print(f"specdecode-compare: {exc}", file=sys.stderr)
+        return 2
+    found = compare_runs(
+        a,
+        b,
+        alpha=a.run.alpha if args.alpha is None else args.alpha,
+        min_effect=a.run.min_effect if args.min_effect is None else args.min_effect,
+    )
+    for line in comparison_lines(a, b, found, names=(args.a, args.b), markdown=args.markdown):
+        print(line)
+    regressed = any(r.verdict == Verdict.REGRESSED.value for r in found)
+    return 1 if args.fail_on_regression and regressed else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

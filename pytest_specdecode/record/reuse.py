@@ -1,0 +1,46 @@
+"""A stored run's baseline, reused instead of measured (--spec-baseline-from)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..analysis.checks import facts
+from ..config.settings import Settings
+from ..errors import ConfigError
+from .schema import BASELINE, Phase
+from .store import load_run
+
+
+def stored_baseline(path: str, settings: Settings) -> tuple[Phase, dict[str, Any]]:
+    """The baseline phase of a stored run, for this run's prompt types, and where it came from.
+
+    Checked before anything starts: the run must hold a baseline for every prompt type.
+    """
+    if not settings.candidates:
+        raise ConfigError(
+            "--spec-baseline-from reuses a baseline to compare candidates with: pass --spec-config"
+        )
+    record = load_run(path)
+    phases = record.arm_phases(BASELINE)
+    if not phases:
+        raise ConfigError(f"the stored run {path} has no {BASELINE!r} phase")
+    phase = phases[0]
+    missing = [
+        name
+        for name in settings.prompt_types
+        if name not in phase.measurements or not phase.measurements[name].samples
+    ]
+    if missing:
+        raise ConfigError(
+            f"the stored run {path} has no measured {BASELINE!r} requests for the prompt "
+            f"type(s) {', '.join(missing)}; it has: {', '.join(phase.measurements) or 'none'}"
+        )
+    source = str(Path(path).resolve())
+    reused = dataclasses.replace(
+        phase,
+        reused_from=source,
+        measurements={name: phase.measurements[name] for name in settings.prompt_types},
+    )
+    return reused, {"path": source, "facts": facts(record, arm=BASELINE)}

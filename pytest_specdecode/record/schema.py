@@ -1,0 +1,270 @@
+"""The run record: one typed shape for a run, live or stored. results.json is its serialisation.
+
+A live run builds a `RunRecord` as it measures; `RunRecord.from_json(json.load(f))` gives the
+same objects back from a stored results.json. The analysis reads only this shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config.settings import PromptType, RunConfig
+from ..errors import ConfigError
+from ..measure.loadgen import RequestSample
+from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
+
+SCHEMA = 2
+BASELINE = "baseline"
+BASELINE_AFTER = "baseline-after"  # the original measured again, last (the ABA drift check)
+
+
+def _positive(values: list[float]) -> list[float]:
+    """The values that enter the statistics: finite and > 0."""
+    return [v for v in values if math.isfinite(v) and v > 0]
+
+
+@dataclass
+class Measurement:
+    """One prompt type in one phase: its requests, and the server's acceptance over them."""
+
+    prompt_type: str
+    concurrency: int = 1
+    samples: list[RequestSample] = field(default_factory=list)  # measured
+    warmup: list[RequestSample] = field(default_factory=list)  # sent first, never analysed
+    wall_s: float | None = None  # of the measured requests; None until they all finished
+    acceptance: Acceptance = field(default_factory=lambda: Acceptance(present=False))
+    traffic: Traffic = field(default_factory=Traffic)  # the server's counts over the window
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(s.output_tokens for s in self.samples)
+
+    @property
+    def tokens_per_s(self) -> list[float]:
+        """Per-request output tok/s that enter the statistics (finite and > 0)."""
+        return _positive([s.tokens_per_s for s in self.samples])
+
+    @property
+    def tpot_ms(self) -> list[float]:
+        """Per-request TPOT in ms that enter the statistics; requests of one token have none."""
+        return _positive([s.tpot_s * 1000 for s in self.samples if s.tpot_s is not None])
+
+    @property
+    def median_tokens_per_s(self) -> float:
+        values = self.tokens_per_s
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def median_tpot_ms(self) -> float:
+        values = self.tpot_ms
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def output_throughput(self) -> float | None:
+        """Output tokens over the wall time of the measured requests (vLLM bench's figure)."""
+        if not self.wall_s:
+            return None
+        return self.output_tokens / self.wall_s
+
+    @property
+    def client_accepted(self) -> int | None:
+        """Accepted tokens as the client saw them; None without per-chunk usage."""
+        if not self.samples or any(s.tokens_per_chunk is None for s in self.samples):
+            return None
+        return sum(client_accepted_tokens(s.tokens_per_chunk or []) for s in self.samples)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_type": self.prompt_type,
+            "concurrency": self.concurrency,
+            "wall_s": self.wall_s,
+            "acceptance": self.acceptance.to_dict(),
+            "traffic": self.traffic.to_dict(),
+            "summary": {  # for readers of the file; recomputed, never read back
+                "n": len(self.samples),
+                "median_tokens_per_s": self.median_tokens_per_s,
+                "median_tpot_ms": self.median_tpot_ms,
+                "output_throughput": self.output_throughput,
+                "client_accepted_tokens": self.client_accepted,
+            },
+            "warmup": [_sample_json(s) for s in self.warmup],
+            "samples": [_sample_json(s) for s in self.samples],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+        return cls(
+            prompt_type=data["prompt_type"],
+            concurrency=int(data.get("concurrency", 1)),
+            samples=[_sample(s) for s in data.get("samples", [])],
+            warmup=[_sample(s) for s in data.get("warmup", [])],
+            wall_s=data.get("wall_s"),
+            acceptance=_acceptance(data.get("acceptance")),
+            traffic=Traffic(**_known(Traffic, data.get("traffic") or {})),
+        )
+
+
+@dataclass
+class Phase:
+    """One server start serving one arm (the original, or a candidate), and what it measured."""
+
+    name: str  # "baseline", a candidate's name, "baseline-after"
+    arm: str  # BASELINE, or the candidate's name
+    spec: dict[str, Any] | None  # the --speculative-config values; None for the original
+    service: str = ""
+    server_version: str | None = None
+    reused_from: str | None = None  # the results.json a reused baseline came from
+    measurements: dict[str, Measurement] = field(default_factory=dict)
+
+    @property
+    def acceptance(self) -> Acceptance:
+        return combine([m.acceptance for m in self.measurements.values()])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arm": self.arm,
+            "spec": self.spec,
+            "service": self.service,
+            "server_version": self.server_version,
+            "reused_from": self.reused_from,
+            "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
+            "measurements": {k: m.to_json() for k, m in self.measurements.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Phase:
+        return cls(
+            name=data["name"],
+            arm=data["arm"],
+            spec=data.get("spec"),
+            service=data.get("service", ""),
+            server_version=data.get("server_version"),
+            reused_from=data.get("reused_from"),
+            measurements={
+                k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
+            },
+        )
+
+
+@dataclass
+class TargetInfo:
+    """What was measured, where: secrets already redacted."""
+
+    backend: str
+    host: str
+    api_base: str
+    model: str
+    unit: str | None = None
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunRecord:
+    """Everything one run measured and how it ended."""
+
+    plugin_version: str
+    config_file: str
+    target: TargetInfo
+    run: RunConfig
+    candidates: dict[str, dict[str, Any]]
+    prompt_types: dict[str, PromptType]
+    environment: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, Phase] = field(default_factory=dict)
+    baseline_from: dict[str, Any] | None = None  # the stored run a baseline was reused from
+    failures: dict[str, str] = field(default_factory=dict)  # phase -> why it failed
+    restore: dict[str, Any] | None = None  # lifecycle.RestoreReport, as a dict
+    schema: int = SCHEMA
+
+    def arm_phases(self, arm: str) -> list[Phase]:
+        """The phases that measured one arm, in order (the ABA baseline is its own arm)."""
+        return [p for p in self.phases.values() if p.arm == arm]
+
+    @property
+    def measured_candidates(self) -> list[str]:
+        """Candidates with a measured phase, in the configured order."""
+        return [c for c in self.candidates if self.arm_phases(c)]
+
+    def to_json(self) -> dict[str, Any]:
+        return _finite(
+            {
+                "schema": self.schema,
+                "plugin_version": self.plugin_version,
+                "config_file": self.config_file,
+                "target": dataclasses.asdict(self.target),
+                "run": dataclasses.asdict(self.run),
+                "candidates": self.candidates,
+                "prompt_types": {k: dataclasses.asdict(v) for k, v in self.prompt_types.items()},
+                "environment": self.environment,
+                "baseline_from": self.baseline_from,
+                "failures": self.failures,
+                "restore": self.restore,
+                "phases": {k: p.to_json() for k, p in self.phases.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, source: str = "results.json") -> RunRecord:
+        schema = data.get("schema") if isinstance(data, Mapping) else None
+        if schema != SCHEMA:
+            raise ConfigError(
+                f"{source} has schema {schema!r}; this pytest-specdecode reads schema {SCHEMA} "
+                "(a run of another version: measure it again, or read it with that version)"
+            )
+        try:
+            return cls(
+                plugin_version=data["plugin_version"],
+                config_file=data["config_file"],
+                target=TargetInfo(**data["target"]),
+                run=RunConfig(**_known(RunConfig, data["run"])),
+                candidates=dict(data["candidates"]),
+                prompt_types={
+                    k: PromptType(**_known(PromptType, v)) for k, v in data["prompt_types"].items()
+                },
+                environment=dict(data.get("environment") or {}),
+                phases={k: Phase.from_json(p) for k, p in data.get("phases", {}).items()},
+                baseline_from=data.get("baseline_from"),
+                failures=dict(data.get("failures") or {}),
+                restore=data.get("restore"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"{source} is not a complete pytest-specdecode run: {exc!r}"
+            ) from None
+
+
+def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+def _sample_json(sample: RequestSample) -> dict[str, Any]:
+    data = dataclasses.asdict(sample)
+    data["tpot_s"] = sample.tpot_s  # derived, for readers of the file
+    data["tokens_per_s"] = sample.tokens_per_s
+    return data
+
+
+def _sample(data: Mapping[str, Any]) -> RequestSample:
+    return RequestSample(**_known(RequestSample, data))
+
+
+def _acceptance(data: Mapping[str, Any] | None) -> Acceptance:
+    return Acceptance(**_known(Acceptance, data or {"present": False}))
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become None: results.json stays strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,66 @@
+"""summary.md: the verdict and the seed's table in Markdown, fit for a PR comment."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ..analysis.run import RunAnalysis
+from ..analysis.stats import Verdict
+from ..record.redaction import redact_text
+from ..record.schema import RunRecord
+from .rows import TABLE_HEADER, checks, headline, rows
+from .text import STATISTICS_NOTE, acceptance_text, design_text, title
+
+
+def summary(
+    record: RunRecord,
+    analysis: RunAnalysis,
+    *,
+    failed: Sequence[str] = (),
+    run_name: str | None = None,
+) -> str:
+    target = record.target
+    versions = sorted({p.server_version for p in record.phases.values() if p.server_version})
+    gpus = record.environment.get("gpus")
+    commit = record.environment.get("git_commit")
+    lines = [
+        f"## {title(list(record.candidates))}",
+        "",
+        f"`{target.model}` on `{target.host}` ({target.backend}"
+        + (f", unit `{target.unit}`" if target.unit else "")
+        + f") · vLLM {', '.join(versions) or 'unknown'} · GPUs: "
+        + ("; ".join(gpus) if gpus else "none listed")
+        + f" · suite {f'`{commit[:12]}`' if commit else 'unknown'}",
+        "",
+        design_text(record.run) + ".",
+        "",
+        f"**Result: {headline(analysis)}**",
+        "",
+    ]
+    if failed:
+        lines += [f"**Failed tests ({len(failed)}):** " + ", ".join(f"`{f}`" for f in failed), ""]
+    for name in analysis.verdicts:
+        spec = record.candidates.get(name)
+        lines += [
+            f"### {name}" + (f" · `{json.dumps(spec, sort_keys=True)}`" if spec else ""),
+            "",
+            "| " + " | ".join(TABLE_HEADER) + " |",
+            "|:--|--:|--:|--:|:--|--:|:--|",
+        ]
+        for row in rows(analysis, name):
+            cells = list(row.cells())
+            if row.verdict in (Verdict.REGRESSED.value, Verdict.IMPROVED.value):
+                cells[-1] = f"**{cells[-1]}**"
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
+    found = checks(record, analysis)
+    if found:
+        lines += ["### Checks", "", *(f"- {'⚠ ' if c.warn else ''}{c.text}" for c in found), ""]
+    where = f"run folder `{run_name}`: " if run_name else ""
+    lines += [
+        f"<sub>{STATISTICS_NOTE} Full data in the {where}results.json, report.html and the "
+        "plots.</sub>",
+        "",
+    ]
+    return redact_text("\n".join(lines))

@@ -1,0 +1,253 @@
+"""The plots, drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state)
+and written as PNG files into the run folder."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..analysis.run import RunAnalysis
+from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from .rows import rows
+from .text import finite, fmt_num
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+FILES = {"throughput": "throughput.png", "tpot": "tpot.png", "acceptance": "acceptance.png"}
+CAPTIONS = {
+    "throughput": "Throughput per prompt type: median tok/s per request, whiskers are the 95% "
+    "bootstrap CI of the median, dots are the requests.",
+    "tpot": "TPOT distributions per prompt type: boxes are quartiles, dots are the requests.",
+    "acceptance": "Per-position acceptance: the share of drafts whose k-th proposed token was "
+    "accepted (from vLLM's spec-decode counters).",
+}
+_BASE_COLOR = "#4c72b0"
+_AFTER_COLOR = "#9a9a9a"
+_CANDIDATE_COLORS = ("#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+
+
+def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict[str, Path]:
+    drawers = {"throughput": _throughput, "tpot": _tpot, "acceptance": _acceptance}
+    return {name: drawers[name](record, analysis, run_dir / file) for name, file in FILES.items()}
+
+
+def median_ci(values: Sequence[float], *, n_resamples: int = 2000, seed: int = 0):
+    """Percentile bootstrap 95% CI of the median; (m, m) when there is nothing to resample."""
+    arr = np.asarray(values, dtype=float)
+    med = float(np.median(arr))
+    if arr.size < 2 or np.ptp(arr) == 0:
+        return med, med
+    rng = np.random.default_rng(seed)
+    meds = np.median(arr[rng.integers(0, arr.size, size=(n_resamples, arr.size))], axis=1)
+    low, high = np.percentile(meds, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _color(record: RunRecord, phase: str) -> str:
+    if phase == BASELINE:
+        return _BASE_COLOR
+    if phase == BASELINE_AFTER:
+        return _AFTER_COLOR
+    others = [p for p in record.phases if p not in (BASELINE, BASELINE_AFTER)]
+    index = others.index(phase) if phase in others else 0
+    return _CANDIDATE_COLORS[index % len(_CANDIDATE_COLORS)]
+
+
+def _grouped(record: RunRecord, metric: str):
+    data = {
+        (phase.name, name): getattr(m, metric)
+        for phase in record.phases.values()
+        for name, m in phase.measurements.items()
+    }
+    names = [n for n in record.prompt_types if any(data.get((p, n)) for p in record.phases)]
+    phases = [p for p in record.phases if any(data.get((p, n)) for n in names)]
+    return phases, names, data
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _position(n_phases: int, j: int, i: int) -> tuple[float, float]:
+    width = 0.8 / max(n_phases, 1)
+    return j - 0.4 + width * (i + 0.5), width
+
+
+def _legend(ax: Axes, **kwargs) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, **kwargs)
+
+
+def _throughput(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
+    phases, names, data = _grouped(record, "tokens_per_s")
+    fig = _figure(max(6.5, 1.7 * len(names) + 3.5), 4.4)
+    ax = fig.add_subplot()
+    if not names:
+        _empty(ax, "no measured requests")
+    changes = {(r.candidate, r.prompt_type): r for r in rows(analysis)}
+    rng = np.random.default_rng(0)
+    for i, phase in enumerate(phases):
+        color = _color(record, phase)
+        labelled = False
+        for j, name in enumerate(names):
+            values = data.get((phase, name))
+            if not values:
+                continue
+            x, width = _position(len(phases), j, i)
+            med = statistics.median(values)
+            low, high = median_ci(values)
+            ax.bar(
+                x,
+                med,
+                width * 0.88,
+                color=color,
+                alpha=0.85,
+                zorder=2,
+                label=None if labelled else phase,
+            )
+            labelled = True
+            ax.errorbar(
+                x,
+                med,
+                yerr=[[med - low], [high - med]],
+                fmt="none",
+                ecolor="#222",
+                capsize=4,
+                lw=1.3,
+                zorder=3,
+            )
+            jitter = rng.uniform(-width * 0.18, width * 0.18, len(values))
+            ax.scatter(x + jitter, values, s=9, color="#111", alpha=0.55, zorder=4, lw=0)
+            row = changes.get((phase, name))
+            if row is not None and finite(row.change):
+                mark = {"regressed": "#b22222", "improved": "#1e7b34"}.get(row.verdict, "#333")
+                ax.annotate(
+                    f"{row.change:+.1%}",
+                    (x, max(high, max(values))),
+                    textcoords="offset points",
+                    xytext=(0, 4),
+                    ha="center",
+                    fontsize=8,
+                    color=mark,
+                    fontweight="bold" if mark != "#333" else "normal",
+                )
+    if names:
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel("tok/s per request")
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
+        ax.grid(axis="y", alpha=0.3, zorder=0)
+        _legend(ax, fontsize=9)
+    ax.set_title("Throughput per prompt type (median, 95% CI, requests)", fontsize=11)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
+    from matplotlib.patches import Patch
+
+    phases, names, data = _grouped(record, "tpot_ms")
+    fig = _figure(max(6.5, 1.7 * len(names) + 3.5), 4.4)
+    ax = fig.add_subplot()
+    if not names:
+        _empty(ax, "no TPOT measured (requests of one token)")
+    rng = np.random.default_rng(1)
+    for i, phase in enumerate(phases):
+        color = _color(record, phase)
+        for j, name in enumerate(names):
+            values = data.get((phase, name))
+            if not values:
+                continue
+            x, width = _position(len(phases), j, i)
+            box = ax.boxplot(
+                [values],
+                positions=[x],
+                widths=width * 0.8,
+                patch_artist=True,
+                showfliers=False,
+                medianprops={"color": "#111", "lw": 1.5},
+                whiskerprops={"color": "#444"},
+                capprops={"color": "#444"},
+                manage_ticks=False,
+                zorder=2,
+            )
+            for patch in box["boxes"]:
+                patch.set_facecolor(color)
+                patch.set_alpha(0.75)
+            jitter = rng.uniform(-width * 0.18, width * 0.18, len(values))
+            ax.scatter(x + jitter, values, s=9, color="#111", alpha=0.55, zorder=3, lw=0)
+    if names:
+        ax.set_xticks(range(len(names)), names)
+        ax.set_xlim(-0.6, len(names) - 0.4)
+        ax.set_ylabel("TPOT, ms per output token")
+        ax.grid(axis="y", alpha=0.3, zorder=0)
+        handles = [Patch(color=_color(record, p), alpha=0.75, label=p) for p in phases]
+        _legend(ax, handles=handles, fontsize=9)
+    ax.set_title("Time per output token (lower is better)", fontsize=11)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _acceptance(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
+    fig = _figure(8.5, 4.2)
+    ax = fig.add_subplot()
+    drawn = False
+    styles = ((0, (4, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 3)), (0, (8, 3)))
+    markers = ("s", "^", "v", "D", "P", "X")
+    for phase in record.phases.values():
+        acc = phase.acceptance
+        if phase.spec is None or not acc.present or not acc.per_position_rates:
+            continue
+        color = _color(record, phase.name)
+        rates = acc.per_position_rates
+        ax.plot(
+            range(1, len(rates) + 1),
+            rates,
+            marker="o",
+            lw=2.4,
+            color=color,
+            zorder=3,
+            label=f"{phase.name}, all prompts (mean length "
+            f"{fmt_num(acc.mean_acceptance_length, '.2f')})",
+        )
+        if len(phase.measurements) > 1:
+            for k, (name, m) in enumerate(phase.measurements.items()):
+                wr = m.acceptance.per_position_rates
+                if wr:
+                    ax.plot(
+                        range(1, len(wr) + 1),
+                        wr,
+                        lw=1.1,
+                        ls=styles[k % len(styles)],
+                        marker=markers[k % len(markers)],
+                        ms=4,
+                        color=color,
+                        alpha=0.6,
+                        label=f"{phase.name}, {name}",
+                        zorder=2,
+                    )
+        drawn = True
+    if drawn:
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(-0.02, 1.03)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        _legend(ax, fontsize=8)
+    else:
+        _empty(ax, "no per-position acceptance: no candidate exported spec-decode counters")
+    ax.set_title("Per-position acceptance rate", fontsize=11)
+    fig.savefig(path, format="png")
+    return path

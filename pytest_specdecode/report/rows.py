@@ -1,0 +1,170 @@
+"""The one row model every renderer reads (terminal, Markdown, HTML, plots, specdecode-compare),
+the run's headline, and the list of checks a reviewer should see."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..analysis.compare import PromptTypeVerdict
+from ..analysis.run import RunAnalysis
+from ..analysis.stats import Verdict
+from ..record.schema import RunRecord
+from ..targets.lifecycle import RestoreReport
+from .text import finite, fmt_num, fmt_p, fmt_pct
+
+TABLE_HEADER = (
+    "Prompt",
+    "Baseline tok/s",
+    "Candidate tok/s",
+    "Change",
+    "TPOT baseline → candidate",
+    "p",
+    "Verdict",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One prompt type of one candidate, as in the seed's table."""
+
+    candidate: str
+    prompt_type: str
+    verdict: str
+    reason: str
+    baseline_tps: float
+    candidate_tps: float
+    change: float
+    ratio_ci: tuple[float, float]
+    p: float
+    tpot_baseline: float | None
+    tpot_candidate: float | None
+    tpot_change: float | None
+    tpot_p: float | None
+    acceptance_length: float | None
+    draft_acceptance: float | None
+    per_position: tuple[float, ...]
+    note: str | None  # the acceptance cross-check's disagreement
+
+    @classmethod
+    def of(cls, v: PromptTypeVerdict) -> Row:
+        t, p, acc = v.throughput, v.tpot, v.acceptance
+        return cls(
+            candidate=v.candidate,
+            prompt_type=v.prompt_type,
+            verdict=v.verdict.value,
+            reason=v.reason,
+            baseline_tps=t.baseline_median,
+            candidate_tps=t.candidate_median,
+            change=t.change,
+            ratio_ci=t.ratio_ci,
+            p=t.p_adjusted,
+            tpot_baseline=p.baseline_median if p else None,
+            tpot_candidate=p.candidate_median if p else None,
+            tpot_change=p.change if p else None,
+            tpot_p=p.p_adjusted if p else None,
+            acceptance_length=acc.mean_acceptance_length if acc.present else None,
+            draft_acceptance=acc.draft_acceptance_rate if acc.present else None,
+            per_position=tuple(acc.per_position_rates),
+            note=v.acceptance_note,
+        )
+
+    @property
+    def change_text(self) -> str:
+        low, high = self.ratio_ci
+        ci = f" [{low - 1:+.1%}, {high - 1:+.1%}]" if finite(low) and finite(high) else ""
+        return fmt_pct(self.change) + ci
+
+    @property
+    def tpot_text(self) -> str:
+        return (
+            f"{fmt_num(self.tpot_baseline)} → {fmt_num(self.tpot_candidate)} ms "
+            f"({fmt_pct(self.tpot_change)}, p {fmt_p(self.tpot_p)})"
+        )
+
+    def cells(self) -> tuple[str, ...]:
+        """The seed-style table's cells, in TABLE_HEADER's order."""
+        return (
+            self.prompt_type,
+            fmt_num(self.baseline_tps),
+            fmt_num(self.candidate_tps),
+            self.change_text,
+            self.tpot_text,
+            fmt_p(self.p),
+            self.verdict,
+        )
+
+    def sentence(self) -> str:
+        """The row as a sentence, for a test's failure message."""
+        return (
+            f"{self.prompt_type}: {fmt_num(self.baseline_tps)} -> {fmt_num(self.candidate_tps)} "
+            f"tok/s ({self.change_text}, p_adj={fmt_p(self.p)}); TPOT {self.tpot_text}; "
+            f"acceptance length {fmt_num(self.acceptance_length, '.2f')}; verdict: {self.verdict}"
+        )
+
+
+def rows(analysis: RunAnalysis, candidate: str | None = None) -> list[Row]:
+    names = [candidate] if candidate else list(analysis.verdicts)
+    return [Row.of(v) for name in names for v in analysis.verdicts.get(name, {}).values()]
+
+
+def headline(analysis: RunAnalysis) -> str:
+    """One sentence: what the run found, and whether to trust it."""
+    parts: list[str] = []
+    for name in analysis.verdicts:
+        found = rows(analysis, name)
+        by: dict[str, list[str]] = {}
+        for r in found:
+            by.setdefault(r.verdict, []).append(r.prompt_type)
+        said = [
+            f"{verdict} on {_which(names, len(found))}"
+            for verdict, names in by.items()
+            if verdict in (Verdict.REGRESSED.value, Verdict.IMPROVED.value)
+        ]
+        if not said and found:
+            common = Counter(r.verdict for r in found).most_common(1)[0][0]
+            said = [f"{common} on {_which(by[common], len(found))}"]
+        parts.append(f"{name}: " + "; ".join(said))
+    result = {
+        Verdict.REGRESSED.value: "Regression",
+        Verdict.IMPROVED.value: "Improvement, no regression",
+        Verdict.NO_DIFFERENCE.value: "No significant difference",
+        Verdict.INSUFFICIENT.value: "No verdict: too few samples",
+        "not measured": "No candidate was measured",
+    }[analysis.outcome]
+    if analysis.drift is not None and analysis.drift.unreliable:
+        result = "UNRELIABLE (the baseline drifted during the run). " + result
+    return result + (". " + ". ".join(parts) if parts else "")
+
+
+def _which(names: Sequence[str], total: int) -> str:
+    if len(names) == 1:
+        return names[0]
+    if len(names) == total:
+        return f"all {total} prompt types"
+    return f"{len(names)} of {total} prompt types ({', '.join(names)})"
+
+
+@dataclass(frozen=True)
+class Check:
+    text: str
+    warn: bool
+
+
+def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
+    """The checks beside the verdicts, in the order a reviewer reads them."""
+    out = [Check(w, True) for w in analysis.warnings]
+    for candidate, per in analysis.equivalence.items():
+        out += [
+            Check(f"Output, {candidate}/{name}: {e.text()}", False)
+            for name, e in per.items()
+            if e.status == "identical"
+        ]
+    if analysis.drift is not None and not analysis.drift.unreliable:
+        out.append(Check(f"Drift (ABA): {analysis.drift.text()}", False))
+    if record.baseline_from:
+        out.append(Check(f"Baseline reused from {record.baseline_from.get('path')}", False))
+    if record.restore and not any(c.text.startswith("restore:") for c in out):
+        out.append(Check(f"Restore: {RestoreReport.from_dict(record.restore).describe()}", False))
+    return out

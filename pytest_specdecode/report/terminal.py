@@ -1,0 +1,56 @@
+"""The table at the end of pytest's output: the seed's table, then what to check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..analysis.run import RunAnalysis
+from ..record.schema import BASELINE, RunRecord
+from ..targets.lifecycle import RestoreReport
+from .rows import checks, rows
+from .text import fmt_num, fmt_p, fmt_pct
+
+HEADER = (
+    f"{'prompt':<12} {'candidate':<14} {'base tok/s':>10} {'cand tok/s':>10} {'change':>8} "
+    f"{'TPOT base→cand ms':>19} {'p_adj':>7} {'accept len':>10}  verdict"
+)
+
+
+def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -> list[str]:
+    """Empty when nothing was measured."""
+    baseline = record.arm_phases(BASELINE)
+    if not baseline and not record.failures:
+        return []
+    out: list[str] = []
+    if baseline and not analysis.verdicts:
+        out.append(f"{'prompt':<12} {'median tok/s':>12} {'median TPOT ms':>15}")
+        for name, m in baseline[0].measurements.items():
+            out.append(
+                f"{name:<12} {fmt_num(m.median_tokens_per_s):>12} {fmt_num(m.median_tpot_ms):>15}"
+            )
+    elif analysis.verdicts:
+        out.append(HEADER)
+    for candidate in analysis.verdicts:
+        for r in rows(analysis, candidate):
+            tpot = f"{fmt_num(r.tpot_baseline):>8} → {fmt_num(r.tpot_candidate):<8}"
+            out.append(
+                f"{r.prompt_type:<12} {candidate:<14} {fmt_num(r.baseline_tps):>10} "
+                f"{fmt_num(r.candidate_tps):>10} {fmt_pct(r.change):>8} {tpot} "
+                f"{fmt_p(r.p):>7} {fmt_num(r.acceptance_length, '.2f'):>10}  {r.verdict}"
+            )
+        acc = record.arm_phases(candidate)[0].acceptance
+        if acc.present and acc.per_position_rates:
+            rates = ", ".join(f"{x:.2f}" for x in acc.per_position_rates)
+            out.append(
+                f"  {candidate}: per-position acceptance [{rates}], draft acceptance "
+                f"{fmt_pct(acc.draft_acceptance_rate, sign=False)}"
+            )
+    if record.restore:
+        out.append(RestoreReport.from_dict(record.restore).describe())
+    out += [
+        f"warning: {c.text}" if c.warn else c.text
+        for c in checks(record, analysis)
+        if c.warn or c.text.startswith("Drift")
+    ]
+    out += [f"{name}: {path}" for name, path in files.items()]
+    return out

@@ -1,0 +1,70 @@
+"""Numbers and sentences shared by every renderer: one spelling of each figure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..config.settings import RunConfig
+from ..measure.server_metrics import Acceptance
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt_num(x: Any, fmt: str = ".1f") -> str:
+    return format(x, fmt) if finite(x) else "n/a"
+
+
+def fmt_pct(x: Any, *, sign: bool = True) -> str:
+    if not finite(x):
+        return "n/a"
+    return f"{x:+.1%}" if sign else f"{x:.1%}"
+
+
+def fmt_p(p: Any) -> str:
+    if not finite(p):
+        return "n/a"
+    return f"{p:.1e}" if 0 < p < 0.001 else f"{p:.3f}"
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def acceptance_text(acc: Acceptance) -> str:
+    if not acc.present:
+        return "Acceptance: no spec-decode counters in /metrics."
+    rates = ", ".join(f"{r:.2f}" for r in acc.per_position_rates)
+    return (
+        f"Acceptance: mean length {fmt_num(acc.mean_acceptance_length, '.2f')}, draft "
+        f"acceptance {fmt_pct(acc.draft_acceptance_rate, sign=False)} ({acc.accepted:.0f} of "
+        f"{acc.draft_tokens:.0f} draft tokens, {acc.drafts:.0f} drafts), per position [{rates}]"
+    )
+
+
+def design_text(run: RunConfig) -> str:
+    return (
+        f"{run.samples} measured + {run.warmup} warm-up per prompt type and phase; up to "
+        f"{run.max_tokens} tokens; concurrency {run.concurrency}; {run.endpoint} endpoint; "
+        f"alpha {run.alpha}, minimum effect {run.min_effect:.0%}"
+    )
+
+
+def title(candidates: Sequence[str], model: str | None = None, host: str | None = None) -> str:
+    versus = ", ".join(candidates) if candidates else "baseline only"
+    where = f" · {model} on {host}" if model else ""
+    return f"Speculative decoding: baseline vs {versus}{where}"
+
+
+STATISTICS_NOTE = (
+    "p: Holm-adjusted two-sided Mann-Whitney U p of throughput (of TPOT in the TPOT column); "
+    "brackets: the 95% bootstrap CI of the change in median throughput. A verdict needs "
+    "p < alpha and a change beyond the minimum effect."
+)

@@ -1,0 +1,144 @@
+"""Mistaken and hostile input against the real systemd host: refused, and the host unchanged.
+
+Each test checks afterwards that the original unit is in the state it was found in, kept its
+main PID (it was never restarted), and that no candidate unit, lock or watchdog was left.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_specdecode.targets.systemd import LOCK_DIR
+
+from ..support.testbed import Testbed, suite_args, write_remote_experiment
+
+INJECTION = '{"method":"ngram","num_speculative_tokens":5,"x":"\'; touch /tmp/pwned; \'"}'
+
+
+@pytest.fixture
+def unchanged(testbed: Testbed):
+    """The original's state before; asserts after that nothing changed on the host."""
+    testbed.wait_serving()
+    before = testbed.state()
+    yield before
+    assert testbed.state() == before
+    assert testbed.traces() == []
+
+
+def suite(pytester, bed: Testbed, *extra: str, config=None) -> pytest.RunResult:
+    config = config or write_remote_experiment(pytester, bed)
+    args = suite_args(pytester, bed, config, "--spec-config", "ngram")
+    return pytester.runpytest_subprocess(*args, *extra)
+
+
+def refused(result: pytest.RunResult, message: str) -> None:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert message in result.stdout.str() + result.stderr.str()
+
+
+def test_unit_not_found(pytester, testbed, unchanged):
+    result = suite(pytester, testbed, "--spec-unit", "nosuch.service")
+    refused(result, "unit nosuch.service not found on root@127.0.0.1:2222")
+    refused(result, "nothing was touched")
+
+
+def test_original_not_active_is_refused_and_left_stopped(pytester, testbed):
+    testbed.wait_serving()
+    testbed.ssh("systemctl", "stop", testbed.unit)
+    try:
+        result = suite(pytester, testbed)
+        refused(
+            result,
+            f"unit {testbed.unit} on root@127.0.0.1:2222 is inactive/dead, not "
+            "active: refusing to experiment",
+        )
+        # Never "restored" into a state that was not there: it stays stopped.
+        assert testbed.state()["ActiveState"] == "inactive"
+        assert testbed.traces() == []
+    finally:
+        testbed.ssh("systemctl", "start", testbed.unit)
+        testbed.wait_serving()
+
+
+def test_a_held_lock_names_its_owner(pytester, testbed, unchanged):
+    testbed.ssh("mkdir", "-p", LOCK_DIR)
+    testbed.ssh("sh", "-c", f"echo 'run 42 by alice on laptop' > {LOCK_DIR}/owner.txt")
+    try:
+        result = suite(pytester, testbed)
+        refused(
+            result,
+            "root@127.0.0.1:2222 is locked by another experiment (run 42 by alice "
+            "on laptop); nothing was touched",
+        )
+        assert testbed.ssh("cat", f"{LOCK_DIR}/owner.txt").stdout == "run 42 by alice on laptop\n"
+    finally:
+        testbed.ssh("rm", "-rf", LOCK_DIR)
+
+
+def test_no_permission_to_write_the_unit_file(pytester, testbed, unchanged):
+    setup = (
+        "id bench >/dev/null 2>&1 || useradd -m bench; mkdir -p ~bench/.ssh; "
+        "cp /root/.ssh/authorized_keys ~bench/.ssh/; chown -R bench ~bench/.ssh"
+    )
+    testbed.ssh("sh", "-c", setup)
+    result = suite(pytester, testbed, "--spec-host", "ssh://bench@127.0.0.1:2222")
+    refused(result, "/etc/systemd/system is not writable by bench")
+
+
+def test_port_held_by_another_server(pytester, testbed, unchanged):
+    rogue = [
+        "systemd-run",
+        "--unit=rogue-listener",
+        "python3",
+        "-m",
+        "http.server",
+        "8107",
+        "--bind",
+        "127.0.0.1",
+    ]
+    testbed.ssh(*rogue)
+    try:
+        result = suite(pytester, testbed, "--spec-api-base", "http://127.0.0.1:8107")
+        refused(result, "port 8107 on root@127.0.0.1:2222 is held by pid")
+        refused(result, f"which is not part of unit {testbed.unit}")
+    finally:
+        testbed.ssh("systemctl", "stop", "rogue-listener")
+
+
+def test_served_model_mismatch_stops_before_the_original_is_touched(pytester, testbed, unchanged):
+    result = suite(pytester, testbed, "--spec-model", "kimi-k2.5-int4")
+    assert result.ret != 0
+    assert (
+        "serves ['smollm2-135m-instruct'], not the configured model 'kimi-k2.5-int4'"
+        in result.stdout.str()
+    )
+
+
+def test_injection_is_refused_before_connecting(pytester, testbed, unchanged):
+    config = write_remote_experiment(pytester, testbed)
+    args = [
+        str(pytester.path / "suites"),
+        "--spec-file",
+        str(config),
+        *testbed.options(),
+        "--spec-config",
+        INJECTION,
+    ]
+    result = pytester.runpytest_subprocess(*args)
+    refused(result, "unknown key(s) 'x'")
+    assert not testbed.ssh("test", "-e", "/tmp/pwned").ok
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_unknown_host_key_through_the_suite(pytester, testbed, unchanged, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    result = suite(pytester, testbed, "--spec-known-hosts", str(empty))
+    refused(result, "unknown host key")
+
+
+def test_unreachable_host_fails_fast(pytester, testbed, unchanged):
+    result = suite(pytester, testbed, "--spec-host", "ssh://root@127.0.0.1:1")
+    refused(result, "root@127.0.0.1:1: cannot connect within 10s")

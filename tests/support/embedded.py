@@ -1,0 +1,120 @@
+"""Helpers: an experiment against the embedded CPU vLLM, written into a pytester dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EMBEDDED = Path(os.environ.get("SPECDECODE_EMBEDDED_DIR", REPO / ".embedded"))
+SERVER_PYTHON = EMBEDDED / "server-venv" / "bin" / "python"
+MODEL_DIR = EMBEDDED / "models" / "SmolLM2-135M-Instruct"
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (e.g. a unique port)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()[1:] if text in line and "ps -eo" not in line]
+
+
+@dataclass
+class EmbeddedExperiment:
+    """A copy of the suite plus a config for the embedded vLLM on a port of its own."""
+
+    dir: Path
+    config: Path
+    reports: Path
+    port: int
+
+    def results(self) -> dict:
+        (run,) = [p for p in self.reports.iterdir() if p.is_dir()]
+        return json.loads((run / "results.json").read_text())
+
+    def run_dir(self) -> Path:
+        (run,) = [p for p in self.reports.iterdir() if p.is_dir()]
+        return run
+
+    def args(self, *extra: str) -> list[str]:
+        return [
+            str(self.dir / "suites"),
+            "--spec-file",
+            str(self.config),
+            "-p",
+            "no:cacheprovider",
+            *extra,
+        ]
+
+    def leftover_servers(self) -> list[str]:
+        return processes_mentioning(f"--port {self.port}")
+
+
+def require_embedded() -> None:
+    """For tests that start the embedded vLLM: fail clearly when it is not set up."""
+    if not (SERVER_PYTHON.exists() and (MODEL_DIR / "model.safetensors").exists()):
+        pytest.fail(f"the embedded vLLM is not set up under {EMBEDDED}: run scripts/setup-embedded")
+
+
+def write_experiment(
+    pytester: pytest.Pytester,
+    *,
+    run: dict[str, object] | None = None,
+    thresholds: str = "",
+    prompt_types: str = "",
+) -> EmbeddedExperiment:
+    port = free_port()
+    run_values = {"samples": 5, "warmup": 1, "max_tokens": 32, **(run or {})}
+    run_table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_values.items())
+    shutil.copytree(
+        REPO / "suites",
+        pytester.path / "suites",
+        ignore=shutil.ignore_patterns("*.toml", "__pycache__"),
+    )
+    seed = (REPO / "suites" / "specdecode.toml").read_text()
+    prompts = seed[seed.index("[prompt_types.coding]") :]
+    reports = pytester.path / "reports"
+    config = pytester.path / "experiment.toml"
+    config.write_text(f"""
+reports_dir = "{reports}"
+[target]
+api_base = "http://127.0.0.1:{port}"
+model = "{MODEL}"
+command = ["{SERVER_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
+  "--model", "{MODEL_DIR}", "--served-model-name", "{MODEL}", "--host", "127.0.0.1",
+  "--port", "{port}", "--enforce-eager", "--max-model-len", "1024", "--seed", "0"]
+startup_timeout_s = 400
+[target.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
+[run]
+{run_table}
+[thresholds]
+{thresholds}
+[presets]
+ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }}
+suffix = {{ method = "suffix", num_speculative_tokens = 3 }}
+{prompt_types or prompts}
+""")
+    return EmbeddedExperiment(pytester.path, config, reports, port)
+
+
+def all_samples(data: dict) -> list[dict]:
+    """Every request of a results.json, warm-ups included, each with its phase."""
+    return [
+        {**s, "phase": phase["name"]}
+        for phase in data["phases"].values()
+        for m in phase["measurements"].values()
+        for s in [*m["warmup"], *m["samples"]]
+    ]

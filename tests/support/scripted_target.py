@@ -1,0 +1,245 @@
+"""A scripted target and vLLM API: a seam for millisecond tests of the experiment's logic.
+
+Nothing here stands in for a fault of a real server: the same logic is tested against the real
+CPU vLLM (tests/real_vllm) and the real systemd host (tests/real_host). Here, each service's
+speed per prompt, and its failures (a crash at start, a server that never gets ready, a slow
+restore), are scripted, and its HTTP API is answered through `httpx.MockTransport`, no socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pytest_specdecode.config.specconfig import SpecConfig
+from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.targets.base import Transports
+from pytest_specdecode.targets.hosts import LocalHost
+
+API = "http://scripted.invalid:8000"
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How a service answers one prompt: time to the first token, then one chunk per step."""
+
+    ttft_s: float = 0.02
+    gap_s: float = 0.010
+    tokens: int = 8
+    tokens_per_chunk: int = 1  # > 1: speculation delivers several tokens a step
+    text: str = "the same greedy output"
+
+
+@dataclass
+class Script:
+    """One service: its speed per prompt, and how it starts."""
+
+    speeds: dict[str, Speed] = field(default_factory=dict)  # by prompt text
+    crash_at_start: str | None = None  # the process exits with this in its log
+    ready_after_s: float = 0.0  # math.inf: never ready
+    restore_s: float = 0.0  # the original takes this long to come back at the restore
+
+    def speed(self, prompt: str) -> Speed:
+        return self.speeds.get(prompt, Speed())
+
+
+class ScriptedService:
+    def __init__(self, target: ScriptedTarget, name: str, script: Script) -> None:
+        self.target = target
+        self.name = name
+        self.script = script
+        self.label = f"scripted service '{name}'"
+        self.api_base = API
+        self.model = target.model
+        self.active = False
+        self.started_at = 0.0
+        self.starts = 0
+
+    def is_active(self) -> bool:
+        return self.active
+
+    def start(self) -> None:
+        self.target.events.append(f"start {self.name}")
+        self.starts += 1
+        self.started_at = time.monotonic()
+        self.active = self.script.crash_at_start is None
+        if self.active:
+            self.target.serving = self
+
+    def stop(self) -> None:
+        self.target.events.append(f"stop {self.name}")
+        self.active = False
+        if self.target.serving is self:
+            self.target.serving = None
+
+    def ready(self) -> bool:
+        delay = self.script.ready_after_s
+        if self.name == "original" and self.starts > 1:
+            delay = self.script.restore_s
+        return self.active and time.monotonic() - self.started_at >= delay
+
+    def failure(self) -> str | None:
+        if self.script.crash_at_start is not None and not self.active and self.starts:
+            return "the process exited with status 1"
+        return None
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        tail = ["INFO starting", "Traceback (most recent call last):"]
+        return [*tail, self.script.crash_at_start] if self.script.crash_at_start else tail[:1]
+
+
+class ScriptedTarget:
+    """The original and candidates as scripted services; every start and stop is recorded."""
+
+    host_name = "scripted-host"
+    typical_start_s = 1.0
+
+    def __init__(
+        self,
+        original: Script,
+        candidates: dict[str, Script] | None = None,
+        *,
+        model: str = "smollm2-135m-instruct",
+        running: bool = False,
+        refuse: str | None = None,
+    ) -> None:
+        self.model = model
+        self.host = LocalHost()
+        self.adopts_running_original = running
+        self.events: list[str] = []
+        self.serving: ScriptedService | None = None
+        self.counters: dict[str, float] = {}
+        self._refuse = refuse
+        self._scripts = candidates or {}
+        self._original = ScriptedService(self, "original", original)
+        if running:
+            self._original.start()
+            self.events.clear()
+
+    # -- Target -------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        if self._refuse:
+            raise ConfigError(self._refuse)
+
+    def before_swap(self) -> None:
+        self.events.append("before swap")
+
+    def original(self) -> ScriptedService:
+        return self._original
+
+    def candidate(self, spec: SpecConfig) -> ScriptedService:
+        return ScriptedService(self, spec.name, self._scripts.get(spec.name, Script()))
+
+    def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
+        return ["measure the original", *(f"start candidate {s.name}" for s in specs)]
+
+    def transports(self) -> Transports:
+        return Transports(httpx.MockTransport(self._answer), httpx.MockTransport(self._stream))
+
+    def close(self) -> None:
+        self.events.append("close")
+
+    # -- the API ------------------------------------------------------------------------------
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        service = self.serving
+        if service is None or not service.ready():
+            raise httpx.ConnectError("connection refused", request=request)
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": self.model}]})
+        if path == "/version":
+            return httpx.Response(200, json={"version": "0.32.0"})
+        if path == "/metrics":
+            return httpx.Response(200, text=self._metrics(service))
+        return httpx.Response(404)
+
+    async def _stream(self, request: httpx.Request) -> httpx.Response:
+        service = self.serving
+        if service is None or not service.ready():
+            raise httpx.ConnectError("connection refused", request=request)
+        body = json.loads(request.content)
+        prompt = body["messages"][0]["content"]
+        speed = service.script.speed(prompt)
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=self._events(service, speed, len(prompt.split())),
+        )
+
+    async def _events(self, service: ScriptedService, speed: Speed, prompt_tokens: int
+                      ) -> AsyncIterator[bytes]:  # fmt: skip
+        def event(choices: list[dict[str, Any]], done: int) -> bytes:
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
+            data = {"choices": choices, "usage": usage}
+            return f"data: {json.dumps(data)}\n\n".encode()
+
+        await asyncio.sleep(speed.ttft_s)  # vLLM sends the role with the first token's step
+        yield event([{"index": 0, "delta": {"role": "assistant"}}], 0)
+        words = speed.text.split()
+        done = 0
+        steps = 0
+        while done < speed.tokens:
+            step = 1 if done == 0 else min(speed.tokens_per_chunk, speed.tokens - done)
+            if done:
+                await asyncio.sleep(speed.gap_s)
+                steps += 1
+                self._count_step(service, step - 1)
+            done += step
+            text = " ".join(words[(done - step) % len(words) : done % len(words) or None])
+            yield event([{"index": 0, "delta": {"content": text}}], done)
+        self._add("requests", 1)
+        self._add("prompt_tokens", prompt_tokens)
+        self._add("generation_tokens", done)
+        self._add("decode_steps", steps)
+        yield event([], done)
+        yield b"data: [DONE]\n\n"
+
+    def _count_step(self, service: ScriptedService, accepted: int) -> None:
+        k = service.script.speeds and max(
+            s.tokens_per_chunk for s in service.script.speeds.values()
+        )
+        if not k or k < 2 or service.name == "original":
+            return
+        self._add("drafts", 1)
+        self._add("draft_tokens", k - 1)
+        self._add("accepted", accepted)
+        for position in range(accepted):
+            self._add(f"pos{position}", 1)
+
+    def _add(self, name: str, value: float) -> None:
+        self.counters[name] = self.counters.get(name, 0.0) + value
+
+    def _metrics(self, service: ScriptedService) -> str:
+        c = self.counters
+        lines = [
+            f"vllm:request_success_total {c.get('requests', 0.0)}",
+            f"vllm:prompt_tokens_total {c.get('prompt_tokens', 0.0)}",
+            f"vllm:generation_tokens_total {c.get('generation_tokens', 0.0)}",
+            f"vllm:inter_token_latency_seconds_count {c.get('decode_steps', 0.0)}",
+            "vllm:num_requests_running 0.0",
+            "vllm:num_requests_waiting 0.0",
+        ]
+        if service.name != "original":
+            lines += [
+                f"vllm:spec_decode_num_drafts_total {c.get('drafts', 0.0)}",
+                f"vllm:spec_decode_num_draft_tokens_total {c.get('draft_tokens', 0.0)}",
+                f"vllm:spec_decode_num_accepted_tokens_total {c.get('accepted', 0.0)}",
+                *(
+                    f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} '
+                    f"{c.get(f'pos{i}', 0.0)}"
+                    for i in range(4)
+                ),
+            ]
+        return "\n".join(lines) + "\n"
+
+
+NEVER = math.inf

@@ -1,0 +1,133 @@
+"""Synthetic runs with known effects, built as a live run builds its record (no tests here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pytest_specdecode.config.settings import Settings, load_settings
+from pytest_specdecode.measure.loadgen import RequestSample
+from pytest_specdecode.measure.server_metrics import Acceptance
+from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
+from pytest_specdecode.record.store import RunStore
+
+TEXT = "def insert(self, key):\n    node = Node(key)\n    if self.root is None: ..."
+NGRAM_ACCEPTANCE = Acceptance(
+    present=True,
+    drafts=100.0,
+    draft_tokens=500.0,
+    accepted=150.0,
+    mean_acceptance_length=2.5,
+    draft_acceptance_rate=0.3,
+    per_position_rates=[0.55, 0.35, 0.3, 0.2, 0.1],
+)
+
+
+def settings(
+    tmp_path: Path,
+    *,
+    prompt_types: Sequence[str] = ("coding", "math"),
+    candidates: Sequence[str] = ("ngram",),
+    samples: int = 6,
+    prompts: dict[str, str] | None = None,
+    extra: str = "",
+) -> Settings:
+    prompts = prompts or {}
+    tables = "\n".join(
+        f'[prompt_types.{w}]\nprompt = "{prompts.get(w, f"the {w} prompt")}"' for w in prompt_types
+    )
+    path = tmp_path / "experiment.toml"
+    path.write_text(f"""
+reports_dir = "{tmp_path / "reports"}"
+[target]
+api_base = "http://127.0.0.1:18011"
+model = "smollm2-135m-instruct"
+command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port", "18011"]
+[run]
+samples = {samples}
+warmup = 1
+max_tokens = 64
+[presets]
+ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }}
+eagle = {{ method = "eagle", model = "org/eagle-draft", num_speculative_tokens = 3 }}
+{tables}
+{extra}
+""")
+    return load_settings(path, spec_configs=list(candidates))
+
+
+def record(s: Settings) -> RunRecord:
+    return RunRecord(
+        plugin_version="0.1.0",
+        config_file=str(s.source),
+        target=TargetInfo(
+            backend="local", host="localhost", api_base=s.target.api_base, model=s.target.model
+        ),
+        run=s.run,
+        candidates={c.name: dict(c.values) for c in s.candidates},
+        prompt_types=dict(s.prompt_types),
+        environment={"gpus": None, "git_commit": "0123456789abcdef0123"},
+    )
+
+
+def store(tmp_path: Path, s: Settings) -> RunStore:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return RunStore(run_dir, record(s))
+
+
+def sample(
+    prompt_type: str, phase: str, index: int, tokens_per_s: float, *, text: str = TEXT, tokens=64
+) -> RequestSample:
+    return RequestSample(
+        prompt_type=prompt_type,
+        phase=phase,
+        index=index,
+        warmup=index < 0,
+        started_at=1.8e9 + index,
+        ttft_s=0.08,
+        e2e_s=tokens / tokens_per_s if tokens_per_s > 0 else float("inf"),
+        output_tokens=tokens,
+        prompt_tokens=40,
+        chunks=tokens + 1,
+        tokens_per_chunk=[0] + [1] * tokens,
+        text=text,
+    )
+
+
+def add_phase(
+    rec: RunRecord,
+    name: str,
+    tokens_per_s: dict[str, float],
+    *,
+    arm: str | None = None,
+    acceptance: Acceptance | None = None,
+    texts: dict[str, list[str]] | None = None,
+    version: str = "0.32.0",
+    seed: int = 0,
+    spread: float = 0.02,
+    tokens: int = 64,
+) -> Phase:
+    """A measured phase with about `tokens_per_s[w]` tok/s per request on each prompt type."""
+    rng = np.random.default_rng(seed)
+    arm = arm or name
+    spec = rec.candidates.get(arm)
+    phase = Phase(
+        name=name, arm=arm, spec=spec, service=f"local vLLM '{name}'", server_version=version
+    )
+    for w, rate in tokens_per_s.items():
+        choices = (texts or {}).get(w, [TEXT])
+        m = Measurement(prompt_type=w, concurrency=rec.run.concurrency)
+        m.warmup.append(sample(w, name, -1, rate, text=choices[0], tokens=tokens))
+        for i in range(rec.run.samples):
+            value = rate * (1 + rng.normal(0, spread))
+            m.samples.append(
+                sample(w, name, i, value, text=choices[i % len(choices)], tokens=tokens)
+            )
+        m.wall_s = sum(s.e2e_s for s in m.samples)
+        m.acceptance = acceptance if spec is not None and acceptance else Acceptance(present=False)
+        phase.measurements[w] = m
+    rec.phases[name] = phase
+    return phase

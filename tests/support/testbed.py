@@ -1,0 +1,187 @@
+"""The systemd test host as the tests see it: its coordinates and checks of its state."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.systemd import LOCK_DIR, RESTORE_SCRIPT, UNIT_DIR, WATCHDOG
+from pytest_specdecode.targets.unitfile import candidate_unit_name
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Testbed:
+    __test__ = False  # not a test class
+
+    host: str
+    identity: Path
+    known_hosts: Path
+    unit: str
+    api_base: str
+    model: str = "smollm2-135m-instruct"
+    _ssh: SSHHost | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_script(cls, script: Path) -> Testbed:
+        out = subprocess.run(
+            ["bash", str(script), "env"], capture_output=True, text=True, check=True
+        ).stdout
+        env = dict(
+            shlex.split(line.removeprefix("export "))[0].split("=", 1)
+            for line in out.splitlines()
+            if line.startswith("export ")
+        )
+        return cls(
+            host=env["SPECDECODE_TEST_HOST"],
+            identity=Path(env["SPECDECODE_TEST_IDENTITY"]),
+            known_hosts=Path(env["SPECDECODE_TEST_KNOWN_HOSTS"]),
+            unit=env["SPECDECODE_TEST_UNIT"],
+            api_base=env["SPECDECODE_TEST_API"],
+        )
+
+    @property
+    def candidate_unit(self) -> str:
+        return candidate_unit_name(self.unit)
+
+    def ssh(self, *argv: str, timeout: float = 60) -> CommandResult:
+        if self._ssh is None:
+            self._ssh = SSHHost(
+                SSHSpec.parse(self.host, identity_file=self.identity, known_hosts=self.known_hosts)
+            )
+        return self._ssh.run(list(argv), timeout=timeout)
+
+    def close(self) -> None:
+        if self._ssh is not None:
+            self._ssh.close()
+            self._ssh = None
+
+    def options(self) -> list[str]:
+        return [
+            "--spec-host",
+            self.host,
+            "--spec-unit",
+            self.unit,
+            "--spec-identity",
+            str(self.identity),
+            "--spec-known-hosts",
+            str(self.known_hosts),
+            "--spec-api-base",
+            self.api_base,
+            "--spec-model",
+            self.model,
+        ]
+
+    def serves(self) -> bool:
+        try:
+            models = httpx.get(f"{self.api_base}/v1/models", timeout=5).json()
+        except (httpx.HTTPError, json.JSONDecodeError):
+            return False
+        return any(m.get("id") == self.model for m in models.get("data", []))
+
+    def state(self) -> dict[str, str]:
+        out = self.ssh(
+            "systemctl", "show", self.unit, "--property=ActiveState,SubState,NRestarts,MainPID"
+        ).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def traces(self) -> list[str]:
+        """What the tool may leave on the host; an empty list after a clean restore."""
+        checks = {
+            "candidate unit file": ["test", "-e", f"{UNIT_DIR}/{self.candidate_unit}"],
+            "lock": ["test", "-e", LOCK_DIR],
+            "restore script": ["test", "-e", RESTORE_SCRIPT],
+            "watchdog timer": ["systemctl", "is-active", "--quiet", f"{WATCHDOG}.timer"],
+            "candidate unit running": ["systemctl", "is-active", "--quiet", self.candidate_unit],
+        }
+        return [name for name, argv in checks.items() if self.ssh(*argv).ok]
+
+    def wait_serving(self, timeout_s: float = 300) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.state().get("ActiveState") == "active" and self.serves():
+                return time.monotonic() - start
+            time.sleep(2)
+        pytest.fail(f"{self.unit} not serving after {timeout_s}s: {self.state()}")
+
+    def assert_original_restored(self) -> None:
+        """Active, serving its model, and nothing of the tool's left behind."""
+        state = self.state()
+        assert state.get("ActiveState") == "active", state
+        assert self.serves(), f"{self.unit} is active but {self.api_base} does not serve"
+        assert self.traces() == []
+
+
+def write_remote_experiment(
+    pytester: pytest.Pytester,
+    bed: Testbed,
+    *,
+    run: dict[str, object] | None = None,
+    target: dict[str, object] | None = None,
+    thresholds: str = "",
+) -> Path:
+    """A suite copy and a config whose target is the test host's production unit."""
+    import shutil
+
+    shutil.copytree(
+        REPO / "suites",
+        pytester.path / "suites",
+        ignore=shutil.ignore_patterns("*.toml", "__pycache__"),
+    )
+    run_values = {"samples": 3, "warmup": 1, "max_tokens": 32, **(run or {})}
+    target_values = {
+        "startup_timeout_s": 400,
+        "restore_timeout_s": 600,
+        "watchdog_s": 300,
+        **(target or {}),
+    }
+    table = lambda d: "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())  # noqa: E731
+    seed = (REPO / "suites" / "specdecode.toml").read_text()
+    config = pytester.path / "remote.toml"
+    config.write_text(f"""
+reports_dir = "{pytester.path / "reports"}"
+[target]
+api_base = "{bed.api_base}"
+model = "{bed.model}"
+{table(target_values)}
+[run]
+{table(run_values)}
+[thresholds]
+{thresholds}
+[presets]
+ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }}
+ngram-k3 = {{ method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 4 }}
+suffix = {{ method = "suffix", num_speculative_tokens = 3 }}
+{seed[seed.index("[prompt_types.coding]") :]}
+""")
+    return config
+
+
+def results_of(pytester: pytest.Pytester) -> dict:
+    (run,) = [p for p in (pytester.path / "reports").iterdir() if p.is_dir()]
+    return json.loads((run / "results.json").read_text())
+
+
+def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: str) -> list[str]:
+    """Arguments that run the copied suite against the test host, coding prompt only."""
+    return [
+        str(pytester.path / "suites"),
+        "--spec-file",
+        str(config),
+        *bed.options(),
+        "-p",
+        "no:cacheprovider",
+        "--spec-workload",
+        "coding",
+        *extra,
+    ]

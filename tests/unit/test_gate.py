@@ -1,0 +1,126 @@
+"""The gate's failure path, fast: the real suite over scripted services with known effects.
+
+pytest's exit code is the CI gate. A known throughput regression and a known TPOT-only
+regression must each fail exactly the verdict test of their prompt type.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+CONFIG = """
+reports_dir = "{reports}"
+[target]
+api_base = "http://scripted.invalid:8000"
+model = "smollm2-135m-instruct"
+command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+startup_timeout_s = 5
+[run]
+samples = 5
+warmup = 1
+max_tokens = 8
+[presets]
+ngram = {{ method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 4 }}
+[prompt_types.coding]
+prompt = "coding"
+[prompt_types.math]
+prompt = "math"
+"""
+
+CONFTEST = """
+from tests.support.scripted_target import Script, ScriptedTarget, Speed
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    return ScriptedTarget(
+        Script({{"coding": {base_coding}, "math": Speed()}}),
+        {{"ngram": Script({{"coding": {cand_coding}, "math": Speed(gap_s=0.005)}})}},
+    )
+"""
+
+
+@pytest.fixture(autouse=True)
+def _importable_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # `tests.support` for the copied conftest
+
+
+def write_gate(pytester: pytest.Pytester, conftest: str) -> list[str]:
+    """The suite, a config and a conftest with the scripted target; returns pytest's args."""
+    shutil.copytree(
+        REPO / "suites", pytester.path / "suites", ignore=shutil.ignore_patterns("*.toml")
+    )
+    config = pytester.path / "experiment.toml"
+    config.write_text(CONFIG.format(reports=pytester.path / "reports"))
+    (pytester.path / "suites" / "conftest.py").write_text(conftest)
+    suite = str(pytester.path / "suites")
+    return [suite, "--spec-file", str(config), "--spec-config", "ngram", "-p", "no:cacheprovider"]
+
+
+def run_gate(pytester: pytest.Pytester, base_coding: str, cand_coding: str) -> pytest.RunResult:
+    conftest = CONFTEST.format(base_coding=base_coding, cand_coding=cand_coding)
+    return pytester.runpytest_subprocess(*write_gate(pytester, conftest))
+
+
+def failed_ids(result: pytest.RunResult) -> set[str]:
+    return set(re.findall(r"^FAILED \S+::(\S+)", result.stdout.str(), re.M))
+
+
+def test_a_throughput_regression_fails_its_verdict_test(pytester: pytest.Pytester) -> None:
+    # coding: the candidate takes twice as long per token; math: it is twice as fast.
+    result = run_gate(pytester, "Speed()", "Speed(gap_s=0.020)")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
+    assert "speculation ngram regressed: coding:" in out
+    assert re.search(r"^math\s+ngram\s.*improved$", out, re.M), out
+
+
+def test_a_tpot_only_regression_fails_its_verdict_test(pytester: pytest.Pytester) -> None:
+    # coding: the candidate's first token comes sooner, every later one later: the same time
+    # per request (throughput unchanged), twice the time per output token.
+    result = run_gate(
+        pytester, "Speed(ttft_s=0.100, gap_s=0.010)", "Speed(ttft_s=0.030, gap_s=0.020)"
+    )
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
+    assert re.search(r"TPOT [\d.]+ → [\d.]+ ms \(\+\d+\.\d%", out), out
+
+
+def test_no_regression_passes_the_gate(pytester: pytest.Pytester) -> None:
+    result = run_gate(pytester, "Speed()", "Speed(gap_s=0.005)")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert failed_ids(result) == set()
+
+
+REFUSING = """
+from tests.support.scripted_target import Script, ScriptedTarget
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    return ScriptedTarget(Script(), refuse="unit x on h is inactive/dead, not active")
+"""
+
+
+def test_a_refused_run_leaves_nothing_behind(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(*write_gate(pytester, REFUSING))
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    assert "pytest-specdecode: unit x on h is inactive/dead, not active" in out
+    assert "refused, nothing was touched" in out
+    assert "Generated html report" not in out
+    assert not (pytester.path / "reports").exists()
+
+
+def test_collect_only_writes_nothing(pytester: pytest.Pytester) -> None:
+    conftest = CONFTEST.format(base_coding="Speed()", cand_coding="Speed()")
+    result = pytester.runpytest_subprocess(*write_gate(pytester, conftest), "--collect-only")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out
+    assert "<Function test_speculation_does_not_regress[ngram-coding]>" in out
+    assert "Generated html report" not in out
+    assert not (pytester.path / "reports").exists()
