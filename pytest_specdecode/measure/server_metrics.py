@@ -132,15 +132,7 @@ def acceptance_between(before: ServerCounters, after: ServerCounters) -> Accepta
     per_pos = [
         after.accepted_per_position[p] - before.accepted_per_position.get(p, 0.0) for p in positions
     ]
-    return Acceptance(
-        present=True,
-        drafts=drafts,
-        draft_tokens=draft_tokens,
-        accepted=accepted,
-        mean_acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
-        draft_acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
-        per_position_rates=[n / drafts for n in per_pos] if drafts > 0 else [],
-    )
+    return _from_counts(drafts, draft_tokens, accepted, per_pos)
 
 
 def combine(parts: Sequence[Acceptance]) -> Acceptance:
