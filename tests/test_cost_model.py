@@ -166,3 +166,36 @@ def test_relative_noise():
     values = [0.030, 0.031, 0.029, 0.030, 0.032]
     expected = 2.7764451051977987 * np.std(values, ddof=1) / math.sqrt(5) / np.mean(values)
     assert relative_noise(values) == pytest.approx(expected)
+
+
+def test_band_low_end_floored_at_a_plain_step_less_noise():
+    # Observations only at small m: extrapolating the intercept's uncertainty far would let the
+    # band fall below a plain step's cost; it stops at 1 - t * s.
+    rng = np.random.default_rng(4)
+    cands = [
+        CandidateTiming(n, "x", BASES[n].tpot_s * (1.02 + rng.normal(0, 0.05)) / 1.1, 1.1, m)
+        for n in BASES
+        for m in (0.1, 0.2, 0.3)
+    ]
+    fit = fit_cost(BASES, cands)
+    assert fit is not None and fit.method == "least-squares"
+    point, low, high = fit.step_cost(0.0)
+    assert low == pytest.approx(1.0 - fit.t_quantile * math.sqrt(fit.residual_var))
+    assert low < point < high
+
+
+def test_baseline_noise_widens_the_band_in_quadrature():
+    fit = fit_cost(BASES, [candidate("math", BASES["math"], 1.9, 3.5, 0.0, 0.04)])
+    s = S(3, 2, 3)
+    replays = {"math": {s: stats_for(s, tau=1.6, m=2.4)}}
+    quiet = predict(BASES, replays, fit)["math"][s]
+    noisy_base = {"math": BaselineTiming(0.032, 0.12, 128, tpot_noise=0.1)}
+    noisy = predict(noisy_base, replays, fit)["math"][s]
+    assert noisy.tokens_per_s == pytest.approx(quiet.tokens_per_s)
+    assert quiet.tokens_per_s_band is not None and noisy.tokens_per_s_band is not None
+    assert noisy.tokens_per_s_band[0] < quiet.tokens_per_s_band[0]
+    assert noisy.tokens_per_s_band[1] > quiet.tokens_per_s_band[1]
+    cost, _, high = fit.step_cost(replays["math"][s].draft_tokens_per_step)
+    tau = replays["math"][s].decode_tokens_per_step
+    slowest_tpot = 0.032 * cost / tau * (1 + math.hypot((high - cost) / cost, 0.1))
+    assert noisy.tokens_per_s_band[0] == pytest.approx(128 / (0.12 + 127 * slowest_tpot), rel=1e-3)

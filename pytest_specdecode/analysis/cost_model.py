@@ -18,14 +18,21 @@ Every measured (prompt type, candidate) pair therefore gives one observation
 Fitting (:func:`fit_cost`):
 - at least 3 observations whose m_bar spread by >= 0.1: least squares for b and c (both >= 0,
   scipy's `lsq_linear`). The band is a 95% prediction interval for a new observation,
-  t(n - 2) * sqrt(x' S x + s^2), from the parameter covariance S and the residual variance s^2;
+  t(n - 2) * sqrt(x' S x + s^2), from the parameter covariance S and the residual variance s^2.
+  Its low end stays at or above 1 - t(n - 2) * s: a speculative step does more work than a
+  plain one, so it cannot cost less, except by measurement noise. One observation per timed
+  request (rather than per median) gives the fit its degrees of freedom;
 - otherwise b and c cannot be told apart. The band spans both extremes, all cost per draft
   token (b = 0) and all cost fixed per step (c = 0), widened by the measured TPOT noise. The
   point estimate takes b = 0.
 
 Prediction (:func:`predict`): for each replayed config, TPOT = t0 * (1 + b + c * m_bar) / tau,
 tok/s = N / (TTFT + (N - 1) * TPOT) with the baseline's TTFT and output length, and the
-speedup against the baseline by the same formula. Without a measured candidate the cost is
+speedup against the baseline by the same formula. The band of the TPOT combines the step
+cost's band with the baseline TPOT's own noise (`BaselineTiming.tpot_noise`), in quadrature:
+the prediction scales with t0, which the baseline measured from a few requests, and the errors
+this shares across a prompt type's observations are not in the fit's residuals.
+Without a measured candidate the cost is
 unknown: only the ceiling (tok/s if a speculative step cost no more than a plain one) is given.
 
 Only replayable methods are predicted: suffix decoding is not, and draft-model, EAGLE or MTP
@@ -122,7 +129,8 @@ class CostFit:
             cov = np.asarray(self.covariance)
             x = np.array([1.0, m])
             half = self.t_quantile * math.sqrt(max(float(x @ cov @ x), 0.0) + self.residual_var)
-            low, high = point - half, point + half
+            noise = self.t_quantile * math.sqrt(self.residual_var)
+            low, high = max(point - half, 1.0 - noise), point + half
         else:
             costs = [1.0 + b + c * m for b, c in self.extremes] or [point]
             low = min(costs) * (1.0 - self.noise)
@@ -258,10 +266,14 @@ def predict(
             )
             if fit is not None:
                 cost, cost_low, cost_high = fit.step_cost(m)
-                rate = _tokens_per_s(base, base.tpot_s * cost / tau)
+                tpot = base.tpot_s * cost / tau
+                # The prediction scales with t0, itself measured: its noise joins the band.
+                below = math.hypot((cost - cost_low) / cost, base.tpot_noise)
+                above = math.hypot((cost_high - cost) / cost, base.tpot_noise)
+                rate = _tokens_per_s(base, tpot)
                 band = (
-                    _tokens_per_s(base, base.tpot_s * cost_high / tau),
-                    _tokens_per_s(base, base.tpot_s * cost_low / tau),
+                    _tokens_per_s(base, tpot * (1.0 + above)),
+                    _tokens_per_s(base, tpot * max(1.0 - below, 1e-6)),
                 )
                 speed = rate / base_rate
                 speed_band = (band[0] / base_rate, band[1] / base_rate)
