@@ -310,6 +310,7 @@ def test_fast_replay_equals_the_step_by_step_reference(proposer):
         )
         got = replay_many([req], s, max_model_len=mml, proposer=proposer)
         assert got == _reference(req, s, mml, proposer), (req, s, mml)
+        assert got.unverified_tokens <= s.num_speculative_tokens - 1
 
 
 def test_grid_equals_one_replay_per_config_and_aggregates_per_type():

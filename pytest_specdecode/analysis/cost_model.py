@@ -298,7 +298,7 @@ def recommend(
     names = list(predictions)
     if not names:
         return Recommendation(None, None, None, "nothing was predicted")
-    common = set.intersection(*(set(predictions[n]) for n in names)) - set(measured)
+    common = sorted(set.intersection(*(set(predictions[n]) for n in names)) - set(measured))
     if not common:
         return Recommendation(None, None, None, "every predicted config was measured already")
     if any(predictions[n][s].speedup is None for n in names for s in common):

@@ -198,6 +198,8 @@ class ReplayStats:
     tokens that could not be checked: the server's count lies in
     [accepted, accepted + unverified_tokens], per position likewise in
     [accepted_per_position, accepted_per_position_max]. Zero unverified tokens means exact.
+    The bound is at most k - 1 tokens per request, all at its last step: that step starts at
+    most one token before the output's end, so its first draft token is always checked.
     """
 
     settings: NgramSettings
@@ -269,11 +271,13 @@ class ReplayStats:
             "requests": self.requests,
             "output_tokens": self.output_tokens,
             "steps": self.steps,
+            "decode_steps": self.decode_steps,
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted": self.accepted,
             "accepted_per_position": list(self.accepted_per_position),
             "unverified_tokens": self.unverified_tokens,
+            "exact": self.exact,
             "accepted_per_position_max": list(self.accepted_per_position_max),
             "drafts_per_step": self.drafts_per_step,
             "mean_acceptance_length": self.mean_acceptance_length,
@@ -281,6 +285,7 @@ class ReplayStats:
             "per_position_rates": self.per_position_rates,
             "tokens_per_step": self.tokens_per_step,
             "decode_tokens_per_step": self.decode_tokens_per_step,
+            "draft_tokens_per_step": self.draft_tokens_per_step,
         }
 
 
