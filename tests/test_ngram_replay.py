@@ -3,7 +3,9 @@ engine against a plain step-by-step reference (and a literal port of vLLM's KMP 
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -356,3 +358,39 @@ def test_to_dict_carries_effective_settings_and_figures():
                              "prompt_lookup_min": 2, "prompt_lookup_max": 2}  # fmt: skip
     assert d["label"] == "k=3 n=2..2" and d["tokens_per_step"] == 2.0
     assert np.isclose(d["mean_acceptance_length"], 4.0)
+
+
+# --- recorded from the real CPU vLLM ---------------------------------------------------------
+
+RECORDED = Path(__file__).parent / "data" / "vllm-0.32-cpu-ngram-replay.json"
+
+
+def test_replay_of_recorded_real_baseline_equals_the_recorded_counters():
+    """Token ids and counters that tests/test_ngram_replay_real.py recorded on vLLM 0.32."""
+    data = json.loads(RECORDED.read_text())
+    compared = 0
+    for config, per_prompt in data["configs"].items():
+        settings = effective_settings(json.loads(config))
+        for prompt_type, measured in per_prompt.items():
+            base = data["baseline"][prompt_type]
+            got = replay(
+                base["prompt_ids"],
+                base["output_ids"],
+                settings,
+                lookahead_ids=base["lookahead_ids"],
+                max_model_len=data["max_model_len"],
+                cached_prompt_tokens=measured["prefix_cache_hits"],
+            )
+            if measured["outputs_equal"]:
+                compared += 1
+                assert got.exact
+                assert (got.drafts, got.draft_tokens, got.accepted) == (
+                    measured["drafts"],
+                    measured["draft_tokens"],
+                    measured["accepted"],
+                ), (config, prompt_type)
+                assert list(got.accepted_per_position) == measured["accepted_per_position"]
+            without = replay(base["prompt_ids"], base["output_ids"], settings)
+            if measured["outputs_equal"]:  # the stated bound holds without look-ahead too
+                assert without.accepted <= measured["accepted"] <= without.accepted_max
+    assert compared == 6

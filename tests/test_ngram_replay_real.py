@@ -5,7 +5,8 @@ prompt_lookup_min, and a third config that checks the cost model. Per prompt typ
 the server's spec-decode counters over one greedy request must equal the replay of the
 baseline's token ids exactly, wherever the candidate's output equals the baseline's (with
 look-ahead; without it, within the stated bound). Figures go to `replay-real.json` in the
-test's temporary folder and are printed (run with -s to see them).
+test's temporary folder and are printed (run with -s to see them). Its "recorded" part (token
+ids and counters) is what tests/data/vllm-0.32-cpu-ngram-replay.json holds for the fast tests.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ from pytest_specdecode.analysis.cost_model import (
     CandidateTiming,
     fit_cost,
     predict,
+    recommend,
     relative_noise,
 )
 from pytest_specdecode.analysis.ngram_replay import (
     NgramSettings,
     ReplayStats,
+    RequestTokens,
     effective_settings,
+    grid,
     propose,
     replay,
 )
@@ -304,6 +308,19 @@ def _check_config(baseline: Phase, candidate: Phase, values: dict[str, Any]) -> 
             if _row(exact) != got or not exact.exact or not in_bound:
                 mismatches.append(rows[-1])
     REPORT[settings.label] = rows
+    recorded = REPORT.setdefault("recorded", {"max_model_len": MAX_MODEL_LEN, "configs": {}})
+    recorded["baseline"] = {p: ids.to_dict() for p, ids in baseline.ids.items()}
+    recorded["configs"][json.dumps(values, sort_keys=True)] = {
+        p: {
+            "outputs_equal": candidate.ids[p].output_ids == baseline.ids[p].output_ids,
+            "drafts": c.drafts,
+            "draft_tokens": c.draft_tokens,
+            "accepted": c.accepted,
+            "accepted_per_position": list(c.per_position),
+            "prefix_cache_hits": c.prefix_hits,
+        }
+        for p, c in candidate.counted.items()
+    }
     print(f"\n{settings.label}: predicted vs measured (drafts, draft tokens, accepted, per pos)")
     for row in rows:
         bound = f"{row['without_lookahead']}+{row['unverified_without_lookahead']}"
@@ -426,9 +443,19 @@ def test_cost_model_predicts_the_third_config(
         print(f"  {row['config']:<11} {row['prompt']:<12} base {row['baseline_tok_s']:5.1f} "
               f"pred {row['predicted_tok_s']:5.1f} [{row['band'][0]:5.1f}, {row['band'][1]:5.1f}] "
               f"meas {row['measured_tok_s']:5.1f} inside={row['inside']}")  # fmt: skip
+    # The whole grid from the same fit: what it would recommend measuring next.
+    replays = grid({p: [_request(baseline, p)] for p in PROMPTS}, max_model_len=MAX_MODEL_LEN)
+    advice = recommend(predict(bases, replays, fit), measured=[s_preset])
+    REPORT["recommendation"] = advice.reason
+    print(f"  next: {advice.reason}")
     third_rows = [r for r in rows if r["config"] == effective_settings(THIRD).label]
     inside = sum(r["inside"] for r in third_rows)
     assert inside >= len(third_rows) - 1, third_rows
+
+
+def _request(phase: Phase, prompt_type: str) -> RequestTokens:
+    ids = phase.ids[prompt_type]
+    return RequestTokens.of(ids.prompt_ids, ids.output_ids, ids.lookahead_ids)
 
 
 def test_propose_equals_vllms_own_function() -> None:
