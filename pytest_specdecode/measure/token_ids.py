@@ -1,0 +1,314 @@
+"""Token ids of a baseline request, for the offline n-gram replay. Never inside a timed request.
+
+What vLLM 0.32 offers (checked on the embedded CPU server, `/version` 0.32.0):
+
+- ``"return_token_ids": true`` on a chat or completions request returns ``prompt_token_ids`` (the
+  prompt after the chat template, equal to what ``/tokenize`` gives) and, per choice,
+  ``token_ids``. The output ids include the EOS token when the request stopped on it (it is
+  counted in ``usage.completion_tokens``). Streaming carries ``token_ids`` on every chunk.
+- ``/tokenize`` with ``messages`` (chat, with the generation prompt) or ``prompt``.
+- ``"logprobs": true`` with ``"return_tokens_as_token_ids": true`` names each output token
+  ``token_id:N``: the fallback for servers without ``return_token_ids``.
+- Unknown request fields are ignored (HTTP 200), so support is detected from the response.
+- At temperature 0 the first max_tokens ids of a request for max_tokens + L tokens equal those
+  of a request for max_tokens: one untimed request yields the output and L look-ahead tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from ..errors import RequestError
+from .loadgen import RequestSpec
+
+__all__ = [
+    "CapturedTokens",
+    "TokenIdSupport",
+    "capture_token_ids",
+    "detect_support",
+    "ids_from_stream_events",
+]
+
+OutputSource = Literal["return_token_ids", "logprobs"]
+PromptSource = Literal["return_token_ids", "tokenize"]
+
+
+@dataclass(frozen=True)
+class TokenIdSupport:
+    """How this server hands out token ids; None where it does not."""
+
+    output: OutputSource | None
+    prompt: PromptSource | None
+
+    @property
+    def complete(self) -> bool:
+        return self.output is not None and self.prompt is not None
+
+
+@dataclass(frozen=True)
+class CapturedTokens:
+    """One request's ids: prompt (after the chat template), output, and look-ahead.
+
+    `lookahead_ids` are the greedy tokens after the first max_tokens output tokens; empty when
+    the output stopped before max_tokens (EOS: nothing follows) or when the check against the
+    timed output failed. `check` says what the ids were compared with.
+    """
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    lookahead_ids: tuple[int, ...]
+    finish_reason: str | None
+    support: TokenIdSupport
+    consistent: bool  # False: the ids do not reproduce the timed output
+    check: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "output_ids": list(self.output_ids),
+            "lookahead_ids": list(self.lookahead_ids),
+            "finish_reason": self.finish_reason,
+            "source": {"output": self.support.output, "prompt": self.support.prompt},
+            "consistent": self.consistent,
+            "check": self.check,
+        }
+
+
+def detect_support(
+    spec: RequestSpec,
+    *,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> TokenIdSupport:
+    """Ask the server for one token with every way of getting ids, and see what comes back."""
+    with _client(spec, headers, transport) as client:
+        body = _complete(client, spec, max_tokens=1, logprobs=True)
+        output: OutputSource | None = None
+        if _choice(body, spec).get("token_ids") is not None:
+            output = "return_token_ids"
+        elif _ids_from_logprobs(_choice(body, spec)) is not None:
+            output = "logprobs"
+        prompt: PromptSource | None = None
+        if _prompt_ids(body, spec) is not None:
+            prompt = "return_token_ids"
+        elif _tokenize(client, spec) is not None:
+            prompt = "tokenize"
+    return TokenIdSupport(output=output, prompt=prompt)
+
+
+def capture_token_ids(
+    spec: RequestSpec,
+    *,
+    lookahead: int = 8,
+    reference_ids: Sequence[int] | None = None,
+    reference_text: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> CapturedTokens:
+    """One untimed, non-streaming greedy request for max_tokens + `lookahead` tokens.
+
+    Its first max_tokens ids are the output, the rest the look-ahead. They are checked against
+    the timed output: `reference_ids` (ids of a streamed request) must be equal, or else
+    `reference_text` must be a prefix of this request's text. On a mismatch the look-ahead is
+    dropped and `consistent` is False: the baseline was not reproducible.
+    """
+    if spec.temperature != 0:
+        raise RequestError(
+            f"{spec.api_base}: token ids are only replayable at temperature 0, "
+            f"not {spec.temperature:g}"
+        )
+    with _client(spec, headers, transport) as client:
+        body = _complete(client, spec, max_tokens=spec.max_tokens + lookahead, logprobs=False)
+        choice = _choice(body, spec)
+        output_source: OutputSource = "return_token_ids"
+        ids = _int_list(choice.get("token_ids"))
+        if ids is None:  # an older server: ask again with logprobs
+            body = _complete(client, spec, max_tokens=spec.max_tokens + lookahead, logprobs=True)
+            choice = _choice(body, spec)
+            ids = _ids_from_logprobs(choice)
+            output_source = "logprobs"
+        if ids is None:
+            raise RequestError(
+                f"{spec.api_base}: the server returned no output token ids (neither "
+                "`return_token_ids` nor logprobs with `return_tokens_as_token_ids`)"
+            )
+        prompt_source: PromptSource = "return_token_ids"
+        prompt = _prompt_ids(body, spec)
+        if prompt is None:
+            prompt = _tokenize(client, spec)
+            prompt_source = "tokenize"
+        if prompt is None:
+            raise RequestError(
+                f"{spec.api_base}: the server returned no prompt token ids (neither "
+                "`prompt_token_ids` with `return_token_ids` nor /tokenize)"
+            )
+    finish = choice.get("finish_reason")
+    output, ahead = ids[: spec.max_tokens], ids[spec.max_tokens :]
+    consistent, check = _check(output, _choice_text(choice), reference_ids, reference_text)
+    return CapturedTokens(
+        prompt_ids=tuple(prompt),
+        output_ids=tuple(output),
+        lookahead_ids=tuple(ahead) if consistent else (),
+        finish_reason=str(finish) if finish is not None else None,
+        support=TokenIdSupport(output=output_source, prompt=prompt_source),
+        consistent=consistent,
+        check=check,
+    )
+
+
+def ids_from_stream_events(
+    events: Iterable[Mapping[str, Any]],
+) -> tuple[list[int] | None, list[int] | None]:
+    """(prompt ids, output ids) from the parsed SSE events of a stream with return_token_ids.
+
+    None where the stream did not carry them: a seam for the load generator, which could send
+    ``"return_token_ids": true`` on its timed streams and keep the ids of every request.
+    """
+    prompt: list[int] | None = None
+    output: list[int] = []
+    saw_output = False
+    for event in events:
+        if prompt is None:
+            prompt = _int_list(event.get("prompt_token_ids"))
+        for choice in event.get("choices") or ():
+            if prompt is None:
+                prompt = _int_list(choice.get("prompt_token_ids"))
+            ids = _int_list(choice.get("token_ids"))
+            if ids is not None:
+                saw_output = True
+                output += ids
+    return prompt, (output if saw_output else None)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _client(
+    spec: RequestSpec, headers: Mapping[str, str] | None, transport: httpx.BaseTransport | None
+) -> httpx.Client:
+    return httpx.Client(
+        headers=dict(headers or {}), transport=transport, timeout=httpx.Timeout(spec.timeout_s)
+    )
+
+
+def _complete(
+    client: httpx.Client, spec: RequestSpec, *, max_tokens: int, logprobs: bool
+) -> dict[str, Any]:
+    url, payload = spec.url_and_payload()
+    payload = {k: v for k, v in payload.items() if k not in ("stream", "stream_options")}
+    payload.update(max_tokens=max_tokens, temperature=0.0, return_token_ids=True)
+    if logprobs:
+        payload.update(return_tokens_as_token_ids=True)
+        payload["logprobs"] = True if spec.endpoint == "chat" else 1
+    try:
+        response = client.post(url, json=payload)
+    except httpx.HTTPError as exc:
+        raise RequestError(
+            f"{url}: the token-id request failed ({type(exc).__name__}: {exc or 'no detail'})"
+        ) from None
+    if response.status_code != 200:
+        raise RequestError(
+            f"{url} answered HTTP {response.status_code} to the token-id request: "
+            f"{response.text[:300]}"
+        )
+    body = response.json()
+    if not isinstance(body, dict) or not body.get("choices"):
+        raise RequestError(f"{url}: the token-id request's answer has no choices")
+    return body
+
+
+def _choice(body: Mapping[str, Any], spec: RequestSpec) -> Mapping[str, Any]:
+    choice = body["choices"][0]
+    if not isinstance(choice, Mapping):
+        raise RequestError(f"{spec.api_base}: a choice of the token-id answer is not an object")
+    return choice
+
+
+def _prompt_ids(body: Mapping[str, Any], spec: RequestSpec) -> list[int] | None:
+    """Chat answers carry prompt_token_ids at the top, completions in the choice."""
+    ids = _int_list(body.get("prompt_token_ids"))
+    if ids is None:
+        ids = _int_list(_choice(body, spec).get("prompt_token_ids"))
+    return ids
+
+
+def _tokenize(client: httpx.Client, spec: RequestSpec) -> list[int] | None:
+    """The prompt's ids from /tokenize, templated as the request is; None when unavailable."""
+    _, payload = spec.url_and_payload()
+    request: dict[str, Any] = {"model": spec.model}
+    if spec.endpoint == "chat":
+        request.update(messages=payload["messages"], add_generation_prompt=True)
+    else:
+        request.update(prompt=payload["prompt"], add_special_tokens=True)
+    try:
+        response = client.post(f"{spec.api_base}/tokenize", json=request)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return _int_list(response.json().get("tokens"))
+
+
+def _ids_from_logprobs(choice: Mapping[str, Any]) -> list[int] | None:
+    """Output ids from logprobs named ``token_id:N`` (chat: content[]; completions: tokens[])."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, Mapping):
+        return None
+    if isinstance(logprobs.get("content"), list):
+        names = [entry.get("token") for entry in logprobs["content"]]
+    elif isinstance(logprobs.get("tokens"), list):
+        names = list(logprobs["tokens"])
+    else:
+        return None
+    ids = []
+    for name in names:
+        if not (isinstance(name, str) and name.startswith("token_id:")):
+            return None
+        try:
+            ids.append(int(name.removeprefix("token_id:")))
+        except ValueError:
+            return None
+    return ids
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return None
+    return list(value)
+
+
+def _choice_text(choice: Mapping[str, Any]) -> str:
+    message = choice.get("message")
+    if isinstance(message, Mapping):
+        return str(message.get("content") or "")
+    return str(choice.get("text") or "")
+
+
+def _check(
+    output: Sequence[int],
+    text: str,
+    reference_ids: Sequence[int] | None,
+    reference_text: str | None,
+) -> tuple[bool, str]:
+    if reference_ids is not None:
+        if list(output) == list(reference_ids):
+            return True, "ids equal the timed output's"
+        same = next(
+            (i for i, (a, b) in enumerate(zip(output, reference_ids, strict=False)) if a != b),
+            min(len(output), len(reference_ids)),
+        )
+        return False, (
+            f"ids differ from the timed output's from token {same} "
+            f"({len(output)} vs {len(reference_ids)} tokens)"
+        )
+    if reference_text is not None:
+        if text.startswith(reference_text):
+            return True, "the timed output's text is a prefix of this request's text"
+        return False, "the timed output's text is not a prefix of this request's text"
+    return True, "not compared with a timed output"

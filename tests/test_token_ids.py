@@ -1,0 +1,172 @@
+"""Token-id capture against stand-in servers (httpx.MockTransport) shaped like vLLM 0.32's answers.
+
+The real server is exercised in tests/test_ngram_replay_real.py; these check the logic: what is
+sent, the fallbacks for older servers, the look-ahead split and the check against the timed run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from pytest_specdecode.errors import RequestError
+from pytest_specdecode.measure.loadgen import RequestSpec
+from pytest_specdecode.measure.token_ids import (
+    TokenIdSupport,
+    capture_token_ids,
+    detect_support,
+    ids_from_stream_events,
+)
+
+API = "http://vllm.test"
+PROMPT_IDS = [1, 9690, 198, 2683, 2]
+GREEDY = [48825, 365, 8241, 3211, 6288, 14743, 25, 284, 48440, 365, 3706, 257]  # 12 tokens
+
+
+def spec(max_tokens: int = 8, endpoint: str = "chat") -> RequestSpec:
+    return RequestSpec(api_base=API, model="m", prompt="Explain TCP.", max_tokens=max_tokens,
+                       endpoint=endpoint)  # type: ignore[arg-type]  # fmt: skip
+
+
+class StandIn:
+    """A stand-in vLLM: greedy output GREEDY (then EOS 2 if `eos_at`), features switchable."""
+
+    def __init__(self, *, token_ids: bool = True, tokenize: bool = True, eos_at: int | None = None):
+        self.token_ids, self.tokenize, self.eos_at = token_ids, tokenize, eos_at
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.requests.append((request.url.path, body))
+        if request.url.path == "/tokenize":
+            if not self.tokenize:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            return httpx.Response(200, json={"count": 5, "tokens": PROMPT_IDS})
+        ids = GREEDY if self.eos_at is None else [*GREEDY[: self.eos_at], 2]
+        ids = ids[: body["max_tokens"]]
+        finish = "stop" if self.eos_at is not None and len(ids) <= self.eos_at + 1 else "length"
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        text = "".join(f"<{i}>" for i in ids)
+        if request.url.path == "/v1/chat/completions":
+            choice["message"] = {"role": "assistant", "content": text}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": f"token_id:{i}"} for i in ids]}
+        else:
+            choice["text"] = text
+            if body.get("logprobs"):
+                choice["logprobs"] = {"tokens": [f"token_id:{i}" for i in ids]}
+        answer: dict[str, Any] = {"choices": [choice]}
+        if self.token_ids and body.get("return_token_ids"):
+            choice["token_ids"] = ids
+            if request.url.path == "/v1/chat/completions":
+                answer["prompt_token_ids"] = PROMPT_IDS
+            else:
+                choice["prompt_token_ids"] = PROMPT_IDS
+        return httpx.Response(200, json=answer)
+
+
+def test_return_token_ids_gives_prompt_output_and_lookahead_in_one_request():
+    server = StandIn()
+    got = capture_token_ids(spec(8), lookahead=4, transport=server.transport())
+    assert got.prompt_ids == tuple(PROMPT_IDS)
+    assert got.output_ids == tuple(GREEDY[:8]) and got.lookahead_ids == tuple(GREEDY[8:12])
+    assert got.support == TokenIdSupport("return_token_ids", "return_token_ids")
+    assert got.consistent and got.finish_reason == "length"
+    ((path, body),) = server.requests
+    assert path == "/v1/chat/completions" and body["max_tokens"] == 12
+    assert body["return_token_ids"] is True and body["temperature"] == 0.0
+    assert "stream" not in body and body["messages"] == [
+        {"role": "user", "content": "Explain TCP."}
+    ]
+
+
+def test_completions_endpoint_carries_prompt_ids_in_the_choice():
+    got = capture_token_ids(spec(8, "completions"), lookahead=2, transport=StandIn().transport())
+    assert got.prompt_ids == tuple(PROMPT_IDS) and got.output_ids == tuple(GREEDY[:8])
+
+
+def test_older_server_falls_back_to_logprobs_and_tokenize():
+    server = StandIn(token_ids=False)
+    got = capture_token_ids(spec(8), lookahead=2, transport=server.transport())
+    assert got.output_ids == tuple(GREEDY[:8]) and got.lookahead_ids == tuple(GREEDY[8:10])
+    assert got.prompt_ids == tuple(PROMPT_IDS)
+    assert got.support == TokenIdSupport("logprobs", "tokenize")
+    paths = [p for p, _ in server.requests]
+    assert paths == ["/v1/chat/completions", "/v1/chat/completions", "/tokenize"]
+    tokenize = server.requests[2][1]
+    assert tokenize["messages"][0]["content"] == "Explain TCP."
+    assert tokenize["add_generation_prompt"] is True
+    assert server.requests[1][1]["return_tokens_as_token_ids"] is True
+
+
+def test_no_ids_at_all_is_an_error_naming_the_server():
+    server = StandIn(token_ids=False)
+
+    def without_logprobs(request: httpx.Request) -> httpx.Response:
+        response = server.handle(request)
+        data = response.json()
+        if "choices" in data:
+            data["choices"][0].pop("logprobs", None)
+        return httpx.Response(response.status_code, json=data)
+
+    with pytest.raises(RequestError, match=r"http://vllm.test: the server returned no output"):
+        capture_token_ids(spec(), transport=httpx.MockTransport(without_logprobs))
+    with pytest.raises(RequestError, match="no prompt token ids"):
+        capture_token_ids(spec(), transport=StandIn(token_ids=False, tokenize=False).transport())
+
+
+def test_eos_before_max_tokens_leaves_no_lookahead():
+    got = capture_token_ids(spec(8), lookahead=4, transport=StandIn(eos_at=5).transport())
+    assert got.output_ids == (*GREEDY[:5], 2) and got.lookahead_ids == ()
+    assert got.finish_reason == "stop"
+
+
+def test_lookahead_checked_against_the_timed_output():
+    ok = capture_token_ids(spec(8), reference_ids=GREEDY[:8], transport=StandIn().transport())
+    assert ok.consistent and ok.lookahead_ids and ok.check == "ids equal the timed output's"
+    bad_ids = [*GREEDY[:3], 7, *GREEDY[4:8]]
+    bad = capture_token_ids(spec(8), reference_ids=bad_ids, transport=StandIn().transport())
+    assert not bad.consistent and bad.lookahead_ids == () and "from token 3" in bad.check
+    by_text = capture_token_ids(
+        spec(8), reference_text="<48825><365>", transport=StandIn().transport()
+    )
+    assert by_text.consistent and "prefix" in by_text.check
+    other = capture_token_ids(spec(8), reference_text="<1>", transport=StandIn().transport())
+    assert not other.consistent and other.lookahead_ids == ()
+
+
+def test_http_errors_and_temperature_refused():
+    failing = httpx.MockTransport(lambda r: httpx.Response(500, text="engine dead"))
+    with pytest.raises(RequestError, match="HTTP 500 to the token-id request: engine dead"):
+        capture_token_ids(spec(), transport=failing)
+    warm = RequestSpec(api_base=API, model="m", prompt="p", max_tokens=4, temperature=0.7)
+    with pytest.raises(RequestError, match="only replayable at temperature 0"):
+        capture_token_ids(warm, transport=StandIn().transport())
+
+
+def test_detect_support():
+    assert detect_support(spec(), transport=StandIn().transport()) == TokenIdSupport(
+        "return_token_ids", "return_token_ids"
+    )
+    assert detect_support(spec(), transport=StandIn(token_ids=False).transport()) == (
+        TokenIdSupport("logprobs", "tokenize")
+    )
+    none = detect_support(spec(), transport=StandIn(token_ids=False, tokenize=False).transport())
+    assert none == TokenIdSupport("logprobs", None) and not none.complete
+
+
+def test_ids_from_stream_events():
+    events = [
+        {"choices": [{"delta": {"role": "assistant", "content": ""}}], "prompt_token_ids": [1, 2]},
+        {"choices": [{"delta": {"content": "a"}, "token_ids": [5]}]},
+        {"choices": [{"delta": {"content": "bc"}, "token_ids": [6, 7]}]},
+        {"choices": [], "usage": {"completion_tokens": 3}},
+    ]
+    assert ids_from_stream_events(events) == ([1, 2], [5, 6, 7])
+    assert ids_from_stream_events([{"choices": [{"delta": {"content": "a"}}]}]) == (None, None)
