@@ -51,9 +51,7 @@ from pytest_specdecode.measure.token_ids import CapturedTokens, capture_token_id
 from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.local import LocalProcessService
 
-from .embedded import MODEL, MODEL_DIR, REPO, SERVER_PYTHON, free_port
-
-pytestmark = pytest.mark.vllm
+from ..support.embedded import MODEL, MODEL_DIR, REPO, SERVER_PYTHON, free_port
 
 MAX_TOKENS = 96
 MAX_MODEL_LEN = 1024
