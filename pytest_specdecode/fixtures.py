@@ -38,16 +38,16 @@ def specdecode_experiment(
 
 @pytest.fixture(scope="session")
 def specdecode_phase(request: pytest.FixtureRequest, specdecode_experiment: Experiment) -> Phase:
-    """The measurements of one phase: 'baseline' or a candidate's name."""
-    return specdecode_experiment.phase(request.param)
+    """The measurements of one arm, over all its starts: 'baseline' or a candidate's name."""
+    return specdecode_experiment.arm(request.param)
 
 
 @pytest.fixture(scope="session")
 def specdecode_candidate(
     request: pytest.FixtureRequest, specdecode_experiment: Experiment
 ) -> Phase:
-    """A candidate's measurements, after the baseline's."""
-    return specdecode_experiment.phase(request.param)
+    """A candidate's measurements over all its starts, after the baseline's."""
+    return specdecode_experiment.arm(request.param)
 
 
 @pytest.fixture

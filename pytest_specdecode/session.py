@@ -22,7 +22,9 @@ from typing import TextIO
 import pytest
 
 from . import __version__
+from .analysis import noise
 from .analysis.compare import PromptTypeVerdict
+from .analysis.design import check_design
 from .analysis.run import RunAnalysis, analyze, candidate_verdicts
 from .config.settings import Settings, load_settings
 from .errors import ConfigError, SpecDecodeError
@@ -30,11 +32,12 @@ from .measure.environment import environment
 from .measure.experiment import Experiment
 from .record.redaction import redact_argv, redact_env, redact_text, register_secret
 from .record.reuse import stored_baseline
-from .record.schema import BASELINE, RunRecord, TargetInfo
-from .record.store import RunStore
+from .record.schema import BASELINE, BASELINE_AFTER, RunRecord, TargetInfo
+from .record.store import RunStore, stored_runs
 from .report import Written, write_reports
 from .report import terminal as terminal_report
 from .report.plan import RUN_LOG, dry_run_lines, previous_timing
+from .report.text import noise_text
 from .targets.base import Target
 from .targets.lifecycle import experiment_services
 
@@ -107,7 +110,9 @@ class SpecDecodeSession:
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
-        """Refuse, before anything starts: a reused baseline that cannot be, reports unwritable."""
+        """Refuse, before anything starts: a design that cannot reach a verdict, a reused
+        baseline that cannot be, a reports folder that cannot be written."""
+        check_design(self.settings)
         path = self.config.getoption("spec_baseline_from")
         if path:
             stored_baseline(path, self.settings)
@@ -140,6 +145,7 @@ class SpecDecodeSession:
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
+            noise=self._noise_plan(target.host_name),
         )
         _write("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
@@ -177,6 +183,7 @@ class SpecDecodeSession:
                 transport=transports.sync,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
+                known = noise.from_stored(self._stored(), version=None)
                 self.experiment = Experiment(
                     settings,
                     board,
@@ -184,9 +191,9 @@ class SpecDecodeSession:
                     progress=self.progress,
                     headers=headers,
                     transports=transports,
+                    noise_sd=known["throughput"].sd if "throughput" in known else None,
                 )
                 yield self.experiment
-                self._measure_baseline_after(session)
         finally:  # the restore ran in experiment_services' teardown: keep what it reported
             if store is not None and board is not None and board.restore_report is not None:
                 store.record.restore = board.restore_report.to_dict()
@@ -224,22 +231,62 @@ class SpecDecodeSession:
         return record
 
     def verdict(self, candidate: str, prompt_type: str) -> PromptTypeVerdict:
-        """One candidate against the baseline on one prompt type (both already measured)."""
-        assert self.experiment is not None
-        return candidate_verdicts(self.experiment.record, candidate)[prompt_type]
+        """One candidate against the baseline on one prompt type.
 
-    def _measure_baseline_after(self, session: pytest.Session) -> None:
-        """--spec-aba: measure the original again, last, before the restore (the drift check)."""
-        if not self.config.getoption("spec_aba") or self.experiment is None:
-            return
-        record = self.experiment.record
-        if session.shouldfail or session.shouldstop or session.exitstatus != pytest.ExitCode.OK:
-            self.progress("drift check (ABA) skipped: the run was stopped")
-        elif record.arm_phases(BASELINE) and record.measured_candidates:
+        Everything a verdict rests on is measured first, the same for every verdict and for the
+        reports: every start of the design, the drift check's baseline (--spec-aba), and the
+        restart noise known from stored runs of this host, model and vLLM version.
+        """
+        self.complete_design()
+        return candidate_verdicts(self._record(), candidate)[prompt_type]
+
+    def complete_design(self) -> None:
+        """Every start of the design, then (--spec-aba) the original once more, last."""
+        assert self.experiment is not None
+        self.experiment.measure_all()
+        record = self._record()
+        aba = self.config.getoption("spec_aba") and not record.arm_phases(BASELINE_AFTER)
+        if aba and record.arm_phases(BASELINE) and record.measured_candidates:
             self.progress("drift check (ABA): measuring the original again")
             self.experiment.baseline_after()
-        else:
-            self.progress("drift check (ABA) skipped: no candidate was measured")
+        self._known_noise()
+
+    def _known_noise(self) -> None:
+        """Once the baseline's vLLM version is known: the restart noise stored runs measured."""
+        record = self._record()
+        baseline = record.arm_phases(BASELINE)
+        if record.restart_noise_prior is not None or not baseline:
+            return
+        known = noise.from_stored(self._stored(), version=baseline[0].server_version)
+        record.restart_noise_prior = {m: n.to_dict() for m, n in known.items()}
+        for metric, found in known.items():
+            self.progress(f"restart noise of {metric}: {found.sd:.1%} from {found.source}")
+        self.experiment.store.flush()  # type: ignore[union-attr]
+
+    def _noise_plan(self, host: str) -> str:
+        """What the verdicts will know of restart noise, as far as it can be told beforehand."""
+        model = self.settings.target.model
+        known = noise.from_stored(
+            [r for _, r in stored_runs(self.settings.reports_dir, host=host, model=model)],
+            version=None,
+        )
+        found = known.get("throughput")
+        if found is None:
+            return noise.assumed(self.settings.run.assumed_restart_noise).source
+        return f"{noise_text(found)} (any vLLM version; the run uses its own version's)"
+
+    def _stored(self) -> list[RunRecord]:
+        t = self.settings.target
+        host = self.experiment.record.target.host if self.experiment else t.host or "localhost"
+        return [
+            r
+            for folder, r in stored_runs(self.settings.reports_dir, host=host, model=t.model)
+            if folder != self.run_dir
+        ]
+
+    def _record(self) -> RunRecord:
+        assert self.experiment is not None
+        return self.experiment.record
 
     def _discard_run_dir(self) -> None:
         """A refused run leaves nothing to review: no run folder, no HTML report."""
@@ -255,6 +302,11 @@ class SpecDecodeSession:
     def analysis(self) -> RunAnalysis | None:
         return analyze(self.experiment.record) if self.experiment else None
 
+    def drift(self):
+        """--spec-aba: the drift check, after everything else was measured."""
+        self.complete_design()
+        return analyze(self._record()).drift
+
     def finish(self) -> Written | None:
         """Once, after the restore: the analysis into results.json, the plots and summary.md.
 
@@ -267,6 +319,7 @@ class SpecDecodeSession:
             return None
         try:
             store = self.experiment.store
+            self._known_noise()
             analysis = analyze(store.record)
             store.analysis = analysis.to_json()
             store.flush()

@@ -1,4 +1,4 @@
-"""The experiment as tests: thresholds per phase and prompt type, and the no-regression hypothesis.
+"""The experiment as tests: thresholds per phase and prompt type, and the hypothesis.
 
 Run: pytest suites/ --spec-config ngram   (see the README for the options)
 """
@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 
 from pytest_specdecode.analysis.compare import PromptTypeVerdict
+from pytest_specdecode.analysis.noise import AA_ARM
+from pytest_specdecode.analysis.stats import Verdict
 from pytest_specdecode.config.settings import PromptType
 from pytest_specdecode.record.schema import Phase
 from pytest_specdecode.report.rows import Row
+from pytest_specdecode.session import SpecDecodeSession
 
 
 def test_throughput_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptType) -> None:
@@ -37,8 +40,26 @@ def test_tpot_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptT
 
 
 def test_speculation_does_not_regress(specdecode_verdict: PromptTypeVerdict) -> None:
+    """Passes on improved or equivalent; a regression, or no verdict, fails the gate."""
     v = specdecode_verdict
+    row = Row.of(v).sentence()
+    if v.candidate == AA_ARM:  # A/A: the original against itself; any difference is false
+        assert v.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED), f"A/A false alarm: {row}"
+        return
     if v.regressed:
-        pytest.fail(f"speculation {v.candidate} regressed: {Row.of(v).sentence()}", pytrace=False)
-    if v.insufficient:
-        pytest.skip(f"no verdict for {v.candidate}: {v.reason}")
+        pytest.fail(f"speculation {v.candidate} regressed: {row}", pytrace=False)
+    if v.undecided:
+        pytest.fail(f"no verdict for {v.candidate} ({v.verdict}): {row}", pytrace=False)
+
+
+def test_baseline_did_not_drift(
+    specdecode_session: SpecDecodeSession, specdecode_experiment: object
+) -> None:
+    """--spec-aba: the original, measured again last, must not have moved beyond its noise."""
+    if not specdecode_session.config.getoption("spec_aba"):
+        pytest.skip("no drift check: pass --spec-aba")
+    drift = specdecode_session.drift()
+    if drift is None:
+        pytest.skip("no drift check: no candidate was measured")
+    if drift.unreliable:
+        pytest.fail(f"the run is unreliable: {drift.text()}", pytrace=False)

@@ -14,9 +14,17 @@ from typing import Any
 from ..measure.server_metrics import Acceptance, combine
 from ..record.schema import Measurement, Phase
 from .checks import acceptance_cross_check
-from .stats import Comparison, Verdict, compare_family
+from .stats import Comparison, Question, RestartNoise, Verdict, compare_family
 
-_PRECEDENCE = (Verdict.REGRESSED, Verdict.INSUFFICIENT, Verdict.IMPROVED, Verdict.NO_DIFFERENCE)
+# The prompt type's verdict: regressed on either metric wins, then no verdict possible, then
+# improved (on either, the other not worse), then equivalent only when both are.
+_PRECEDENCE = (
+    Verdict.REGRESSED,
+    Verdict.INSUFFICIENT,
+    Verdict.INCONCLUSIVE,
+    Verdict.IMPROVED,
+    Verdict.EQUIVALENT,
+)
 
 
 @dataclass(frozen=True)
@@ -37,17 +45,17 @@ class PromptTypeVerdict:
 
     @property
     def verdict(self) -> Verdict:
-        """Regressed on either metric wins; then no verdict possible; then improved."""
         found = {c.verdict for c in self.comparisons}
-        return next(v for v in _PRECEDENCE if v in found or v is Verdict.NO_DIFFERENCE)
+        return next(v for v in _PRECEDENCE if v in found)
 
     @property
     def regressed(self) -> bool:
         return self.verdict is Verdict.REGRESSED
 
     @property
-    def insufficient(self) -> bool:
-        return self.verdict is Verdict.INSUFFICIENT
+    def undecided(self) -> bool:
+        """No verdict: the gate must not pass on it."""
+        return self.verdict in (Verdict.INCONCLUSIVE, Verdict.INSUFFICIENT)
 
     @property
     def reason(self) -> str:
@@ -69,8 +77,18 @@ class PromptTypeVerdict:
         }
 
 
+METRICS = {"throughput": ("tokens_per_s", True), "tpot": ("tpot_ms", False)}
+
+
 def arm_measurements(phases: Sequence[Phase], prompt_type: str) -> list[Measurement]:
     return [p.measurements[prompt_type] for p in phases if prompt_type in p.measurements]
+
+
+def starts(phases: Sequence[Phase], prompt_type: str, values: str) -> list[list[float]]:
+    """Per server start of an arm, the values that enter the statistics (starts without any
+    are left out)."""
+    groups = [getattr(m, values) for m in arm_measurements(phases, prompt_type)]
+    return [g for g in groups if g]
 
 
 def compared_prompt_types(baseline: Sequence[Phase], candidate: Sequence[Phase]) -> list[str]:
@@ -79,8 +97,7 @@ def compared_prompt_types(baseline: Sequence[Phase], candidate: Sequence[Phase])
     for phase in candidate:
         for name in phase.measurements:
             if name not in names and all(
-                _values(arm_measurements(side, name), "tokens_per_s")
-                for side in (baseline, candidate)
+                starts(side, name, "tokens_per_s") for side in (baseline, candidate)
             ):
                 names.append(name)
     return names
@@ -92,64 +109,47 @@ def compare_arms(
     *,
     alpha: float,
     min_effect: float,
+    noise: dict[str, RestartNoise],
     num_speculative_tokens: int | None = None,
     labels: tuple[str, str] | None = None,
 ) -> dict[str, PromptTypeVerdict]:
-    """Per prompt type, Holm-corrected across the prompt types for each metric.
+    """Per prompt type, throughput and TPOT, as one family of comparisons.
 
-    `labels` name the two sides in tables (default: their arms).
+    `noise` is the restart noise per metric; `labels` name the two sides in tables (default:
+    their arms).
     """
     if not baseline or not candidate:
         return {}
     base_label, cand_label = labels or (baseline[0].arm, candidate[0].arm)
     names = compared_prompt_types(baseline, candidate)
-    samples = {
-        metric: {
-            name: (
-                _values(arm_measurements(baseline, name), metric),
-                _values(arm_measurements(candidate, name), metric),
-            )
-            for name in names
-        }
-        for metric in ("tokens_per_s", "tpot_ms")
+    questions = [
+        Question(
+            name, metric, higher, starts(baseline, name, values), starts(candidate, name, values)
+        )
+        for name in names
+        for metric, (values, higher) in METRICS.items()
+        if starts(baseline, name, values) and starts(candidate, name, values)
+    ]
+    answers = {
+        (c.key, c.metric): c
+        for c in compare_family(questions, alpha=alpha, min_effect=min_effect, noise=noise)
     }
-    tput = compare_family(
-        samples["tokens_per_s"],
-        metric="throughput",
-        higher_is_better=True,
-        alpha=alpha,
-        min_effect=min_effect,
-    )
-    tpot = compare_family(
-        {name: pair for name, pair in samples["tpot_ms"].items() if pair[0] and pair[1]},
-        metric="tpot",
-        higher_is_better=False,
-        alpha=alpha,
-        min_effect=min_effect,
-    )
     out = {}
     for name in names:
         measured = arm_measurements(candidate, name)
-        acceptance = combine([m.acceptance for m in measured])
         out[name] = PromptTypeVerdict(
             prompt_type=name,
             baseline=base_label,
             candidate=cand_label,
-            throughput=tput[name],
-            tpot=tpot.get(name),
-            acceptance=acceptance,
-            acceptance_note=_cross_check(measured, acceptance, num_speculative_tokens),
+            throughput=answers[(name, "throughput")],
+            tpot=answers.get((name, "tpot")),
+            acceptance=combine([m.acceptance for m in measured]),
+            acceptance_note=_cross_check(measured, num_speculative_tokens),
         )
     return out
 
 
-def _values(measurements: Sequence[Measurement], metric: str) -> list[float]:
-    return [v for m in measurements for v in getattr(m, metric)]
-
-
-def _cross_check(
-    measured: Sequence[Measurement], acceptance: Acceptance, k: int | None
-) -> str | None:
+def _cross_check(measured: Sequence[Measurement], k: int | None) -> str | None:
     """The acceptance cross-check of each start of the arm; the first disagreement."""
     for m in measured:
         note = acceptance_cross_check(

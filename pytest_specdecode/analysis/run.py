@@ -12,14 +12,19 @@ from typing import Any
 
 from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
 from ..targets.lifecycle import RestoreReport
+from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms
-from .stats import Verdict
+from .stats import RestartNoise, Verdict
 
 
 @dataclass(frozen=True)
 class Drift:
-    """ABA: the original measured before the candidates against the original measured after."""
+    """ABA: the original measured before the candidates against the original measured after.
+
+    The same comparison as a candidate's, against the restart noise known from elsewhere: the
+    baseline drifted where the change lies wholly beyond the margin.
+    """
 
     verdicts: Mapping[str, PromptTypeVerdict]
 
@@ -35,8 +40,8 @@ class Drift:
     def status(self) -> str:
         if self.drifted:
             return "drifted"
-        if all(v.verdict is Verdict.INSUFFICIENT for v in self.verdicts.values()):
-            return "insufficient samples"
+        if all(v.undecided for v in self.verdicts.values()):
+            return "undecided"
         return "consistent"
 
     @property
@@ -45,7 +50,7 @@ class Drift:
 
     def text(self) -> str:
         moves = ", ".join(
-            f"{name} {v.throughput.baseline_median:.1f} → {v.throughput.candidate_median:.1f} "
+            f"{name} {v.throughput.baseline_center:.1f} → {v.throughput.candidate_center:.1f} "
             f"tok/s ({v.throughput.change:+.1%})"
             for name, v in self.verdicts.items()
         )
@@ -53,9 +58,9 @@ class Drift:
             head = (
                 f"the baseline drifted on {', '.join(self.drifted)}: the experiment is unreliable"
             )
-        elif self.status == "insufficient samples":
+        elif self.status == "undecided":
             reason = next(iter(self.verdicts.values())).reason
-            head = f"too few samples to tell whether the baseline drifted ({reason})"
+            head = f"it cannot be told whether the baseline drifted ({reason})"
         else:
             head = "no significant drift: the baseline before and after agree"
         return f"{head}. Before → after: {moves}"
@@ -75,20 +80,27 @@ class RunAnalysis:
     verdicts: dict[str, dict[str, PromptTypeVerdict]]  # candidate -> prompt type -> verdict
     drift: Drift | None
     equivalence: dict[str, dict[str, Equivalence]]
+    noise: dict[str, RestartNoise]  # what the candidates' verdicts assumed, per metric
+    measured_noise: dict[str, RestartNoise]  # what this run measured, for the next runs
     warnings: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
-        """The run's verdict: regressed, improved, no significant difference, ..."""
-        found = [v.verdict for per in self.verdicts.values() for v in per.values()]
+        """The run's verdict: the worst of its prompt types', or "not measured"."""
+        found = {v.verdict for per in self.verdicts.values() for v in per.values()}
         if not found:
             return "not measured"
-        for verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
-            if verdict in found:
-                return verdict.value
-        if all(v is Verdict.INSUFFICIENT for v in found):
-            return Verdict.INSUFFICIENT.value
-        return Verdict.NO_DIFFERENCE.value
+        order = (Verdict.REGRESSED, Verdict.INSUFFICIENT, Verdict.INCONCLUSIVE, Verdict.IMPROVED)
+        return next((v.value for v in order if v in found), Verdict.EQUIVALENT.value)
+
+    @property
+    def unreliable(self) -> bool:
+        return self.drift is not None and self.drift.unreliable
+
+    @property
+    def passed(self) -> bool:
+        """The gate: every verdict improved or equivalent, and the baseline did not drift."""
+        return self.outcome in (Verdict.IMPROVED, Verdict.EQUIVALENT) and not self.unreliable
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,7 +109,10 @@ class RunAnalysis:
                 c: {name: v.to_json() for name, v in per.items()}
                 for c, per in self.verdicts.items()
             },
+            "passed": self.passed,
             "drift": self.drift.to_json() if self.drift else None,
+            "restart_noise": {m: n.to_dict() for m, n in self.noise.items()},
+            "measured_restart_noise": {m: n.to_dict() for m, n in self.measured_noise.items()},
             "equivalence": {
                 c: {name: e.to_json() for name, e in per.items()}
                 for c, per in self.equivalence.items()
@@ -115,6 +130,7 @@ def candidate_verdicts(record: RunRecord, candidate: str) -> dict[str, PromptTyp
         record.arm_phases(candidate),
         alpha=record.run.alpha,
         min_effect=record.run.min_effect,
+        noise=noise.for_comparison(record, excluding=[candidate]),
         num_speculative_tokens=int(k) if isinstance(k, int) else None,
     )
 
@@ -125,6 +141,7 @@ def drift(record: RunRecord) -> Drift | None:
         record.arm_phases(BASELINE_AFTER),
         alpha=record.run.alpha,
         min_effect=record.run.min_effect,
+        noise=noise.for_comparison(record, excluding=[BASELINE_AFTER]),
     )
     return Drift(verdicts) if verdicts else None
 
@@ -138,11 +155,14 @@ def analyze(record: RunRecord) -> RunAnalysis:
     )
     checks = drift(record)
     outputs = equivalences(record)
+    assumed = noise.for_comparison(record)
     return RunAnalysis(
         verdicts=verdicts,
         drift=checks,
         equivalence=outputs,
-        warnings=_warnings(record, verdicts, checks, outputs),
+        noise=assumed,
+        measured_noise=noise.of_run(record),
+        warnings=_warnings(record, verdicts, checks, outputs, assumed),
     )
 
 
@@ -151,9 +171,12 @@ def _warnings(
     verdicts: dict[str, dict[str, PromptTypeVerdict]],
     checks: Drift | None,
     outputs: dict[str, dict[str, Equivalence]],
+    assumed: dict[str, RestartNoise],
 ) -> list[str]:
     """What a reviewer should not miss, one sentence each."""
-    out = [f"{phase} failed: {why}" for phase, why in record.failures.items()]
+    out = [f"{arm} failed: {why}" for arm, why in record.failures.items()]
+    if verdicts and any(not n.measured for n in assumed.values()):
+        out.append(next(n.source for n in assumed.values() if not n.measured))
     if record.baseline_from:
         stored = record.baseline_from.get("facts") or {}
         out += [

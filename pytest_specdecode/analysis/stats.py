@@ -1,18 +1,29 @@
-"""Statistics for baseline vs speculative-decoding comparisons.
+"""Statistics for baseline vs candidate comparisons. Pure functions over per-request values.
 
-Pure functions over samples of a strictly positive metric (throughput, TPOT, ...):
-a two-sided Mann-Whitney U test, Holm correction across a family of comparisons
-(e.g. one per prompt type), a bootstrap CI for the ratio of medians and a verdict
-that also requires a minimum practical effect. The verdict is decided in one place,
-:func:`decide`.
+The unit of replication is the server start, not the request: every request of one start
+shares that start's shift (thread placement, memory layout, clocks, neighbours). So each
+metric is compared on the log scale through the mean of each start, and the uncertainty of a
+start's mean has two parts: the between-start variance (the restart noise) and the within-start
+variance over its requests.
+
+A verdict is decided in one place, :func:`decide`, from the interval of the change against the
+margin (the minimum effect), adjusted for the family of comparisons:
+
+- *regressed*: the whole interval lies beyond -margin (on the bad side);
+- *improved*: the whole interval lies beyond +margin (on the good side);
+- *equivalent*: the whole interval lies inside ±margin;
+- *inconclusive*: otherwise; the reason says what a decision would need.
+
+A difference is called only where the requests' ranks also agree (a Mann-Whitney U test, Holm
+over the family): a distribution-free guard that needs no normality, and that tells before
+anything starts whether a design can reach a verdict at all (:func:`minimum_requests`).
 """
 
 from __future__ import annotations
 
 import enum
-import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,16 +32,18 @@ from scipy import stats as _st
 
 __all__ = [
     "Comparison",
+    "Interval",
+    "Question",
+    "RestartNoise",
     "Verdict",
-    "compare",
     "compare_family",
+    "decide",
     "holm_adjust",
     "min_achievable_p",
-    "ratio_of_medians_ci",
+    "minimum_requests",
+    "nested_interval",
+    "restart_noise_from_starts",
 ]
-
-# scipy >= 1.15 takes ``rng``; older releases only ``random_state``.
-_RNG_KWARG = "rng" if "rng" in inspect.signature(_st.bootstrap).parameters else "random_state"
 
 
 class Verdict(enum.StrEnum):
@@ -38,46 +51,120 @@ class Verdict(enum.StrEnum):
 
     IMPROVED = "improved"
     REGRESSED = "regressed"
-    NO_DIFFERENCE = "no significant difference"
+    EQUIVALENT = "equivalent"
+    INCONCLUSIVE = "inconclusive"
     INSUFFICIENT = "insufficient samples"
 
 
 @dataclass(frozen=True)
-class Comparison:
-    """Result of comparing a candidate sample against a baseline sample for one metric."""
+class RestartNoise:
+    """How much a metric moves between two starts of the same server (log scale, ~relative)."""
 
+    sd: float
+    df: float  # degrees of freedom of the estimate; math.inf for an assumed value
+    source: str  # where it comes from, as the report says it
+
+    @property
+    def measured(self) -> bool:
+        return math.isfinite(self.df)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sd": self.sd,
+            "df": self.df if self.measured else None,
+            "source": self.source,
+            "measured": self.measured,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RestartNoise:
+        df = data.get("df")
+        return cls(float(data["sd"]), math.inf if df is None else float(df), data["source"])
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The change of a metric, candidate against baseline, on the log scale."""
+
+    estimate: float
+    low: float
+    high: float
+    se: float
+    df: float
+    confidence: float
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.estimate)
+
+    @property
+    def ratio_ci(self) -> tuple[float, float]:
+        return math.exp(self.low), math.exp(self.high)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One comparison to make: a metric of one prompt type, values grouped by server start."""
+
+    key: str
     metric: str
     higher_is_better: bool
-    n_baseline: int
+    baseline: Sequence[Sequence[float]]  # per start, the per-request values (> 0)
+    candidate: Sequence[Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The answer to a Question: the interval, the guard's p, and the verdict with its reason."""
+
+    key: str
+    metric: str
+    higher_is_better: bool
+    n_baseline: int  # requests
     n_candidate: int
-    baseline_median: float
-    candidate_median: float
-    ratio: float
-    ratio_ci: tuple[float, float]
-    p_value: float
-    p_adjusted: float
+    starts_baseline: int
+    starts_candidate: int
+    baseline_center: float  # geometric mean of the starts' geometric means
+    candidate_center: float
+    interval: Interval
+    p_value: float  # Mann-Whitney U over the requests, two-sided
+    p_adjusted: float  # Holm over the family
+    noise: RestartNoise
     verdict: Verdict
     reason: str
 
     @property
+    def ratio(self) -> float:
+        return self.interval.ratio
+
+    @property
+    def ratio_ci(self) -> tuple[float, float]:
+        return self.interval.ratio_ci
+
+    @property
     def change(self) -> float:
-        """Relative change of the candidate median, e.g. -0.14 for 14% lower."""
+        """Relative change of the candidate, e.g. -0.14 for 14% lower."""
         return self.ratio - 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; non-finite floats become ``None``."""
+        low, high = self.ratio_ci
         return {
             "metric": self.metric,
             "higher_is_better": self.higher_is_better,
             "n_baseline": self.n_baseline,
             "n_candidate": self.n_candidate,
-            "baseline_median": _json_float(self.baseline_median),
-            "candidate_median": _json_float(self.candidate_median),
+            "starts_baseline": self.starts_baseline,
+            "starts_candidate": self.starts_candidate,
+            "baseline_center": _json_float(self.baseline_center),
+            "candidate_center": _json_float(self.candidate_center),
             "ratio": _json_float(self.ratio),
-            "ratio_ci": [_json_float(self.ratio_ci[0]), _json_float(self.ratio_ci[1])],
+            "ratio_ci": [_json_float(low), _json_float(high)],
+            "confidence": self.interval.confidence,
             "change": _json_float(self.change),
             "p_value": _json_float(self.p_value),
             "p_adjusted": _json_float(self.p_adjusted),
+            "restart_noise": self.noise.to_dict(),
             "verdict": self.verdict.value,
             "reason": self.reason,
         }
@@ -102,11 +189,20 @@ def min_achievable_p(n_baseline: int, n_candidate: int) -> float:
     return min(1.0, 2.0 / math.comb(n_baseline + n_candidate, n_baseline))
 
 
-def holm_adjust(p_values: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni step-down adjusted p-values, in the input order.
+def minimum_requests(family_size: int, alpha: float) -> int:
+    """Requests per arm and prompt type without which no difference can ever be called.
 
-    The adjusted values are monotone in the raw p-values and capped at 1.
+    Even perfectly separated requests give Mann-Whitney's smallest p; Holm over the family
+    multiplies it by the family size. Below this many, every verdict would be inconclusive.
     """
+    n = 2
+    while family_size * min_achievable_p(n, n) >= alpha:
+        n += 1
+    return n
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni step-down adjusted p-values, in the input order (monotone, capped at 1)."""
     ps = [float(p) for p in p_values]
     for p in ps:
         if not 0.0 <= p <= 1.0:  # also rejects NaN
@@ -121,145 +217,237 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def _as_sample(values: Sequence[float], name: str) -> np.ndarray:
-    """Validate a sample: 1-D, finite, strictly positive."""
-    arr = np.asarray(values, dtype=float)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D sequence of numbers, got shape {arr.shape}")
-    bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            f"{name} values must be finite and > 0; got {arr[i]!r} at index {i} "
-            f"({bad.size} bad value(s))"
-        )
-    return arr
+def _logs(groups: Sequence[Sequence[float]], name: str) -> list[np.ndarray]:
+    """Per start, the log values; each finite and > 0, each start with at least one."""
+    out = []
+    for i, group in enumerate(groups):
+        arr = np.asarray(group, dtype=float)
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"{name}: start {i} must hold a 1-D, non-empty list of values")
+        if not np.all(np.isfinite(arr) & (arr > 0)):
+            raise ValueError(f"{name}: start {i} has values that are not finite and > 0")
+        out.append(np.log(arr))
+    if not out:
+        raise ValueError(f"{name}: no start")
+    return out
 
 
-def _median_ratio(baseline: np.ndarray, candidate: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(candidate, axis=axis) / np.median(baseline, axis=axis)
+def _within(groups: Sequence[np.ndarray]) -> tuple[float, float]:
+    """Pooled within-start variance of the log values, and its degrees of freedom."""
+    df = sum(g.size - 1 for g in groups)
+    if df == 0:
+        return math.nan, 0.0
+    return sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / df, float(df)
 
 
-def ratio_of_medians_ci(
-    baseline: Sequence[float],
-    candidate: Sequence[float],
+def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
+    """Degrees of freedom of a sum of variance estimates, each (variance, df)."""
+    total = sum(v for v, _ in parts)
+    denominator = sum(v * v / df for v, df in parts if v > 0 and math.isfinite(df))
+    if total <= 0 or denominator == 0:
+        return math.inf
+    return total * total / denominator
+
+
+def nested_interval(
+    baseline: Sequence[Sequence[float]],
+    candidate: Sequence[Sequence[float]],
     *,
-    confidence: float = 0.95,
-    n_resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of median(candidate) / median(baseline).
+    noise: RestartNoise,
+    confidence: float,
+) -> Interval:
+    """Interval of log(candidate / baseline), requests nested within server starts.
 
-    The two samples are resampled independently with a seeded generator. Degenerate
-    input (every value on each side equal, or fewer than 2 values on a side, where
-    there is nothing to resample) returns ``(ratio, ratio)``.
+    Each start is summarised by the mean of its log values. The variance of a start's mean is
+    the restart noise plus the within-start variance over its requests. Where an arm was
+    started more than once, the spread of its start means measures that variance directly,
+    pooled (weighted by degrees of freedom) with what the restart noise says when that was
+    measured too; an assumed restart noise is used only where nothing was measured.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    if n_resamples < 1:
-        raise ValueError(f"n_resamples must be >= 1, got {n_resamples!r}")
-    b = _as_sample(baseline, "baseline")
-    c = _as_sample(candidate, "candidate")
-    if b.size == 0 or c.size == 0:
-        raise ValueError("ratio of medians needs at least one value on each side")
-    ratio = float(np.median(c) / np.median(b))
-    if b.size < 2 or c.size < 2 or (np.ptp(b) == 0 and np.ptp(c) == 0):
-        return (ratio, ratio)
-    res = _st.bootstrap(
-        (b, c),
-        _median_ratio,
-        n_resamples=n_resamples,
-        vectorized=True,
-        paired=False,
-        confidence_level=confidence,
-        method="percentile",
-        **{_RNG_KWARG: np.random.default_rng(seed)},
+    b, c = _logs(baseline, "baseline"), _logs(candidate, "candidate")
+    means = [np.array([g.mean() for g in arm]) for arm in (b, c)]
+    estimate = float(means[1].mean() - means[0].mean())
+    s_w2, df_w = _within([*b, *c])
+    inv_k = float(np.mean([1.0 / g.size for g in (*b, *c)]))
+    parts: list[tuple[float, float]] = []  # (variance of one start's mean, df)
+    run_df = sum(m.size - 1 for m in means)
+    if run_df:
+        spread = sum(float(np.sum((m - m.mean()) ** 2)) for m in means) / run_df
+        parts.append((spread, float(run_df)))
+    if noise.measured or not run_df:
+        within = s_w2 * inv_k if df_w else 0.0
+        prior = noise.sd**2 + within
+        prior_df = _satterthwaite([(noise.sd**2, noise.df), (within, df_w or math.inf)])
+        if not df_w and noise.sd == 0:
+            prior_df = 0.0  # one request per start and nothing known: no interval
+        parts.append((prior, prior_df))
+    usable = [(v, df) for v, df in parts if df > 0]
+    if not usable:
+        return Interval(estimate, -math.inf, math.inf, math.inf, 0.0, confidence)
+    weights = [min(df, 1e6) for _, df in usable]
+    tau2 = sum(w * v for w, (v, _) in zip(weights, usable, strict=True)) / sum(weights)
+    df = sum(df for _, df in usable)
+    se = math.sqrt(tau2 * (1.0 / len(b) + 1.0 / len(c)))
+    t = (
+        float(_st.t.ppf(0.5 + confidence / 2, df))
+        if math.isfinite(df)
+        else float(_st.norm.ppf(0.5 + confidence / 2))
     )
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return (ratio, ratio)
-    return (low, high)
+    return Interval(estimate, estimate - t * se, estimate + t * se, se, df, confidence)
 
 
-# --------------------------------------------------------------------------- verdict
+def restart_noise_from_starts(
+    groups: Sequence[Sequence[Sequence[float]]], *, source: str
+) -> RestartNoise | None:
+    """The restart noise, from several starts of one configuration (several such sets pooled).
+
+    `groups` holds sets of starts, each set one configuration (per prompt type, say), each start
+    its per-request values. The spread of the start means beyond what their requests explain is
+    the between-start variance. None where no set has two starts.
+    """
+    ss, df, within = 0.0, 0, []
+    for starts in groups:
+        logs = _logs(starts, "restart noise") if len(starts) >= 2 else []
+        if not logs:
+            continue
+        m = np.array([g.mean() for g in logs])
+        ss += float(np.sum((m - m.mean()) ** 2))
+        df += m.size - 1
+        s_w2, df_w = _within(logs)
+        if df_w:
+            within.append(s_w2 * float(np.mean([1.0 / g.size for g in logs])))
+    if not df:
+        return None
+    variance = max(0.0, ss / df - (float(np.mean(within)) if within else 0.0))
+    return RestartNoise(math.sqrt(variance), float(df), source)
 
 
-def _fmt_p(p: float) -> str:
-    return f"{p:.1e}" if 0 < p < 0.001 else f"{p:.3f}"
+# --------------------------------------------------------------------------- the verdict
 
 
-def _fmt_pct(fraction: float) -> str:
-    return f"{fraction * 100:g}%"
-
-
-def _samples_needed(family_size: int, alpha: float) -> int:
-    """Smallest equal per-side n with family_size * min_achievable_p(n, n) <= alpha."""
-    n = 2
-    while family_size * min_achievable_p(n, n) > alpha:
-        n += 1
-    return n
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
 
 
 def decide(
+    interval: Interval,
     *,
-    n_baseline: int,
-    n_candidate: int,
-    ratio: float,
-    p_adjusted: float,
-    family_size: int,
     higher_is_better: bool,
-    alpha: float,
     min_effect: float,
+    p_adjusted: float,
+    alpha: float,
+    noise: RestartNoise,
 ) -> tuple[Verdict, str]:
-    """Where a verdict is decided: sample-size feasibility, significance, practical effect."""
-    need = _samples_needed(family_size, alpha)
-    sizes = f"{n_baseline} vs {n_candidate} samples"
-    if n_baseline < 2 or n_candidate < 2:
-        return (
-            Verdict.INSUFFICIENT,
-            f"with {sizes} there is nothing to test; take at least {need} samples per side",
+    """Where a verdict is decided: the interval of the change against the ±min_effect margin."""
+    low, high = (math.exp(x) - 1 for x in (interval.low, interval.high))
+    where = f"the {interval.confidence:.2%} interval of the change [{_pct(low)}, {_pct(high)}]"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return Verdict.INSUFFICIENT, (
+            "no interval: one request per start and no restart noise known; take more requests"
         )
-    min_p = min_achievable_p(n_baseline, n_candidate)
-    if family_size * min_p > alpha:
-        holm = ""
-        if family_size > 1:
-            holm = f" (x{family_size} comparisons for Holm = {_fmt_p(family_size * min_p)})"
-        return (
-            Verdict.INSUFFICIENT,
-            f"with {sizes} the smallest possible p is {_fmt_p(min_p)}{holm} > alpha {alpha:g}; "
-            f"take at least {need} samples per side",
-        )
-
-    p_label = "p" if family_size == 1 else "p_adj"
-    change = ratio - 1.0
-    significant = p_adjusted < alpha
-    if not significant:
-        return (
-            Verdict.NO_DIFFERENCE,
-            f"not significant ({p_label}={_fmt_p(p_adjusted)} >= {alpha:g}; "
-            f"change {change * 100:+.1f}%)",
-        )
-    if abs(change) < min_effect:
-        return (
-            Verdict.NO_DIFFERENCE,
-            f"significant ({p_label}={_fmt_p(p_adjusted)} < {alpha:g}) but |change| "
-            f"{abs(change) * 100:.1f}% is below the minimum practical effect "
-            f"{_fmt_pct(min_effect)}",
-        )
-    if change == 0:
-        return (
-            Verdict.NO_DIFFERENCE,
-            f"significant ({p_label}={_fmt_p(p_adjusted)} < {alpha:g}) but the medians are equal",
-        )
-    better = (change > 0) == higher_is_better
-    return (
-        Verdict.IMPROVED if better else Verdict.REGRESSED,
-        f"{p_label}={_fmt_p(p_adjusted)} < {alpha:g} and {change * 100:+.1f}% beyond the "
-        f"{_fmt_pct(min_effect)} minimum effect",
+    margin = f"±{min_effect:.0%} margin"
+    bad = high < -min_effect if higher_is_better else low > min_effect
+    good = low > min_effect if higher_is_better else high < -min_effect
+    ranks = f"ranks p_adj={p_adjusted:.3g}"
+    if bad or good:
+        if p_adjusted >= alpha:
+            return Verdict.INCONCLUSIVE, (
+                f"{where} lies beyond the {margin}, but the requests' ranks do not confirm "
+                f"it ({ranks} >= {alpha:g}); take more requests"
+            )
+        verdict = Verdict.REGRESSED if bad else Verdict.IMPROVED
+        side = "worse" if bad else "better"
+        return verdict, f"{where} lies wholly beyond the {margin}, {side} ({ranks})"
+    if -min_effect < low and high < min_effect:
+        return Verdict.EQUIVALENT, f"{where} lies inside the {margin}"
+    return Verdict.INCONCLUSIVE, f"{where} straddles the {margin}; " + _what_it_needs(
+        interval, min_effect=min_effect, noise=noise
     )
 
 
-# --------------------------------------------------------------------------- comparisons
+def _what_it_needs(interval: Interval, *, min_effect: float, noise: RestartNoise) -> str:
+    """How narrow the interval must get to decide, and what would get it there."""
+    margin = math.log1p(min_effect)
+    needed = abs(abs(interval.estimate) - margin)
+    half = (interval.high - interval.low) / 2
+    text = f"a decision needs it about {half / max(needed, 1e-9):.1f}x narrower"
+    if needed < 0.1 * half:
+        text += " (the estimate sits on the margin: only many more starts would settle it)"
+    else:
+        text += ": more server starts per arm (--spec-repeats), more requests per start"
+    if not noise.measured:
+        text += f"; the restart noise is unmeasured ({noise.source})"
+    return text
+
+
+def compare_family(
+    questions: Sequence[Question],
+    *,
+    alpha: float,
+    min_effect: float,
+    noise: dict[str, RestartNoise],
+) -> list[Comparison]:
+    """Answer every question of a family; the intervals and the guard adjusted for its size.
+
+    Each interval is two-sided at 1 - 2·alpha/m, so that each one-sided claim (regressed,
+    improved) errs with probability at most alpha/m, and the family at most alpha (Bonferroni).
+    The guard's p-values are Holm-adjusted over the same family.
+    """
+    _check_params(alpha, min_effect)
+    m = len(questions)
+    if not m:
+        return []
+    confidence = 1 - 2 * alpha / m
+    raw = [_rank_p(q) for q in questions]
+    adjusted = holm_adjust(raw)
+    out = []
+    for q, p, p_adj in zip(questions, raw, adjusted, strict=True):
+        n_noise = noise[q.metric]
+        interval = nested_interval(q.baseline, q.candidate, noise=n_noise, confidence=confidence)
+        verdict, reason = decide(
+            interval,
+            higher_is_better=q.higher_is_better,
+            min_effect=min_effect,
+            p_adjusted=p_adj,
+            alpha=alpha,
+            noise=n_noise,
+        )
+        out.append(
+            Comparison(
+                key=q.key,
+                metric=q.metric,
+                higher_is_better=q.higher_is_better,
+                n_baseline=sum(len(s) for s in q.baseline),
+                n_candidate=sum(len(s) for s in q.candidate),
+                starts_baseline=len(q.baseline),
+                starts_candidate=len(q.candidate),
+                baseline_center=_center(q.baseline),
+                candidate_center=_center(q.candidate),
+                interval=interval,
+                p_value=p,
+                p_adjusted=p_adj,
+                noise=n_noise,
+                verdict=verdict,
+                reason=reason,
+            )
+        )
+    return out
+
+
+def _rank_p(q: Question) -> float:
+    b = np.concatenate([np.asarray(s, dtype=float) for s in q.baseline])
+    c = np.concatenate([np.asarray(s, dtype=float) for s in q.candidate])
+    if b.size == 0 or c.size == 0:
+        return 1.0
+    p = float(_st.mannwhitneyu(b, c, alternative="two-sided", method="auto").pvalue)
+    return p if math.isfinite(p) else 1.0
+
+
+def _center(starts: Sequence[Sequence[float]]) -> float:
+    logs = _logs(starts, "center")
+    return math.exp(float(np.mean([g.mean() for g in logs])))
 
 
 def _check_params(alpha: float, min_effect: float) -> None:
@@ -267,113 +455,3 @@ def _check_params(alpha: float, min_effect: float) -> None:
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     if not (min_effect >= 0.0 and math.isfinite(min_effect)):
         raise ValueError(f"min_effect must be a finite number >= 0, got {min_effect!r}")
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """Per-pair quantities computed before the family correction."""
-
-    n_baseline: int
-    n_candidate: int
-    baseline_median: float
-    candidate_median: float
-    ratio: float
-    ratio_ci: tuple[float, float]
-    p_value: float
-
-
-def _raw(
-    baseline: Sequence[float],
-    candidate: Sequence[float],
-    *,
-    label: str,
-    seed: int,
-    n_resamples: int,
-) -> _Raw:
-    b = _as_sample(baseline, f"{label}baseline")
-    c = _as_sample(candidate, f"{label}candidate")
-    if b.size == 0 or c.size == 0:
-        nan = float("nan")
-        return _Raw(b.size, c.size, nan, nan, nan, (nan, nan), 1.0)
-    p = float(_st.mannwhitneyu(b, c, alternative="two-sided", method="auto").pvalue)
-    if not math.isfinite(p):
-        p = 1.0
-    b_med, c_med = float(np.median(b)), float(np.median(c))
-    ci = ratio_of_medians_ci(b, c, n_resamples=n_resamples, seed=seed)
-    return _Raw(b.size, c.size, b_med, c_med, c_med / b_med, ci, p)
-
-
-def compare_family(
-    pairs: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-    *,
-    metric: str,
-    higher_is_better: bool,
-    alpha: float,
-    min_effect: float,
-    seed: int = 0,
-    n_resamples: int = 2000,
-) -> dict[str, Comparison]:
-    """Compare baseline vs candidate per key, Holm-correcting p-values across the keys.
-
-    ``pairs`` maps a key (e.g. prompt type) to ``(baseline, candidate)`` samples.
-    Verdicts use the Holm-adjusted p-value; the family size is ``len(pairs)``.
-    """
-    _check_params(alpha, min_effect)
-    raws = {
-        key: _raw(b, c, label=f"{key}: ", seed=seed, n_resamples=n_resamples)
-        for key, (b, c) in pairs.items()
-    }
-    adjusted = holm_adjust([r.p_value for r in raws.values()])
-    out: dict[str, Comparison] = {}
-    for (key, r), p_adj in zip(raws.items(), adjusted, strict=True):
-        verdict, reason = decide(
-            n_baseline=r.n_baseline,
-            n_candidate=r.n_candidate,
-            ratio=r.ratio,
-            p_adjusted=p_adj,
-            family_size=len(raws),
-            higher_is_better=higher_is_better,
-            alpha=alpha,
-            min_effect=min_effect,
-        )
-        out[key] = Comparison(
-            metric=metric,
-            higher_is_better=higher_is_better,
-            n_baseline=r.n_baseline,
-            n_candidate=r.n_candidate,
-            baseline_median=r.baseline_median,
-            candidate_median=r.candidate_median,
-            ratio=r.ratio,
-            ratio_ci=r.ratio_ci,
-            p_value=r.p_value,
-            p_adjusted=p_adj,
-            verdict=verdict,
-            reason=reason,
-        )
-    return out
-
-
-def compare(
-    baseline: Sequence[float],
-    candidate: Sequence[float],
-    *,
-    metric: str,
-    higher_is_better: bool,
-    alpha: float,
-    min_effect: float,
-    seed: int = 0,
-    n_resamples: int = 2000,
-) -> Comparison:
-    """Compare one baseline sample against one candidate sample (a family of one)."""
-    _check_params(alpha, min_effect)
-    b = _as_sample(baseline, "baseline")
-    c = _as_sample(candidate, "candidate")
-    return compare_family(
-        {metric: (b, c)},
-        metric=metric,
-        higher_is_better=higher_is_better,
-        alpha=alpha,
-        min_effect=min_effect,
-        seed=seed,
-        n_resamples=n_resamples,
-    )[metric]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..analysis import noise
 from ..analysis.checks import differences, facts
 from ..analysis.compare import compare_arms
 from ..analysis.stats import Verdict
@@ -19,12 +20,14 @@ from ..report.text import fmt_num, fmt_p, fmt_pct
 def compare_runs(a: RunRecord, b: RunRecord, *, alpha: float, min_effect: float) -> list[Row]:
     """Each phase both runs measured: B's against A's, Holm across prompt types per phase."""
     found: list[Row] = []
+    restart_noise = noise.between_runs(a, b)  # every phase of B is another start than A's
     for name in [p for p in a.phases if p in b.phases]:
         verdicts = compare_arms(
             [a.phases[name]],
             [b.phases[name]],
             alpha=alpha,
             min_effect=min_effect,
+            noise=restart_noise,
             labels=(name, name),
         )
         found += [Row.of(v) for v in verdicts.values()]

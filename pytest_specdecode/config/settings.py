@@ -52,7 +52,9 @@ class TargetConfig:
 class RunConfig:
     """The design of the measurement. These defaults are the only place each is defined."""
 
-    samples: int = 5
+    samples: int = 6  # measured requests per prompt type and server start (the least, adaptive)
+    max_samples: int | None = 16  # adaptive: up to this many, until the start is pinned down
+    repeats: int = 1  # server starts per arm, in a balanced order (A B B A ...)
     warmup: int = 1
     concurrency: int = 1
     max_tokens: int = 128
@@ -60,6 +62,7 @@ class RunConfig:
     ignore_eos: bool = False
     alpha: float = 0.05
     min_effect: float = 0.03
+    assumed_restart_noise: float = 0.05  # where none was measured (log-scale SD of a start)
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
 
@@ -179,6 +182,9 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     merged = {**table, **{k: v for k, v in overrides.items() if v is not None}}
     run = replace(RunConfig(), **merged)
     _positive_int(run.samples, "samples", where, minimum=1)
+    if run.max_samples is not None:  # at or below samples: a fixed design
+        _positive_int(run.max_samples, "max_samples", where, minimum=1)
+    _positive_int(run.repeats, "repeats", where, minimum=1)
     _positive_int(run.warmup, "warmup", where, minimum=0)
     _positive_int(run.concurrency, "concurrency", where, minimum=1)
     _positive_int(run.max_tokens, "max_tokens", where, minimum=2)
@@ -190,6 +196,9 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
         raise ConfigError(f"{where}: alpha must be between 0 and 1, got {run.alpha!r}")
     if not isinstance(run.min_effect, float | int) or not 0 <= run.min_effect < 1:
         raise ConfigError(f"{where}: min_effect must be in [0, 1), got {run.min_effect!r}")
+    noise = run.assumed_restart_noise
+    if isinstance(noise, bool) or not isinstance(noise, float | int) or not 0 < noise < 1:
+        raise ConfigError(f"{where}: assumed_restart_noise must be in (0, 1), got {noise!r}")
     for key in ("request_timeout_s", "read_timeout_s"):
         _positive_number(getattr(run, key), key, where)
     return run

@@ -104,16 +104,28 @@ KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | _BOOL_KEYS | _STR_KEYS | _LIST_KEYS
 _SAFE_STRING = re.compile(r"^[A-Za-z0-9_./:@+=,-]{1,512}$")
 
 
+AA_NAME = "baseline"  # --spec-config baseline: the original's own configuration, again
+AA_ARM = "baseline-again"  # the name of that candidate
+
+
 @dataclass(frozen=True)
 class SpecConfig:
-    """One speculation hypothesis: a name and the exact JSON vLLM receives."""
+    """One speculation hypothesis: a name and the exact JSON vLLM receives.
+
+    The A/A candidate (`--spec-config baseline`) has no values: it is the original's own
+    configuration started again, to measure what a restart alone changes.
+    """
 
     name: str
     values: Mapping[str, Any]
 
     @property
+    def is_original(self) -> bool:
+        return not self.values
+
+    @property
     def method(self) -> str:
-        return str(self.values["method"])
+        return str(self.values["method"]) if self.values else "none (the original, again)"
 
     def to_json(self) -> str:
         """Compact JSON, keys sorted, as passed to `--speculative-config`."""
@@ -123,6 +135,8 @@ class SpecConfig:
 def parse_spec_config(text: str, presets: Mapping[str, Mapping[str, Any]]) -> SpecConfig:
     """Resolve `text` (a preset name or inline JSON) into a validated SpecConfig."""
     stripped = text.strip()
+    if stripped == AA_NAME:
+        return SpecConfig(name=AA_ARM, values={})
     if stripped.startswith("{"):
         try:
             values = json.loads(stripped)

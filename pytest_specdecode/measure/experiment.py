@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+import math
+import statistics
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -18,13 +21,30 @@ from .server_metrics import (
     Acceptance,
     ServerCounters,
     acceptance_between,
+    combine,
     parse_counters,
     traffic_between,
 )
 
 
+def design_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str]]:
+    """The server starts in order, each (phase name, arm): balanced, A B C, C B A, A B C, ...
+
+    A drift in time then weighs on every arm alike. The first start of an arm is named after
+    it; the next ones get "#2", "#3".
+    """
+    arms = [BASELINE, *candidates]
+    seen: dict[str, int] = {}
+    out = []
+    for block in range(repeats):
+        for arm in arms if block % 2 == 0 else arms[::-1]:
+            seen[arm] = seen.get(arm, 0) + 1
+            out.append((arm if seen[arm] == 1 else f"{arm}#{seen[arm]}", arm))
+    return out
+
+
 class Experiment:
-    """Phases measured on demand, each exactly once, the baseline always first."""
+    """The design's server starts, measured in order on demand, each exactly once."""
 
     def __init__(
         self,
@@ -35,6 +55,7 @@ class Experiment:
         progress: Progress,
         headers: Mapping[str, str] | None = None,
         transports: Transports | None = None,
+        noise_sd: float | None = None,
     ) -> None:
         self.settings = settings
         self.board = board
@@ -42,7 +63,14 @@ class Experiment:
         self.progress = progress
         self.headers = dict(headers or {})
         self._transports = transports or Transports()
-        self._measured = set(store.record.phases)  # a reused baseline is already there
+        self._noise_sd = settings.run.assumed_restart_noise if noise_sd is None else noise_sd
+        reused = {p.arm for p in store.record.phases.values()}  # a stored baseline
+        self.order = [
+            entry
+            for entry in design_order([c.name for c in settings.candidates], settings.run.repeats)
+            if entry[1] not in reused
+        ]
+        self._next = 0
         self._errors: dict[str, Exception] = {}
 
     @property
@@ -55,32 +83,49 @@ class Experiment:
                 return spec
         raise KeyError(name)
 
-    def phase(self, name: str) -> Phase:
-        """A phase's measurements. A phase that failed fails again at once: no second reload."""
-        if name in self._measured:
-            return self.record.phases[name]
+    def arm(self, name: str) -> Phase:
+        """An arm's measurements over all its starts, measuring the design up to its last start.
+
+        An arm that failed fails again at once: no second reload.
+        """
+        last = max((i for i, (_, arm) in enumerate(self.order) if arm == name), default=-1)
+        while self._next <= last:
+            phase, arm = self.order[self._next]
+            self._next += 1
+            if arm not in self._errors:
+                self._start_and_measure(phase, arm)
         if name in self._errors:
             raise self._errors[name]
-        try:
-            if name != BASELINE:
-                self.phase(BASELINE)
-            spec = None if name == BASELINE else self.candidate(name)
-            self._measure(name, name, spec)
-        except Exception as exc:
-            self._errors[name] = exc
-            self.record.failures[name] = _first_line(exc)
-            self.store.flush()
-            raise
-        return self.record.phases[name]
+        return merged(self.record.arm_phases(name))
+
+    def measure_all(self) -> None:
+        """Every start of the design (the arms that fail are recorded, not raised)."""
+        for _, arm in self.order:
+            with contextlib.suppress(Exception):
+                self.arm(arm)
 
     def baseline_after(self) -> Phase:
-        """The original measured once more, after the candidates: the drift check (ABA)."""
-        if BASELINE_AFTER not in self._measured:
-            self._measure(BASELINE_AFTER, BASELINE_AFTER, None)
+        """The original started and measured once more, after the candidates (ABA)."""
+        if not self.record.arm_phases(BASELINE_AFTER):
+            self._measure(BASELINE_AFTER, BASELINE_AFTER, None, restart=True)
         return self.record.phases[BASELINE_AFTER]
 
-    def _measure(self, name: str, arm: str, spec: SpecConfig | None) -> None:
-        service = self.board.activate(spec)
+    def _start_and_measure(self, name: str, arm: str) -> None:
+        spec = None if arm == BASELINE else self.candidate(arm)
+        previous = [p for p in self.record.phases.values() if not p.reused_from]
+        restart = bool(previous) and previous[-1].arm == arm  # a repeat right after itself
+        try:
+            self._measure(name, arm, spec, restart=restart)
+        except Exception as exc:
+            self._errors[arm] = exc
+            self.record.failures[arm] = _first_line(exc)
+            self.store.flush()
+            if arm == BASELINE:  # nothing can be compared without it
+                for _, other in self.order:
+                    self._errors.setdefault(other, exc)
+
+    def _measure(self, name: str, arm: str, spec: SpecConfig | None, *, restart: bool) -> None:
+        service = self.board.activate(spec, restart=restart)
         phase = Phase(
             name=name,
             arm=arm,
@@ -92,7 +137,6 @@ class Experiment:
         self.store.flush()
         for prompt_type in self.settings.prompt_types.values():
             self._measure_prompt_type(phase, prompt_type, service)
-        self._measured.add(name)
         self.store.flush()
 
     def _measure_prompt_type(self, phase: Phase, prompt_type: PromptType, service: Service) -> None:
@@ -141,6 +185,10 @@ class Experiment:
             send(run.warmup, True)
         before = self._counters(service)
         wall = send(run.samples, False)
+        while len(measurement.samples) < (run.max_samples or 0) and not pinned(
+            measurement, target=self._target_se()
+        ):  # adaptive: only the spread decides, never the values themselves
+            wall += send(min(run.concurrency, run.max_samples - len(measurement.samples)), False)
         after = self._counters(service)
         measurement.wall_s = wall
         measurement.acceptance = acceptance_between(before, after)
@@ -150,6 +198,9 @@ class Experiment:
             f"[{phase.name}] {name}: median {measurement.median_tokens_per_s:.1f} tok/s, "
             f"TPOT {measurement.median_tpot_ms:.1f} ms" + _acceptance_text(measurement.acceptance)
         )
+
+    def _target_se(self) -> float:
+        return target_se(self._noise_sd, self.settings.run.min_effect)
 
     def _counters(self, service: Service) -> ServerCounters:
         text = self._get(service, "/metrics")
@@ -171,6 +222,50 @@ class Experiment:
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None
+
+
+def target_se(noise_sd: float, min_effect: float) -> float:
+    """How tightly a start's mean must be pinned: half the larger of the restart noise and a
+    third of the margin. Beyond that, more requests barely narrow a verdict's interval: the
+    restart noise dominates it, or it is already well inside the margin."""
+    return max(noise_sd, math.log1p(min_effect) / 3) / 2
+
+
+def pinned(measurement: Measurement, *, target: float) -> bool:
+    """Whether a start's requests pin its mean down: each metric's standard error (log scale)
+    at most `target`. A rule on the spread alone: for normal data the spread is independent of
+    the mean, so stopping on it does not bias the comparison."""
+    for values in (measurement.tokens_per_s, measurement.tpot_ms):
+        if len(values) < 2:
+            return False
+        logs = [math.log(v) for v in values]
+        if statistics.stdev(logs) / math.sqrt(len(logs)) > target:
+            return False
+    return True
+
+
+def merged(phases: Sequence[Phase]) -> Phase:
+    """One arm over all its starts, as one phase (for thresholds; the analysis keeps starts)."""
+    first = phases[0]
+    out = Phase(
+        name=first.arm,
+        arm=first.arm,
+        spec=first.spec,
+        service="; ".join(p.service for p in phases),
+        server_version=first.server_version,
+        reused_from=first.reused_from,
+    )
+    for name in first.measurements:
+        parts = [p.measurements[name] for p in phases if name in p.measurements]
+        out.measurements[name] = Measurement(
+            prompt_type=name,
+            concurrency=parts[0].concurrency,
+            samples=[s for m in parts for s in m.samples],
+            warmup=[s for m in parts for s in m.warmup],
+            wall_s=sum(m.wall_s or 0.0 for m in parts) or None,
+            acceptance=combine([m.acceptance for m in parts]),
+        )
+    return out
 
 
 def _first_line(exc: Exception) -> str:

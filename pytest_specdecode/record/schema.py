@@ -178,12 +178,14 @@ class RunRecord:
     environment: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, Phase] = field(default_factory=dict)
     baseline_from: dict[str, Any] | None = None  # the stored run a baseline was reused from
-    failures: dict[str, str] = field(default_factory=dict)  # phase -> why it failed
+    failures: dict[str, str] = field(default_factory=dict)  # arm -> why it failed
     restore: dict[str, Any] | None = None  # lifecycle.RestoreReport, as a dict
+    restart_noise_prior: dict[str, dict[str, Any]] | None = None  # per metric, stored runs'
     schema: int = SCHEMA
 
     def arm_phases(self, arm: str) -> list[Phase]:
-        """The phases that measured one arm, in order (the ABA baseline is its own arm)."""
+        """The phases that measured one arm, one per server start, in order (the ABA baseline
+        is its own arm)."""
         return [p for p in self.phases.values() if p.arm == arm]
 
     @property
@@ -205,6 +207,7 @@ class RunRecord:
                 "baseline_from": self.baseline_from,
                 "failures": self.failures,
                 "restore": self.restore,
+                "restart_noise_prior": self.restart_noise_prior,
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -232,6 +235,7 @@ class RunRecord:
                 baseline_from=data.get("baseline_from"),
                 failures=dict(data.get("failures") or {}),
                 restore=data.get("restore"),
+                restart_noise_prior=data.get("restart_noise_prior"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +75,18 @@ def load_run(path: str | Path) -> RunRecord:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"stored run {path} is not a readable results.json: {exc}") from None
     return RunRecord.from_json(data, source=str(path))
+
+
+def stored_runs(reports_dir: Path, *, host: str, model: str) -> Iterator[tuple[Path, RunRecord]]:
+    """The readable stored runs of this host and model, newest first."""
+    if not reports_dir.is_dir():
+        return
+    for folder in sorted((p for p in reports_dir.iterdir() if p.is_dir()), reverse=True):
+        if not (folder / RESULTS_FILE).is_file():
+            continue
+        try:
+            record = load_run(folder)
+        except ConfigError:
+            continue
+        if record.target.host == host and record.target.model == model:
+            yield folder, record

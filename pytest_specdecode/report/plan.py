@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.settings import Settings
-from ..errors import ConfigError
-from ..record.store import RESULTS_FILE, load_run
+from ..measure.experiment import design_order
+from ..record.schema import BASELINE, BASELINE_AFTER
+from ..record.store import stored_runs
 from .text import fmt_duration
 
 RUN_LOG = "run.log"
@@ -27,20 +28,7 @@ class Timing:
 
 def previous_timing(settings: Settings, *, host: str, default_start_s: float) -> Timing:
     """Timings of the newest stored run of the same model and host, or stated assumptions."""
-    folders = (
-        sorted((p for p in settings.reports_dir.iterdir() if p.is_dir()), reverse=True)
-        if settings.reports_dir.is_dir()
-        else []
-    )
-    for folder in folders:
-        if not (folder / RESULTS_FILE).is_file():
-            continue
-        try:
-            record = load_run(folder)
-        except ConfigError:
-            continue
-        if record.target.model != settings.target.model or record.target.host != host:
-            continue
+    for folder, record in stored_runs(settings.reports_dir, host=host, model=settings.target.model):
         per_token = [
             s.e2e_s / s.output_tokens
             for p in record.phases.values()
@@ -71,29 +59,47 @@ def _ready_times(log: Path) -> list[float]:
     return [float(m) for m in re.findall(r" ready after (\d+(?:\.\d+)?)s", text)]
 
 
-def count_requests(settings: Settings, *, baseline: bool, aba: bool) -> tuple[int, int]:
-    """(phases measured, requests sent) for this configuration."""
-    phases = int(baseline) + len(settings.candidates) + int(aba and bool(settings.candidates))
-    per_phase = len(settings.prompt_types) * (settings.run.samples + settings.run.warmup)
-    return phases, phases * per_phase
+def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:
+    """The phases the design measures, in order (ABA last)."""
+    names = [c.name for c in settings.candidates]
+    order = [name for name, arm in design_order(names, settings.run.repeats)]
+    if not baseline:
+        order = [n for n in order if n.split("#")[0] != BASELINE]
+    return order + ([BASELINE_AFTER] if aba and names else [])
+
+
+def count_requests(settings: Settings, *, baseline: bool, aba: bool) -> tuple[int, int, int]:
+    """(phases measured, least requests, most requests) for this configuration."""
+    run = settings.run
+    phases = len(phase_order(settings, baseline=baseline, aba=aba))
+    most = max(run.samples, run.max_samples or 0)
+    per_prompt = len(settings.prompt_types) * phases
+    return phases, per_prompt * (run.samples + run.warmup), per_prompt * (most + run.warmup)
+
+
+def count_starts(settings: Settings, *, baseline: bool, aba: bool, adopts_original: bool) -> int:
+    """Server starts: each phase's, but a running original measured as it runs, plus the
+    restore's unless the last phase left the original running."""
+    order = phase_order(settings, baseline=baseline, aba=aba)
+    if not order:
+        return 0
+    starts = len(order) - int(adopts_original and order[0] == BASELINE)
+    last_is_original = order[-1].split("#")[0] in (BASELINE, BASELINE_AFTER)
+    return starts + int(adopts_original and not last_is_original)
 
 
 def estimate_seconds(
     settings: Settings, timing: Timing, *, baseline: bool, aba: bool, adopts_original: bool
 ) -> tuple[float, int]:
-    """(seconds, server starts): starts, plus every request at its full max_tokens."""
-    candidates = len(settings.candidates)
-    aba = aba and candidates > 0
-    if adopts_original:  # measured as it runs; the restore starts it again unless ABA did
-        starts = candidates + (1 if aba else int(candidates > 0))
-    else:
-        starts = int(baseline) + candidates + int(aba)
-    phases, _ = count_requests(settings, baseline=baseline, aba=aba)
+    """(seconds, server starts): starts, plus the most requests at their full max_tokens."""
+    starts = count_starts(settings, baseline=baseline, aba=aba, adopts_original=adopts_original)
+    run = settings.run
+    phases = len(phase_order(settings, baseline=baseline, aba=aba))
+    most = max(run.samples, run.max_samples or 0) + run.warmup
     per_phase = sum(
-        (settings.run.samples + settings.run.warmup) * t.max_tokens * timing.s_per_token
-        for t in settings.prompt_types.values()
+        most * t.max_tokens * timing.s_per_token for t in settings.prompt_types.values()
     )
-    return starts * timing.start_s + phases * per_phase / settings.run.concurrency, starts
+    return starts * timing.start_s + phases * per_phase / run.concurrency, starts
 
 
 def dry_run_lines(
@@ -105,11 +111,12 @@ def dry_run_lines(
     aba: bool,
     baseline_from: str | None,
     adopts_original: bool,
+    noise: str = "",
 ) -> list[str]:
     """The plan, as --spec-dry-run prints it."""
     t = settings.target
     baseline = baseline_from is None
-    phases, requests = count_requests(settings, baseline=baseline, aba=aba)
+    phases, least, most = count_requests(settings, baseline=baseline, aba=aba)
     seconds, starts = estimate_seconds(
         settings, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
     )
@@ -134,14 +141,24 @@ def dry_run_lines(
             "drift check (ABA): stop the last candidate, start the original and measure it "
             "again as 'baseline-after'",
         )
+    order = phase_order(settings, baseline=baseline, aba=aba)
+    if order:
+        first = order[0] + (" (as it runs)" if adopts_original and order[0] == BASELINE else "")
+        lines.append(f"server starts, in order: {', '.join([first, *order[1:]])}")
+    if noise:
+        lines.append(f"restart noise: {noise}")
     lines.append("steps, in order:")
     for i, step in enumerate(steps, start=1):
         first, *rest = step.splitlines()
         lines.append(f"  {i}. {first}")
         lines += [f"     {line}" for line in rest]
+    most_samples = max(run.samples, run.max_samples or 0)
+    adaptive = most_samples > run.samples
+    counted = f"{least} to {most}" if adaptive else f"{least}"
+    per = f"{run.samples} to {most_samples}" if adaptive else f"{run.samples}"
     lines += [
-        f"requests: {requests} = {phases} phases x {len(settings.prompt_types)} prompt types x "
-        f"({run.samples} measured + {run.warmup} warm-up)",
+        f"requests: {counted} = {phases} phases x {len(settings.prompt_types)} prompt types x "
+        f"({per} measured + {run.warmup} warm-up)",
         f"estimated duration: about {fmt_duration(seconds)} ({starts} server "
         f"start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s, requests at up to "
         f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",

@@ -55,13 +55,13 @@ class Row:
             prompt_type=v.prompt_type,
             verdict=v.verdict.value,
             reason=v.reason,
-            baseline_tps=t.baseline_median,
-            candidate_tps=t.candidate_median,
+            baseline_tps=t.baseline_center,
+            candidate_tps=t.candidate_center,
             change=t.change,
             ratio_ci=t.ratio_ci,
             p=t.p_adjusted,
-            tpot_baseline=p.baseline_median if p else None,
-            tpot_candidate=p.candidate_median if p else None,
+            tpot_baseline=p.baseline_center if p else None,
+            tpot_candidate=p.candidate_center if p else None,
             tpot_change=p.change if p else None,
             tpot_p=p.p_adjusted if p else None,
             acceptance_length=acc.mean_acceptance_length if acc.present else None,
@@ -120,7 +120,7 @@ def headline(analysis: RunAnalysis) -> str:
         said = [
             f"{verdict} on {_which(names, len(found))}"
             for verdict, names in by.items()
-            if verdict in (Verdict.REGRESSED.value, Verdict.IMPROVED.value)
+            if verdict != Verdict.EQUIVALENT.value or len(by) == 1
         ]
         if not said and found:
             common = Counter(r.verdict for r in found).most_common(1)[0][0]
@@ -128,9 +128,10 @@ def headline(analysis: RunAnalysis) -> str:
         parts.append(f"{name}: " + "; ".join(said))
     result = {
         Verdict.REGRESSED.value: "Regression",
-        Verdict.IMPROVED.value: "Improvement, no regression",
-        Verdict.NO_DIFFERENCE.value: "No significant difference",
         Verdict.INSUFFICIENT.value: "No verdict: too few samples",
+        Verdict.INCONCLUSIVE.value: "Inconclusive: no regression shown, none ruled out",
+        Verdict.IMPROVED.value: "Improvement, no regression",
+        Verdict.EQUIVALENT.value: "Equivalent within the margin",
         "not measured": "No candidate was measured",
     }[analysis.outcome]
     if analysis.drift is not None and analysis.drift.unreliable:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..analysis.stats import RestartNoise
 from ..config.settings import RunConfig
 from ..measure.server_metrics import Acceptance
 
@@ -50,11 +51,19 @@ def acceptance_text(acc: Acceptance) -> str:
 
 
 def design_text(run: RunConfig) -> str:
+    samples = f"{run.samples}" + (f" to {run.max_samples}" if run.max_samples else "")
+    starts = f"{run.repeats} server start{'s' if run.repeats != 1 else ''} per arm"
     return (
-        f"{run.samples} measured + {run.warmup} warm-up per prompt type and phase; up to "
-        f"{run.max_tokens} tokens; concurrency {run.concurrency}; {run.endpoint} endpoint; "
-        f"alpha {run.alpha}, minimum effect {run.min_effect:.0%}"
+        f"{samples} measured + {run.warmup} warm-up requests per prompt type and start; "
+        f"{starts}; up to {run.max_tokens} tokens; concurrency {run.concurrency}; "
+        f"{run.endpoint} endpoint; alpha {run.alpha}, minimum effect {run.min_effect:.0%}"
     )
+
+
+def noise_text(noise: RestartNoise) -> str:
+    if not noise.measured:
+        return noise.source
+    return f"{noise.sd:.1%} ({noise.source}, {noise.df:.0f} degrees of freedom)"
 
 
 def title(candidates: Sequence[str], model: str | None = None, host: str | None = None) -> str:
@@ -64,7 +73,10 @@ def title(candidates: Sequence[str], model: str | None = None, host: str | None 
 
 
 STATISTICS_NOTE = (
-    "p: Holm-adjusted two-sided Mann-Whitney U p of throughput (of TPOT in the TPOT column); "
-    "brackets: the 95% bootstrap CI of the change in median throughput. A verdict needs "
-    "p < alpha and a change beyond the minimum effect."
+    "tok/s: geometric mean over the server starts of each start's geometric mean. Brackets: "
+    "the interval of the change, requests nested within server starts, with the restart "
+    "noise, adjusted for the family of comparisons (1 - 2 alpha / m). Regressed or improved: "
+    "the whole interval beyond the minimum effect, and the requests' ranks agree (p: "
+    "Holm-adjusted Mann-Whitney U); equivalent: the whole interval inside it; otherwise "
+    "inconclusive."
 )

@@ -78,9 +78,12 @@ class Switchboard:
         self._transport = transport
         self._progress = progress
 
-    def activate(self, spec: SpecConfig | None) -> Service:
-        """Make the original (spec None) or the candidate for `spec` the one serving."""
-        if self.active is not None and self.active_spec == spec:
+    def activate(self, spec: SpecConfig | None, *, restart: bool = False) -> Service:
+        """Make the original (spec None) or the candidate for `spec` the one serving.
+
+        `restart`: a fresh start even if that one serves already (a repeated start).
+        """
+        if self.active is not None and self.active_spec == spec and not restart:
             if not self._checked_running_original:
                 # Found running: it must serve the configured model before it is measured.
                 self._wait(self.active, self._ready_timeout_s)

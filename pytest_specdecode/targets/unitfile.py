@@ -104,8 +104,13 @@ def effective_exec_start(unit_text: str, *, where: str) -> tuple[str, list[Token
 
 
 def candidate_exec_start(unit_text: str, spec: SpecConfig, *, where: str) -> str:
-    """The original's ExecStart plus `--speculative-config JSON`, replacing any it had."""
+    """The original's ExecStart plus `--speculative-config JSON`, replacing any it had.
+
+    The A/A candidate keeps the original's ExecStart as it is.
+    """
     prefix, tokens = effective_exec_start(unit_text, where=where)
+    if spec.is_original:
+        return prefix + " ".join(t.raw for t in tokens)
     kept: list[str] = []
     skip = False
     for token in tokens:

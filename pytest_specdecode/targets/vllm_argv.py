@@ -31,8 +31,13 @@ def check_vllm_command(argv: Sequence[str], *, where: str) -> None:
 
 
 def with_speculative_config(argv: Sequence[str], spec: SpecConfig, *, where: str) -> list[str]:
-    """The same command with `--speculative-config JSON`, replacing any that was there."""
+    """The same command with `--speculative-config JSON`, replacing any that was there.
+
+    The A/A candidate is the original's command unchanged.
+    """
     check_vllm_command(argv, where=where)
+    if spec.is_original:
+        return list(argv)
     out: list[str] = []
     skip_next = False
     for arg in argv:

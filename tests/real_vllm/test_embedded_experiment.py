@@ -32,11 +32,11 @@ def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
     data = exp.results()
 
     verdicts = data["analysis"]["verdicts"]["ngram"]
-    regressed = {w for w, v in verdicts.items() if v["verdict"] == "regressed"}
+    not_passed = {w for w, v in verdicts.items() if v["verdict"] not in ("improved", "equivalent")}
     expected_failures = {
         "test_tpot_threshold[baseline-structured]",
         "test_tpot_threshold[ngram-structured]",
-        *(f"test_speculation_does_not_regress[ngram-{w}]" for w in regressed),
+        *(f"test_speculation_does_not_regress[ngram-{w}]" for w in not_passed),
     }
     failed = set(re.findall(r"^FAILED \S+::(\S+)", out, re.M))
     assert failed == expected_failures, out
@@ -57,8 +57,8 @@ def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
 
     # results.json: every request, configs, version, metric deltas, verdicts.
     samples = all_samples(data)
-    assert len(samples) == 2 * 4 * (5 + 1)
-    assert sum(not s["warmup"] for s in samples) == 2 * 4 * 5
+    assert len(samples) == 2 * 4 * (6 + 1)
+    assert sum(not s["warmup"] for s in samples) == 2 * 4 * 6
     assert all(s["output_tokens"] > 1 and s["tpot_s"] > 0 for s in samples)
     assert data["candidates"]["ngram"] == {
         "method": "ngram",
@@ -72,7 +72,7 @@ def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
     assert len(ngram_acc["per_position_rates"]) == 5
     for w in PROMPT_TYPES:
         v = verdicts[w]
-        assert v["verdict"] in {"improved", "regressed", "no significant difference"}
+        assert v["verdict"] in {"improved", "regressed", "equivalent", "inconclusive"}
         assert 0 < v["throughput"]["p_value"] <= 1
         assert (
             v["throughput"]["ratio_ci"][0]
@@ -118,7 +118,7 @@ def test_interrupt_mid_measurement_restores_and_keeps_samples(
 
 def test_candidate_that_dies_at_startup_fails_fast_with_its_log(pytester: pytest.Pytester) -> None:
     # vLLM accepts the JSON but the suffix method needs a package the server lacks: it exits.
-    exp = write_experiment(pytester, run={"samples": 2, "warmup": 0})
+    exp = write_experiment(pytester, run={"samples": 5, "warmup": 0})
     result = pytester.runpytest_subprocess(
         *exp.args("--spec-config", "suffix", "--spec-workload", "coding")
     )

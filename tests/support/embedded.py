@@ -76,7 +76,7 @@ def write_experiment(
     prompt_types: str = "",
 ) -> EmbeddedExperiment:
     port = free_port()
-    run_values = {"samples": 5, "warmup": 1, "max_tokens": 32, **(run or {})}
+    run_values = {"samples": 6, "max_samples": 6, "warmup": 1, "max_tokens": 32, **(run or {})}
     run_table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_values.items())
     shutil.copytree(
         REPO / "suites",

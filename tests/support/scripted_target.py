@@ -42,6 +42,7 @@ class Script:
     """One service: its speed per prompt, and how it starts."""
 
     speeds: dict[str, Speed] = field(default_factory=dict)  # by prompt text
+    restarted: dict[str, Speed] | None = None  # from its second start on, if it drifts
     crash_at_start: str | None = None  # the process exits with this in its log
     ready_after_s: float = 0.0  # math.inf: never ready
     restore_s: float = 0.0  # the original takes this long to come back at the restore
@@ -169,6 +170,8 @@ class ScriptedTarget:
         body = json.loads(request.content)
         prompt = body["messages"][0]["content"]
         speed = service.script.speed(prompt)
+        if service.starts > 1 and service.script.restarted is not None:
+            speed = service.script.restarted.get(prompt, speed)
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},

@@ -138,7 +138,7 @@ def write_remote_experiment(
         pytester.path / "suites",
         ignore=shutil.ignore_patterns("*.toml", "__pycache__"),
     )
-    run_values = {"samples": 3, "warmup": 1, "max_tokens": 32, **(run or {})}
+    run_values = {"samples": 5, "max_samples": 5, "warmup": 1, "max_tokens": 32, **(run or {})}
     target_values = {
         "startup_timeout_s": 400,
         "restore_timeout_s": 600,

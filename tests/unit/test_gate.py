@@ -49,16 +49,16 @@ def _importable_support(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # `tests.support` for the copied conftest
 
 
-def write_gate(pytester: pytest.Pytester, conftest: str) -> list[str]:
+def write_gate(pytester: pytest.Pytester, conftest: str, config: str = CONFIG) -> list[str]:
     """The suite, a config and a conftest with the scripted target; returns pytest's args."""
     shutil.copytree(
         REPO / "suites", pytester.path / "suites", ignore=shutil.ignore_patterns("*.toml")
     )
-    config = pytester.path / "experiment.toml"
-    config.write_text(CONFIG.format(reports=pytester.path / "reports"))
+    path = pytester.path / "experiment.toml"
+    path.write_text(config.format(reports=pytester.path / "reports"))
     (pytester.path / "suites" / "conftest.py").write_text(conftest)
     suite = str(pytester.path / "suites")
-    return [suite, "--spec-file", str(config), "--spec-config", "ngram", "-p", "no:cacheprovider"]
+    return [suite, "--spec-file", str(path), "--spec-config", "ngram", "-p", "no:cacheprovider"]
 
 
 def run_gate(pytester: pytest.Pytester, base_coding: str, cand_coding: str) -> pytest.RunResult:
@@ -124,3 +124,55 @@ def test_collect_only_writes_nothing(pytester: pytest.Pytester) -> None:
     assert "<Function test_speculation_does_not_regress[ngram-coding]>" in out
     assert "Generated html report" not in out
     assert not (pytester.path / "reports").exists()
+
+
+def test_no_verdict_is_not_green(pytester: pytest.Pytester) -> None:
+    # The candidate runs exactly as fast: with the restart noise unmeasured (assumed 5%), one
+    # start per arm cannot tell "no change" from a change of a few percent.
+    result = run_gate(pytester, "Speed()", "Speed()")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
+    assert "no verdict for ngram (inconclusive)" in out
+    assert "restart noise unmeasured: assumed 5%" in out
+
+
+DRIFTING = """
+from tests.support.scripted_target import Script, ScriptedTarget, Speed
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    fast = {"coding": Speed(gap_s=0.005), "math": Speed(gap_s=0.005)}
+    slow = {"coding": Speed(gap_s=0.020), "math": Speed(gap_s=0.020)}
+    return ScriptedTarget(Script(restarted=slow), {"ngram": Script(fast)})
+"""
+
+
+def test_a_drifting_baseline_fails_the_gate(pytester: pytest.Pytester) -> None:
+    # The candidate looks 2x faster, but the original, started again last, is 2x slower than
+    # at first: the comparison cannot be trusted, and the gate says so. The drift is restart
+    # noise too, so the candidate's intervals widen to match: no verdict either.
+    result = pytester.runpytest_subprocess(*write_gate(pytester, DRIFTING), "--spec-aba")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert "test_baseline_did_not_drift" in failed_ids(result), out
+    assert "the run is unreliable: the baseline drifted on coding, math" in out
+    assert "improved" not in out.split("speculative decoding: baseline vs candidates")[1]
+
+
+AA = """
+from tests.support.scripted_target import Script, ScriptedTarget
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    return ScriptedTarget(Script(), {"baseline-again": Script()})
+"""
+
+
+def test_an_aa_run_passes_unless_it_calls_a_false_difference(pytester: pytest.Pytester) -> None:
+    args = write_gate(pytester, AA)
+    args[args.index("ngram")] = "baseline"  # --spec-config baseline: the A/A candidate
+    result = pytester.runpytest_subprocess(*args)
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out
+    assert "test_speculation_does_not_regress[baseline-again-coding] PASSED" in out or (
+        "passed" in out
+    )

@@ -36,7 +36,7 @@ def run(tmp_path: Path, target: ScriptedTarget, *phases: str, **timeouts: float)
         exp = Experiment(s, board, store, progress=lines.append, transports=target.transports())
         exp.lines = lines  # type: ignore[attr-defined]
         for name in phases:
-            exp.phase(name)
+            exp.arm(name)
     return exp
 
 
@@ -105,7 +105,7 @@ def test_a_failed_phase_fails_again_at_once(tmp_path: Path) -> None:
         exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
         for _ in range(3):  # each test of the candidate asks again
             with pytest.raises(ServiceError, match="Engine core initialization failed"):
-                exp.phase("ngram")
+                exp.arm("ngram")
     assert target.events.count("start ngram") == 1
     assert store.record.failures["ngram"].startswith("scripted service 'ngram' failed while")
 

@@ -73,7 +73,7 @@ def test_a_live_run_and_its_stored_record_agree(tmp_path: Path) -> None:
         transport=target.transports().sync,
     ) as board:
         exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
-        exp.phase("ngram")
+        exp.arm("ngram")
     assert target.events == ["before swap", "start original", "before swap", "stop original",
                              "start ngram", "stop ngram", "close"]  # fmt: skip
     stored = load_run(store.path)

@@ -99,12 +99,21 @@ def test_equivalence_exact_and_common_prefix(tmp_path: Path) -> None:
     assert "&lt;b&gt;X" in extra and "<b>X" not in extra
 
 
-def _aba(tmp_path: Path, after: float, samples: int):
+QUIET = {"sd": 0.003, "df": 40.0, "source": "stored A/A runs", "measured": True}
+
+
+def _aba(tmp_path: Path, after: float, samples: int, *, noise: dict | None = None):
     tmp_path.mkdir(exist_ok=True)
     rec = record(settings(tmp_path, samples=samples))
-    add_phase(rec, "baseline", {"coding": 20.0, "math": 16.0}, seed=1)
-    add_phase(rec, "ngram", {"coding": 21.0, "math": 16.0}, acceptance=NGRAM_ACCEPTANCE, seed=2)
-    add_phase(rec, BASELINE_AFTER, {"coding": 20.0 * after, "math": 16.0 * after}, seed=3)
+    if noise:
+        rec.restart_noise_prior = {"throughput": noise, "tpot": noise}
+    spread = 0.004 if noise else 0.02
+    kw = {"spread": spread}
+    add_phase(rec, "baseline", {"coding": 20.0, "math": 16.0}, seed=1, **kw)
+    add_phase(
+        rec, "ngram", {"coding": 21.0, "math": 16.0}, acceptance=NGRAM_ACCEPTANCE, seed=2, **kw
+    )
+    add_phase(rec, BASELINE_AFTER, {"coding": 20.0 * after, "math": 16.0 * after}, seed=3, **kw)
     return rec
 
 
@@ -127,12 +136,16 @@ def test_drift_check_flags_a_baseline_that_moved(tmp_path: Path) -> None:
     assert [r.candidate for r in rows(analysis)] == ["ngram", "ngram"]
 
 
-def test_drift_check_consistent_and_insufficient(tmp_path: Path) -> None:
-    same = analyze(_aba(tmp_path / "a", after=1.0, samples=6)).drift
+def test_drift_check_consistent_and_undecided(tmp_path: Path) -> None:
+    # With the restart noise measured small, an unmoved baseline is shown to be unmoved.
+    same = analyze(_aba(tmp_path / "a", after=1.0, samples=12, noise=QUIET)).drift
     assert same is not None and same.status == "consistent" and same.unreliable is False
-    few = analyze(_aba(tmp_path / "b", after=0.5, samples=3)).drift
-    assert few is not None and few.status == "insufficient samples" and few.unreliable is False
-    assert "take at least" in few.text()
+    assert "no significant drift" in same.text()
+    # Unmeasured (assumed 5%), a small move can be told neither way: not unreliable, undecided.
+    unsure = analyze(_aba(tmp_path / "b", after=0.97, samples=6)).drift
+    assert unsure is not None and unsure.status == "undecided" and unsure.unreliable is False
+    assert "it cannot be told whether the baseline drifted" in unsure.text()
+    assert "restart noise is unmeasured" in unsure.text()
 
 
 def test_no_drift_check_without_the_second_baseline(run) -> None:
@@ -251,9 +264,12 @@ def test_dry_run_lines_count_requests_and_estimate(tmp_path: Path) -> None:
         adopts_original=False,
     )
     text = "\n".join(lines)
-    assert "requests: 36 = 3 phases x 2 prompt types x (5 measured + 1 warm-up)" in text
-    # 3 starts x 50 s + 36 requests x 64 tokens x 20 ms = 196 s
-    assert "estimated duration: about 3 min (3 server starts at ~50s" in text
+    assert (
+        "requests: 36 to 102 = 3 phases x 2 prompt types x (5 to 16 measured + 1 warm-up)" in text
+    )
+    assert "server starts, in order: baseline, ngram, baseline-after" in text
+    # 3 starts x 50 s + at most 102 requests x 64 tokens x 20 ms = 281 s
+    assert "estimated duration: about 5 min (3 server starts at ~50s" in text
     assert "from the stored run R" in text
     assert lines.index(
         "  4. drift check (ABA): stop the last candidate, start the original "
@@ -273,4 +289,5 @@ def test_dry_run_lines_count_requests_and_estimate(tmp_path: Path) -> None:
         "baseline: reused from old/results.json, not measured; the original is not started for it"
         in reused
     )
-    assert any(line.startswith("requests: 12 = 1 phases") for line in reused)
+    assert any(line.startswith("requests: 12 to 34 = 1 phases") for line in reused)
+    assert "server starts, in order: ngram" in reused

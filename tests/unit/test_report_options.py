@@ -21,7 +21,8 @@ model = "smollm2-135m-instruct"
 command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m",
   "--port", "18011"]
 [run]
-samples = 3
+samples = 5
+max_samples = 5
 warmup = 1
 max_tokens = 32
 [presets]
@@ -52,7 +53,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
     assert "  1. start the original: (cd " in out
     assert '--speculative-config \'{"method":"ngram","num_speculative_tokens":5,' in out
     assert "drift check (ABA): stop the last candidate" in out
-    assert "requests: 24 = 3 phases x 2 prompt types x (3 measured + 1 warm-up)" in out
+    assert "requests: 36 = 3 phases x 2 prompt types x (5 measured + 1 warm-up)" in out
+    assert "restart noise: restart noise unmeasured: assumed 5%" in out
     assert "estimated duration: about" in out
     assert "ran" not in out and "passed" not in out  # no test ran: nothing was collected
     assert not (pytester.path / "reports").exists()  # no run folder, no report.html
@@ -99,7 +101,7 @@ def test_baseline_from_a_stored_run_in_the_plan(
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert f"baseline: reused from {path}, not measured" in out
-    assert "requests: 8 = 1 phases x 2 prompt types" in out
+    assert "requests: 12 = 1 phases x 2 prompt types" in out
 
 
 UNIT = """# /etc/systemd/system/vllm-kimi-k25-int4.service
@@ -173,5 +175,6 @@ def test_systemd_dry_run_shows_complete_unit_files_and_only_reads(tmp_path: Path
     assert "systemctl daemon-reload; systemctl start vllm-kimi-k25-int4-specdecode.service" in text
     assert "restore: systemctl stop vllm-kimi-k25-int4-specdecode.service" in text
     # The original is measured as it runs: 2 candidate starts and the restore's.
-    assert "requests: 24 = 3 phases x 2 prompt types" in text
+    assert "requests: 36 = 3 phases x 2 prompt types" in text
+    assert "server starts, in order: baseline (as it runs), ngram, ngram-k3" in text
     assert "(3 server starts at ~600s" in text

@@ -105,11 +105,13 @@ def test_compare_runs_finds_a_slower_run(tmp_path: Path) -> None:
         candidate={"coding": 25.0, "math": 16.0},
     )
     found = compare.compare_runs(load_run(a), load_run(b), alpha=0.05, min_effect=0.03)
+    # Each phase of B is another server start than A's: the restart noise (unmeasured here,
+    # assumed 5%) keeps small differences undecided; 16 -> 12 tok/s is beyond it.
     assert {(r.candidate, r.prompt_type): r.verdict for r in found} == {
-        ("baseline", "coding"): "no significant difference",
+        ("baseline", "coding"): "inconclusive",
         ("baseline", "math"): "regressed",
-        ("ngram", "coding"): "no significant difference",
-        ("ngram", "math"): "no significant difference",
+        ("ngram", "coding"): "inconclusive",
+        ("ngram", "math"): "inconclusive",
     }
 
 
@@ -144,7 +146,7 @@ def test_specdecode_compare_console_script(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "no significant difference" in done.stdout
+    assert "inconclusive" in done.stdout
 
 
 def test_compare_names_what_differs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
