@@ -47,6 +47,8 @@ def load_from_options(config: pytest.Config) -> Settings:
             "api_base": opt("spec_api_base"),
             "model": opt("spec_model"),
             "watchdog_s": opt("spec_watchdog"),
+            "ssh_config": opt("spec_ssh_config"),
+            "api_via": opt("spec_api_via"),
             **({"backend": "systemd"} if opt("spec_host") else {}),
         },
         reports_dir=Path(reports).resolve() if reports else None,
