@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpcore  # noqa: F401
 import pytest
 
-from .testbed import REPO, Testbed
+from .testbed import REPO, Reach, Testbed
 
 
 @pytest.fixture(scope="session")
@@ -30,5 +30,21 @@ def testbed() -> Iterator[Testbed]:
         yield bed
     finally:
         bed.close()
+        if not was_up:
+            subprocess.run(["bash", str(script), "down"], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def reach(testbed: Testbed) -> Iterator[Reach]:
+    """scripts/testbed/reach-host on the test host: set up if needed, taken down if it set it up."""
+    script = REPO / "scripts" / "testbed" / "reach-host"
+    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    if not was_up:
+        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True)
+        if up.returncode != 0:
+            pytest.fail(f"reach-host did not come up:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+    try:
+        yield Reach.from_script(script)
+    finally:
         if not was_up:
             subprocess.run(["bash", str(script), "down"], capture_output=True)

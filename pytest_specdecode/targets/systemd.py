@@ -27,7 +27,7 @@ from ..config.specconfig import SpecConfig
 from ..errors import ConfigError, HostError, ServiceError
 from ..record.store import redact_text
 from .base import port_answers
-from .hosts import Host
+from .hosts import CommandResult, Host
 from .unitfile import (
     candidate_unit_name,
     check_unit_name,
@@ -315,6 +315,8 @@ class SystemdTarget:
     def unit_text(self) -> str:
         if self._unit_text is None:
             result = self.host.run(["systemctl", "cat", self.unit], timeout=30)
+            if not result.ok and _sudo_refused(result):
+                raise self._sudo_refusal(result)
             if not result.ok:
                 raise ConfigError(
                     f"unit {self.unit} not found on {self.host_name} "
@@ -493,18 +495,24 @@ class SystemdTarget:
             result = self.host.run(argv, timeout=30)
             if result.ok:
                 continue
-            said = (result.stderr or result.stdout).strip()
-            if "sudo:" in said:
-                hint = (
-                    "sudo would ask for a password (or its rule does not allow this program): "
-                    f"this tool needs passwordless sudo for {', '.join(HOST_PROGRAMS)} (see the "
-                    "README, 'A non-root user with sudo')"
-                )
-            else:
-                hint = f"{program} is missing or does not run on the host"
+            if _sudo_refused(result):
+                raise self._sudo_refusal(result)
             raise ConfigError(
-                f"{self.host_name}: {result.describe()}. {hint}. Nothing on the host was touched"
+                f"{self.host_name}: {result.describe()}. {program} is missing or does not run "
+                "on the host. Nothing on the host was touched"
             )
+
+    def _sudo_refusal(self, result: CommandResult) -> ConfigError:
+        return ConfigError(
+            f"{result.describe()}. sudo would ask for a password (or its rule "
+            f"does not allow this program): this tool needs passwordless sudo for "
+            f"{', '.join(HOST_PROGRAMS)} (see the README, 'A non-root user with sudo'). Nothing "
+            "on the host was touched"
+        )
+
+
+def _sudo_refused(result: CommandResult) -> bool:
+    return result.argv[:2] == ("sudo", "-n") and result.stderr.lstrip().startswith("sudo:")
 
 
 _PROBE_SPEC = SpecConfig("probe", {"method": "ngram", "num_speculative_tokens": 1})
