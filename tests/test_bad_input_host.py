@@ -90,8 +90,10 @@ def test_no_permission_to_write_the_unit_file(pytester, testbed, unchanged):
     refused(result, "on bench@127.0.0.1:2222 exited 1: sudo: a password is required")
     refused(result, "this tool needs passwordless sudo")
     # Without sudo, it reads the unit, then finds it cannot write one.
-    config = write_remote_experiment(pytester, testbed, target={"sudo": False})
-    result = suite(pytester, testbed, "--spec-host", "ssh://bench@127.0.0.1:2222", config=config)
+    config = pytester.path / "remote.toml"
+    no_sudo = pytester.path / "no-sudo.toml"
+    no_sudo.write_text(config.read_text().replace("[target]\n", "[target]\nsudo = false\n", 1))
+    result = suite(pytester, testbed, "--spec-host", "ssh://bench@127.0.0.1:2222", config=no_sudo)
     refused(result, "/etc/systemd/system is not writable by bench")
 
 

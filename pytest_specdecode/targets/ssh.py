@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import paramiko
+from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey
 
 from ..errors import ConfigError, HostError
 from . import ssh_config
@@ -166,7 +167,7 @@ class SSHHost(BaseHost):
                 hop.hostname,
                 port=hop.port,
                 username=hop.user,
-                key_filename=[str(k) for k in keys] or None,
+                auth_strategy=_Keys(hop.user, [key for _, key in keys]) if keys else None,
                 timeout=self._connect_timeout_s,
                 banner_timeout=self._connect_timeout_s,
                 auth_timeout=self._connect_timeout_s,
@@ -182,9 +183,10 @@ class SSHHost(BaseHost):
                 f"this is what a man-in-the-middle looks like. {untouched}"
             ) from None
         except paramiko.AuthenticationException as exc:
-            shown = ", ".join(map(str, keys)) or "(ssh agent / default keys)"
+            shown = ", ".join(str(path) for path, _ in keys) or "(ssh agent / default keys)"
+            why = "no key was accepted" if keys else str(exc)
             raise ConfigError(
-                f"{role}: authentication refused for {hop.user} ({exc}); check the user and the "
+                f"{role}: authentication refused for {hop.user} ({why}); check the user and the "
                 f"identity file {shown}. {untouched}"
             ) from None
         except paramiko.SSHException as exc:
@@ -202,17 +204,17 @@ class SSHHost(BaseHost):
             ) from None
         return client
 
-    def _identities(self, hop: Destination, role: str) -> list[Path]:
-        """The explicit identity, then the hop's ssh_config IdentityFiles that exist."""
+    def _identities(self, hop: Destination, role: str) -> list[tuple[Path, paramiko.PKey]]:
+        """The explicit identity, then the hop's ssh_config IdentityFiles that exist, loaded."""
         explicit = [self.spec.identity_file] if self.spec.identity_file else []
         found = [p for p in hop.identity_files if p.is_file()]
-        keys = list(dict.fromkeys([*explicit, *found]))
-        for key in keys:
+        keys = []
+        for path in dict.fromkeys([*explicit, *found]):
             try:
-                paramiko.PKey.from_path(str(key))
+                keys.append((path, paramiko.PKey.from_path(str(path))))
             except (OSError, paramiko.SSHException, ValueError) as exc:
                 raise ConfigError(
-                    f"{role}: cannot read the identity file {key}: {exc}. Nothing on the host "
+                    f"{role}: cannot read the identity file {path}: {exc}. Nothing on the host "
                     "was touched"
                 ) from None
         return keys
@@ -363,3 +365,16 @@ class SSHHost(BaseHost):
         return CommandResult(
             self.name, argv, status, out.decode(errors="replace"), err.decode(errors="replace")
         )
+
+
+class _Keys(AuthStrategy):
+    """Each identity in turn, as ssh tries its IdentityFile lines (no agent, no default keys)."""
+
+    def __init__(self, username: str, keys: list[paramiko.PKey]) -> None:
+        super().__init__(ssh_config=None)
+        self._username = username
+        self._keys = keys
+
+    def get_sources(self):  # type: ignore[no-untyped-def]
+        for key in self._keys:
+            yield InMemoryPrivateKey(self._username, key)
