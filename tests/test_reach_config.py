@@ -296,3 +296,68 @@ def test_a_refused_forward_looks_like_a_down_server_and_forbidden_forwarding_is_
             forbidden.remote_answers()
     finally:
         forbidden.close()
+
+
+class RecordingHost:
+    """Stand-in Host: records argv and stdin, answers journalctl newest first as -r does."""
+
+    name = "deploy@gpu:22"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[tuple[str, ...], str | None]] = []
+
+    def run(self, argv, *, timeout=60.0, stdin=None):
+        from pytest_specdecode.targets.hosts import CommandResult
+
+        self.seen.append((tuple(argv), stdin))
+        out = ""
+        if argv[0] == "systemctl" and "InvocationID" in argv:
+            out = "0123456789abcdef0123456789abcdef\n"
+        elif argv[0] == "journalctl":
+            out = "third\nsecond\nfirst\n"
+        return CommandResult(self.name, tuple(argv), 0, out, "")
+
+    def check(self, argv, *, timeout=60.0, stdin=None):
+        return self.run(argv, timeout=timeout, stdin=stdin)
+
+    def close(self) -> None:
+        pass
+
+
+def test_files_are_written_with_install_and_mv_and_journals_read_without_a_shell():
+    from pytest_specdecode.targets.systemd import SystemdTarget, SystemdUnit
+
+    host = RecordingHost()
+    target = SystemdTarget(host, "vllm.service", api_base="http://gpu:8000", model="m")
+    target.write_file("/run/systemd/system/vllm.service.d/x.conf", "[Service]\n$(id)\n")
+    assert host.seen == [
+        (
+            (
+                "install",
+                "-m",
+                "0644",
+                "-D",
+                "/dev/stdin",
+                "/run/systemd/system/vllm.service.d/x.conf.tmp",
+            ),
+            "[Service]\n$(id)\n",
+        ),
+        (
+            (
+                "mv",
+                "-f",
+                "/run/systemd/system/vllm.service.d/x.conf.tmp",
+                "/run/systemd/system/vllm.service.d/x.conf",
+            ),
+            None,
+        ),
+    ]
+    for path, mode in [("relative", "0644"), ("/etc/../x", "0644"), ("/x", "644; rm")]:
+        with pytest.raises(ValueError):
+            target.write_file(path, "", mode)
+    assert SystemdUnit(host, "vllm.service", api_base="", model="m").log_tail(3) == [
+        "first",
+        "second",
+        "third",
+    ]
+    assert all(argv[0] in HOST_PROGRAMS for argv, _ in host.seen)
