@@ -81,9 +81,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--spec-host",
-        metavar="ssh://USER@HOST:PORT",
+        metavar="ssh://USER@HOST:PORT|ALIAS",
         default=None,
-        help="experiment on the systemd unit of this host over SSH (the systemd backend)",
+        help="experiment on the systemd unit of this host over SSH (the systemd backend); an "
+        "ssh_config alias brings its HostName, User, Port, IdentityFile and ProxyJump",
+    )
+    add(
+        "--spec-ssh-config",
+        metavar="PATH",
+        default=None,
+        help="the ssh_config in which an alias --spec-host is looked up (default ~/.ssh/config)",
     )
     add("--spec-unit", metavar="NAME.service", default=None, help="the production vLLM unit")
     add("--spec-identity", metavar="PATH", default=None, help="SSH private key file")
@@ -103,7 +110,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--spec-api-base",
         metavar="URL",
         default=None,
-        help="where the service answers, as seen from here (overrides [target] api_base)",
+        help="where the service answers, as seen from here (overrides [target] api_base); "
+        "without it, a remote host's API is reached through the SSH connection",
+    )
+    add(
+        "--spec-api-via",
+        choices=("auto", "direct", "ssh"),
+        default=None,
+        help="systemd backend: reach the API directly, or through SSH (a forwarded channel); "
+        "auto: directly when --spec-api-base answers from here, else through SSH",
     )
     add("--spec-model", metavar="NAME", default=None, help="the served model name")
     add(

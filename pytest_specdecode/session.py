@@ -61,6 +61,8 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "api_base": opt("spec_api_base"),
             "model": opt("spec_model"),
             "watchdog_s": opt("spec_watchdog"),
+            "ssh_config": opt("spec_ssh_config"),
+            "api_via": opt("spec_api_via"),
             **({"backend": "systemd"} if opt("spec_host") else {}),
         },
         reports_dir=Path(reports).resolve() if reports else None,
@@ -213,7 +215,7 @@ class SpecDecodeSession:
             target=TargetInfo(
                 backend=t.backend,
                 host=target.host_name,
-                api_base=t.api_base,
+                api_base=target.api_base,
                 model=t.model,
                 unit=t.unit,
                 command=redact_argv(t.command),

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpcore  # noqa: F401
 import pytest
 
-from .support.testbed import REPO, Testbed
+from .support.testbed import REPO, Reach, Testbed
 
 HERE = Path(__file__).parent
 MARKERS = {"real_vllm": "vllm", "real_host": "remote"}
@@ -53,5 +53,21 @@ def testbed() -> Iterator[Testbed]:
         yield bed
     finally:
         bed.close()
+        if not was_up:
+            subprocess.run(["bash", str(script), "down"], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def reach(testbed: Testbed) -> Iterator[Reach]:
+    """scripts/testbed/reach-host on the test host: set up if needed, taken down if it set it up."""
+    script = REPO / "scripts" / "testbed" / "reach-host"
+    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    if not was_up:
+        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True)
+        if up.returncode != 0:
+            pytest.fail(f"reach-host did not come up:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+    try:
+        yield Reach.from_script(script)
+    finally:
         if not was_up:
             subprocess.run(["bash", str(script), "down"], capture_output=True)

@@ -40,12 +40,15 @@ class TargetConfig:
     startup_timeout_s: float
     restore_timeout_s: float
     api_key_env: str | None  # the *name* of a variable holding an API key, never the key
-    host: str | None = None  # systemd: ssh://user@host:port
+    host: str | None = None  # systemd: ssh://user@host:port, or an ssh_config alias
     unit: str | None = None  # systemd: the production unit
     identity_file: Path | None = None
     known_hosts: Path | None = None
     accept_unknown_host_key: bool = False
     watchdog_s: float = 1800.0
+    ssh_config: Path | None = None  # systemd: where an alias is looked up (else ~/.ssh/config)
+    sudo: bool | None = None  # systemd: run commands under `sudo -n`; None: when not root
+    api_via: Literal["auto", "direct", "ssh"] = "auto"  # systemd: how the API is reached
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,9 @@ _TARGET_KEYS = {
     "env",
     "startup_timeout_s",
     "api_key_env",
+    "ssh_config",
+    "sudo",
+    "api_via",
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
@@ -274,7 +280,10 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         raise ConfigError(f"{here}: backend must be 'local' or 'systemd', got {backend!r}")
     api_base = str(table.get("api_base", "")).rstrip("/")
     parts = urlsplit(api_base)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    # systemd: without api_base, the API is reached through the SSH connection
+    if (backend == "local" or api_base) and (
+        parts.scheme not in ("http", "https") or not parts.hostname
+    ):
         raise ConfigError(f"{here}: api_base must be an http(s) URL, got {api_base!r}")
     model = table.get("model")
     if not isinstance(model, str) or not model:
@@ -294,7 +303,7 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
                 "server gets it as VLLM_API_KEY"
             )
     else:
-        _systemd_keys(table, here)
+        _systemd_keys(table, base, here)
     env = table.get("env", {})
     if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
         raise ConfigError(f"{here}: 'env' must be a table of strings")
@@ -322,19 +331,33 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         known_hosts=_path(table.get("known_hosts"), base),
         accept_unknown_host_key=bool(table.get("accept_unknown_host_key", False)),
         watchdog_s=_positive_number(table.get("watchdog_s", 1800), "watchdog_s", here),
+        ssh_config=_path(table.get("ssh_config"), base),
+        sudo=table.get("sudo"),
+        api_via=table.get("api_via", "auto"),
     )
 
 
-def _systemd_keys(table: Mapping[str, Any], here: str) -> None:
+def _systemd_keys(table: Mapping[str, Any], base: Path, here: str) -> None:
     from ..targets.ssh import SSHSpec  # paramiko only where a remote host is used
     from ..targets.unitfile import check_unit_name
 
     host, unit = table.get("host"), table.get("unit")
     if not isinstance(host, str):
         raise ConfigError(
-            f"{here}: the systemd backend needs host = 'ssh://user@host:port' (or --spec-host)"
+            f"{here}: the systemd backend needs host = 'ssh://user@host:port' or an ssh_config "
+            "alias (or --spec-host)"
         )
-    SSHSpec.parse(host)
+    ssh_config = _path(table.get("ssh_config"), base)
+    if ssh_config is not None and not ssh_config.is_file():
+        raise ConfigError(f"{here}: ssh_config {str(ssh_config)!r} is not a readable file")
+    SSHSpec.parse(host, ssh_config_path=ssh_config)  # an alias is resolved here, offline
+    if table.get("sudo") is not None and not isinstance(table.get("sudo"), bool):
+        raise ConfigError(f"{here}: sudo must be true or false (default: when not root)")
+    api_via = table.get("api_via", "auto")
+    if api_via not in ("auto", "direct", "ssh"):
+        raise ConfigError(f"{here}: api_via must be 'auto', 'direct' or 'ssh', got {api_via!r}")
+    if api_via == "direct" and not table.get("api_base"):
+        raise ConfigError(f"{here}: api_via = 'direct' needs api_base (or --spec-api-base)")
     if not isinstance(unit, str):
         raise ConfigError(
             f"{here}: the systemd backend needs unit = 'NAME.service' (or --spec-unit)"

@@ -7,14 +7,17 @@ else asks which backend it has.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from .base import Target
+from .base import Target, port_answers
 
 if TYPE_CHECKING:
     from ..config.settings import TargetConfig
+    from .ssh import SSHSpec
 
 
 def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
@@ -34,15 +37,18 @@ def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
         )
     from .ssh import SSHHost, SSHSpec
     from .systemd import SystemdTarget
+    from .tunnel import ApiTunnel
 
     assert config.host and config.unit
     spec = SSHSpec.parse(
         config.host,
+        ssh_config_path=config.ssh_config,
         identity_file=config.identity_file,
         known_hosts=config.known_hosts,
         accept_unknown_host_key=config.accept_unknown_host_key,
+        sudo=config.sudo,
     )
-    return SystemdTarget(
+    target = SystemdTarget(
         SSHHost(spec),
         config.unit,
         api_base=config.api_base,
@@ -50,3 +56,33 @@ def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
         watchdog_s=config.watchdog_s,
         heartbeat_host=SSHHost(spec),
     )
+    if api_through_ssh(config, spec):
+        # Its own connection, opened at the first request: the dry run never opens it.
+        target.use_tunnel(ApiTunnel(SSHHost(spec), target.api_address))
+    return target
+
+
+def api_through_ssh(config: TargetConfig, spec: SSHSpec) -> bool:
+    """Whether the API must be reached through the SSH connection rather than directly.
+
+    `auto` goes direct only when api_base is given, answers from here, and does not name a
+    loopback address of a host that is not this machine's loopback (that one is the host's own).
+    """
+    if config.api_via != "auto":
+        return config.api_via == "ssh"
+    if not config.api_base:
+        return True
+    if _loopback(urlsplit(config.api_base).hostname) and (
+        spec.jumps or not _loopback(spec.hostname)
+    ):
+        return True
+    return not port_answers(config.api_base)
+
+
+def _loopback(name: str | None) -> bool:
+    if name in (None, "localhost"):
+        return name == "localhost"
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False

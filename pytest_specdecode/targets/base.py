@@ -52,6 +52,7 @@ class Target(Protocol):
 
     host_name: str  # as shown in every message, e.g. "root@gpu:22" or "localhost"
     host: Host  # where the services run: facts such as the GPUs are read there
+    api_base: str  # where the services' API answers from here (a tunnel's local end, maybe)
     adopts_running_original: bool  # True: the original is measured as it runs, not started
     typical_start_s: float  # a server start, for estimates before any run was stored
 

@@ -1,9 +1,11 @@
-"""A host reached over SSH with paramiko: verified host keys, bounded commands, one reconnect."""
+"""A host reached over SSH with paramiko: verified host keys on every hop, bounded commands,
+one reconnect, and privilege escalation with `sudo -n` for a non-root user.
+"""
 
 from __future__ import annotations
 
-import re
 import shlex
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,12 +13,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import paramiko
+from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey
 
 from ..errors import ConfigError, HostError
+from . import ssh_config
 from .hosts import BaseHost, CommandResult
+from .ssh_config import Destination
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$|^\[?[0-9A-Fa-f:.]+\]?$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+SUDO = ("sudo", "-n", "--")
 
 
 @dataclass(frozen=True)
@@ -25,64 +29,133 @@ class SSHSpec:
     hostname: str
     port: int = 22
     identity_file: Path | None = None
-    known_hosts: Path | None = None  # None: ~/.ssh/known_hosts
+    known_hosts: Path | None = None  # None: each hop's UserKnownHostsFile, else ~/.ssh/known_hosts
     accept_unknown_host_key: bool = False
+    jumps: tuple[Destination, ...] = ()  # ProxyJump hops, the first connected first
+    identity_files: tuple[Path, ...] = ()  # the target's IdentityFile lines from ssh_config
+    alias: str | None = None  # the ssh_config Host it came from
+    config_known_hosts: Path | None = None  # the target's UserKnownHostsFile from ssh_config
+    sudo: bool | None = None  # None: sudo when the user is not root
 
     @property
     def name(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
+        core = f"{self.user}@{self.hostname}:{self.port}"
+        notes = ([self.alias] if self.alias else []) + (
+            ["via " + ", ".join(j.name for j in self.jumps)] if self.jumps else []
+        )
+        return core + (f" ({'; '.join(notes)})" if notes else "")
+
+    @property
+    def uses_sudo(self) -> bool:
+        return self.sudo if self.sudo is not None else self.user != "root"
+
+    @property
+    def destination(self) -> Destination:
+        return Destination(
+            self.user,
+            self.hostname,
+            self.port,
+            self.identity_files,
+            self.config_known_hosts,
+            self.alias,
+        )
 
     @classmethod
-    def parse(cls, url: str, **kwargs: object) -> SSHSpec:
-        """`ssh://user@host:port`, validated before anything connects."""
+    def parse(cls, url: str, *, ssh_config_path: Path | None = None, **kwargs: object) -> SSHSpec:
+        """`ssh://user@host:port` or an ssh_config alias, validated before anything connects.
+
+        The URL form is explicit and complete: ssh_config is read only for an alias, from
+        `ssh_config_path` or else ~/.ssh/config.
+        """
+        if "://" not in url:
+            config = ssh_config_path or ssh_config.default_config_path()
+            target, jumps = ssh_config.resolve(url, config)
+            return cls(
+                user=target.user,
+                hostname=target.hostname,
+                port=target.port,
+                jumps=jumps,
+                identity_files=target.identity_files,
+                alias=target.alias,
+                config_known_hosts=target.known_hosts,
+                **kwargs,  # type: ignore[arg-type]
+            )
         parts = urlsplit(url)
         if parts.scheme != "ssh" or not parts.hostname or parts.path not in ("", "/"):
-            raise ConfigError(f"host {url!r}: expected ssh://user@host[:port]")
+            raise ConfigError(
+                f"host {url!r}: expected ssh://user@host[:port] or an ssh_config alias"
+            )
         try:
             port = parts.port or 22
         except ValueError:
             raise ConfigError(f"host {url!r}: the port is not a number from 1 to 65535") from None
-        user = parts.username or "root"
-        if not _USER.match(user):
-            raise ConfigError(f"host {url!r}: {user!r} is not a valid user name")
-        if not _HOSTNAME.match(parts.hostname):
-            raise ConfigError(f"host {url!r}: {parts.hostname!r} is not a valid host name")
+        user = ssh_config.check_user(parts.username or "root", f"host {url!r}")
+        ssh_config.check_hostname(parts.hostname, f"host {url!r}")
         return cls(user=user, hostname=parts.hostname, port=port, **kwargs)  # type: ignore[arg-type]
 
 
 class SSHHost(BaseHost):
-    """Runs argv lists on a remote host. Every argument is quoted here, with shlex."""
+    """Runs argv lists on a remote host. Every argument is quoted here, with shlex.
+
+    With `spec.uses_sudo`, every argv runs as `sudo -n -- argv…`: the callers never ask whether
+    they are root. A sudo that would ask for a password fails at once (`-n`), never hangs.
+    """
 
     def __init__(
         self, spec: SSHSpec, *, connect_timeout_s: float = 10.0, keepalive_s: int = 15
     ) -> None:
         self.spec = spec
         self.name = spec.name
+        self.sudo = spec.uses_sudo
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
-        self._client: paramiko.SSHClient | None = None
+        self._clients: list[paramiko.SSHClient] = []
+        self._lock = threading.RLock()
 
+    # -- connection -----------------------------------------------------------------------------
     def connect(self) -> None:
+        """Connect hop by hop; each hop's host key is verified before the next is reached."""
+        hops = [*self.spec.jumps, self.spec.destination]
+        clients: list[paramiko.SSHClient] = []
+        try:
+            sock: paramiko.Channel | None = None
+            for i, hop in enumerate(hops):
+                role = self.name if i == len(hops) - 1 else f"jump host {hop.name}"
+                if i and sock is None:
+                    raise AssertionError("no channel to the next hop")
+                clients.append(self._connect_hop(hop, sock, role))
+                if i + 1 < len(hops):
+                    sock = self._channel_to(clients[-1], hops[i + 1], role)
+        except BaseException:
+            for client in reversed(clients):
+                client.close()
+            raise
+        for client in clients:
+            transport = client.get_transport()
+            if transport is not None:
+                transport.set_keepalive(self._keepalive_s)
+        self._clients = clients
+
+    @property
+    def _client(self) -> paramiko.SSHClient | None:
+        return self._clients[-1] if self._clients else None
+
+    def _connect_hop(
+        self, hop: Destination, sock: paramiko.Channel | None, role: str
+    ) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        known = self.spec.known_hosts or Path.home() / ".ssh" / "known_hosts"
+        known = self.spec.known_hosts or hop.known_hosts or Path.home() / ".ssh" / "known_hosts"
+        untouched = "Nothing on the host was touched"
         try:
             client.load_host_keys(str(known))
         except FileNotFoundError:
             if not self.spec.accept_unknown_host_key:
                 raise ConfigError(
-                    f"{self.name}: known_hosts file {known} does not exist, so the host key "
+                    f"{role}: known_hosts file {known} does not exist, so the host key "
                     "cannot be verified; add the host's key there (ssh-keyscan, checked out of "
                     "band) or opt in with --spec-accept-unknown-host-key"
                 ) from None
-        pkey = None
-        if self.spec.identity_file is not None:
-            try:
-                pkey = paramiko.PKey.from_path(str(self.spec.identity_file))
-            except (OSError, paramiko.SSHException, ValueError) as exc:
-                raise ConfigError(
-                    f"{self.name}: cannot read the identity file {self.spec.identity_file}: "
-                    f"{exc}. Nothing on the host was touched"
-                ) from None
+        keys = self._identities(hop, role)
         policy = (
             paramiko.AutoAddPolicy()
             if self.spec.accept_unknown_host_key
@@ -91,83 +164,164 @@ class SSHHost(BaseHost):
         client.set_missing_host_key_policy(policy)
         try:
             client.connect(
-                self.spec.hostname,
-                port=self.spec.port,
-                username=self.spec.user,
-                pkey=pkey,
+                hop.hostname,
+                port=hop.port,
+                username=hop.user,
+                auth_strategy=_Keys(hop.user, [key for _, key in keys]) if keys else None,
                 timeout=self._connect_timeout_s,
                 banner_timeout=self._connect_timeout_s,
                 auth_timeout=self._connect_timeout_s,
-                allow_agent=self.spec.identity_file is None,
-                look_for_keys=self.spec.identity_file is None,
+                channel_timeout=self._connect_timeout_s,
+                allow_agent=not keys,
+                look_for_keys=not keys,
+                sock=sock,
             )
         except paramiko.BadHostKeyException as exc:
             raise ConfigError(
-                f"{self.name}: the host key CHANGED (got {exc.key.get_name()} "
-                f"{exc.key.get_base64()[:24]}…, known_hosts has another). Refusing to connect: "
-                "this is what a man-in-the-middle looks like. Nothing on the host was touched"
+                f"{role}: the host key CHANGED (got {exc.key.get_name()} "
+                f"{exc.key.get_base64()[:24]}…, {known} has another). Refusing to connect: "
+                f"this is what a man-in-the-middle looks like. {untouched}"
             ) from None
         except paramiko.AuthenticationException as exc:
+            shown = ", ".join(str(path) for path, _ in keys) or "(ssh agent / default keys)"
+            why = "no key was accepted" if keys else str(exc)
             raise ConfigError(
-                f"{self.name}: authentication refused ({exc}); check the user and the identity "
-                f"file {self.spec.identity_file or '(ssh agent / default keys)'}. Nothing on the "
-                "host was touched"
+                f"{role}: authentication refused for {hop.user} ({why}); check the user and the "
+                f"identity file {shown}. {untouched}"
             ) from None
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
                 raise ConfigError(
-                    f"{self.name}: unknown host key (not in {known}); refusing. Verify the key "
+                    f"{role}: unknown host key (not in {known}); refusing. Verify the key "
                     "and add it to known_hosts, or opt in with --spec-accept-unknown-host-key. "
-                    "Nothing on the host was touched"
+                    f"{untouched}"
                 ) from None
-            raise HostError(f"{self.name}: SSH failed: {exc}") from None
+            raise HostError(f"{role}: SSH failed: {exc}") from None
         except (TimeoutError, OSError) as exc:
             raise HostError(
-                f"{self.name}: cannot connect within {self._connect_timeout_s:g}s ({exc}); "
+                f"{role}: cannot connect within {self._connect_timeout_s:g}s ({exc}); "
                 "nothing on the host was touched"
             ) from None
+        return client
+
+    def _identities(self, hop: Destination, role: str) -> list[tuple[Path, paramiko.PKey]]:
+        """The explicit identity, then the hop's ssh_config IdentityFiles that exist, loaded."""
+        explicit = [self.spec.identity_file] if self.spec.identity_file else []
+        found = [p for p in hop.identity_files if p.is_file()]
+        keys = []
+        for path in dict.fromkeys([*explicit, *found]):
+            try:
+                keys.append((path, paramiko.PKey.from_path(str(path))))
+            except (OSError, paramiko.SSHException, ValueError) as exc:
+                raise ConfigError(
+                    f"{role}: cannot read the identity file {path}: {exc}. Nothing on the host "
+                    "was touched"
+                ) from None
+        return keys
+
+    def _channel_to(
+        self, client: paramiko.SSHClient, hop: Destination, role: str
+    ) -> paramiko.Channel:
         transport = client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(self._keepalive_s)
-        self._client = client
+        assert transport is not None
+        try:
+            return transport.open_channel(
+                "direct-tcpip",
+                (hop.hostname, hop.port),
+                ("127.0.0.1", 0),
+                timeout=self._connect_timeout_s,
+            )
+        except (paramiko.ChannelException, paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostError(
+                f"{role} cannot reach the next hop {hop.name} ({exc}); nothing on the host was "
+                "touched"
+            ) from None
+
+    def close(self) -> None:
+        with self._lock:
+            for client in reversed(self._clients):
+                client.close()
+            self._clients = []
+
+    def _alive(self) -> bool:
+        for client in self._clients:
+            transport = client.get_transport()
+            if not (transport and transport.is_active()):
+                return False
+        return bool(self._clients)
+
+    def transport(self, purpose: str) -> paramiko.Transport:
+        """The live connection's transport, reconnecting once if it has dropped."""
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if not self._alive():
+                        self.close()
+                        self.connect()
+                    transport = self._clients[-1].get_transport()
+                    if transport is None or not transport.is_active():
+                        raise paramiko.SSHException("the transport is not active")
+                    return transport
+                except (paramiko.SSHException, EOFError, OSError) as exc:
+                    self.close()
+                    if attempt == 2:
+                        raise HostError(
+                            f"{self.name}: the SSH connection dropped and one reconnect failed "
+                            f"({exc}); {purpose}"
+                        ) from None
+        raise AssertionError("unreachable")
+
+    # -- commands -------------------------------------------------------------------------------
+    def wrap(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """The argv as it runs on the host: under `sudo -n --` for a non-root user."""
+        return (*SUDO, *argv) if self.sudo else tuple(argv)
 
     def run(
         self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
     ) -> CommandResult:
-        command = shlex.join(argv)
-        channel = self._open_channel(command)
+        full = self.wrap(argv)
+        command = shlex.join(full)
+        channel = self._open_session(command)
         try:
-            return self._finish(channel, tuple(argv), command, timeout, stdin)
+            return self._finish(channel, full, command, timeout, stdin)
         finally:
             channel.close()
 
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+    def open_forward(self, host: str, port: int) -> paramiko.Channel:
+        """A `direct-tcpip` channel to host:port as the remote host sees it.
 
-    def _open_channel(self, command: str) -> paramiko.Channel:
-        """A session channel, reconnecting once if the connection has dropped."""
+        Raises paramiko.ChannelException when the host refuses to open it (nothing listens
+        there, or its sshd forbids forwarding), HostError when the connection is gone.
+        """
         for attempt in (1, 2):
+            transport = self.transport(f"no channel to {host}:{port} was opened")
             try:
-                if self._client is None or not self._alive():
-                    self.close()
-                    self.connect()
-                transport = self._client.get_transport()  # type: ignore[union-attr]
-                assert transport is not None
+                return transport.open_channel(
+                    "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=self._connect_timeout_s
+                )
+            except paramiko.ChannelException:
+                raise
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if attempt == 2:
+                    raise HostError(
+                        f"{self.name}: cannot open a channel to {host}:{port} ({exc})"
+                    ) from None
+                self.close()
+        raise AssertionError("unreachable")
+
+    def _open_session(self, command: str) -> paramiko.Channel:
+        for attempt in (1, 2):
+            transport = self.transport(f"`{command}` was not run")
+            try:
                 return transport.open_session(timeout=self._connect_timeout_s)
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                self.close()
                 if attempt == 2:
                     raise HostError(
                         f"{self.name}: the SSH connection dropped and one reconnect failed "
                         f"({exc}); `{command}` was not run"
                     ) from None
+                self.close()
         raise AssertionError("unreachable")
-
-    def _alive(self) -> bool:
-        transport = self._client.get_transport() if self._client else None
-        return bool(transport and transport.is_active())
 
     def _finish(
         self,
@@ -211,3 +365,16 @@ class SSHHost(BaseHost):
         return CommandResult(
             self.name, argv, status, out.decode(errors="replace"), err.decode(errors="replace")
         )
+
+
+class _Keys(AuthStrategy):
+    """Each identity in turn, as ssh tries its IdentityFile lines (no agent, no default keys)."""
+
+    def __init__(self, username: str, keys: list[paramiko.PKey]) -> None:
+        super().__init__(ssh_config=None)
+        self._username = username
+        self._keys = keys
+
+    def get_sources(self):  # type: ignore[no-untyped-def]
+        for key in self._keys:
+            yield InMemoryPrivateKey(self._username, key)

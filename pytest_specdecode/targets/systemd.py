@@ -4,6 +4,9 @@ What it writes on the host, and where:
 - /etc/systemd/system/<unit>-specdecode.service: the candidate, removed at restore;
 - /run/pytest-specdecode/: the lock (owner.txt) and the watchdog's restore.sh, removed at restore;
 - transient units pytest-specdecode-watchdog.{timer,service} (systemd-run), stopped at restore.
+
+It runs only the programs in HOST_PROGRAMS (no shell), so that a non-root user can be given
+exactly those in a sudo rule; the Host wraps each command in `sudo -n` where needed.
 """
 
 from __future__ import annotations
@@ -17,14 +20,24 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError, HostError, ServiceError
 from ..record.redaction import redact_text
 from .base import Transports, port_answers
-from .hosts import Host
-from .unitfile import candidate_unit_name, check_unit_name, render_candidate_unit
+from .hosts import CommandResult, Host
+from .unitfile import (
+    candidate_unit_name,
+    check_unit_name,
+    effective_exec_start,
+    render_candidate_unit,
+)
+from .vllm_argv import option_value
+
+if TYPE_CHECKING:
+    from .tunnel import ApiTunnel
 
 STATE_DIR = "/run/pytest-specdecode"
 LOCK_DIR = f"{STATE_DIR}/lock"
@@ -37,6 +50,20 @@ ENGINE_DEATH = re.compile(
     r"|CUDA out of memory|OutOfMemoryError|Traceback \(most recent call last\)"
 )
 _SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+# Every program this backend runs on the host, with a harmless invocation that proves it may.
+HOST_PROGRAMS: dict[str, tuple[str, ...]] = {
+    "systemctl": ("systemctl", "--version"),
+    "journalctl": ("journalctl", "--version"),
+    "systemd-run": ("systemd-run", "--version"),
+    "install": ("install", "--version"),
+    "mv": ("mv", "--version"),
+    "rm": ("rm", "--version"),
+    "mkdir": ("mkdir", "--version"),
+    "cat": ("cat", "--version"),
+    "test": ("test", "-d", "/"),
+    "ss": ("ss", "-V"),
+}
+_INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 class SystemdUnit:
@@ -100,22 +127,25 @@ class SystemdUnit:
         return next((line for line in lines if ENGINE_DEATH.search(line)), None)
 
     def _journal(self, lines: int, *, since_start: bool) -> list[str]:
-        if since_start:
-            script = 'journalctl -u "$1" --since "@$2" -o cat --no-pager | tail -n "$3"'
-            since = str(int(self._started_at or 0) - 1)
-        else:
-            script = (
-                'id=$(systemctl show -p InvocationID --value "$1"); '
-                'journalctl _SYSTEMD_INVOCATION_ID="$id" -o cat --no-pager | tail -n "$3"'
-            )
-            since = ""
+        """The newest `lines` entries, oldest first (journalctl -r, reversed: no shell, no tail)."""
         try:
+            if since_start:
+                match = ["-u", self.unit, "--since", f"@{int(self._started_at or 0) - 1}"]
+            else:
+                invocation = self.host.run(
+                    ["systemctl", "show", "-p", "InvocationID", "--value", self.unit], timeout=30
+                ).stdout.strip()
+                if not _INVOCATION_ID.match(invocation):
+                    return []
+                match = [f"_SYSTEMD_INVOCATION_ID={invocation}"]
             result = self.host.run(
-                ["sh", "-c", script, "sh", self.unit, since, str(lines)], timeout=30
+                ["journalctl", *match, "-o", "cat", "--no-pager", "-r", "-n", str(lines)],
+                timeout=30,
             )
         except HostError:
             return []
-        return [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
+        newest_first = [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
+        return newest_first[::-1]
 
     def _systemctl(self, verb: str, *, timeout: float) -> None:
         result = self.host.run(["systemctl", verb, self.unit], timeout=timeout)
@@ -183,9 +213,34 @@ class SystemdTarget:
         self._armed = False
         self.watchdog_fired = False
         self._wrote_candidate = False
+        self.tunnel: ApiTunnel | None = None
+
+    def use_tunnel(self, tunnel: ApiTunnel) -> None:
+        """Reach the API through SSH: every service of this target answers at `tunnel.url`."""
+        assert self._original is None, "set the tunnel before the services are made"
+        self.tunnel = tunnel
+        self.api_base = tunnel.url
+
+    def api_address(self) -> tuple[str, int]:
+        """Where the unit's API listens, as the host sees it: its ExecStart's --host/--port."""
+        _, tokens = effective_exec_start(self.unit_text(), where=f"unit {self.unit}")
+        argv = [t.value for t in tokens]
+        host = option_value(argv, "--host") or "127.0.0.1"
+        port_text = option_value(argv, "--port") or "8000"  # vLLM's defaults
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ConfigError(
+                f"unit {self.unit} on {self.host_name}: --port {port_text!r} is not a port; "
+                "cannot tell where its API listens"
+            )
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host in ("::", "[::]"):
+            host = "::1"
+        return host, int(port_text)
 
     # -- Target -------------------------------------------------------------------------------
     def preflight(self) -> None:
+        self._check_programs()
         text = self.unit_text()
         render_candidate_unit(self.unit, text, _PROBE_SPEC, run_id=self.run_id)  # parses or refuses
         state = self.original().show()
@@ -196,11 +251,14 @@ class SystemdTarget:
                 "the original to the state it found, and only a serving original is a baseline"
             )
         self._check_port_owner()
+        if self.tunnel is not None:
+            self.tunnel.remote_answers()  # refuses an sshd that forbids forwarding
         writable = self.host.run(["test", "-w", UNIT_DIR], timeout=30)
         if not writable.ok:
             raise ConfigError(
                 f"{self.host_name}: {UNIT_DIR} is not writable by {self.host.name.split('@')[0]}; "
-                "the candidate unit cannot be written (run as root, or via a sudo rule)"
+                "the candidate unit cannot be written (connect as root, or as a user with the "
+                "sudo rule of the README)"
             )
         self._lock()
 
@@ -225,6 +283,8 @@ class SystemdTarget:
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         steps = [f"on {self.host_name}: lock {LOCK_DIR}; measure {self.unit} as it runs"]
+        if self.tunnel is not None:
+            steps.append(f"reach the API through SSH: {self.tunnel.describe()}")
         for spec in specs:
             unit_file = render_candidate_unit(self.unit, self.unit_text(), spec, run_id=self.run_id)
             steps += [
@@ -254,11 +314,15 @@ class SystemdTarget:
             self.host.close()
             if self._heartbeat_host is not None:
                 self._heartbeat_host.close()
+            if self.tunnel is not None:
+                self.tunnel.close()
 
     # -- host files -----------------------------------------------------------------------------
     def unit_text(self) -> str:
         if self._unit_text is None:
             result = self.host.run(["systemctl", "cat", self.unit], timeout=30)
+            if not result.ok and _sudo_refused(result):
+                raise self._sudo_refusal(result)
             if not result.ok:
                 raise ConfigError(
                     f"unit {self.unit} not found on {self.host_name} "
@@ -268,9 +332,15 @@ class SystemdTarget:
         return self._unit_text
 
     def write_file(self, path: str, content: str, mode: str = "0644") -> None:
-        """Atomically: a temporary file beside it, then rename. Content goes by stdin only."""
-        script = 'umask 022 && cat > "$1.tmp" && chmod "$2" "$1.tmp" && mv -f "$1.tmp" "$1"'
-        self.host.check(["sh", "-c", script, "sh", path, mode], stdin=content, timeout=60)
+        """Atomically: a temporary file beside it, then rename. Content goes by stdin only.
+
+        `install -D` creates missing parent directories (0755), e.g. a drop-in's `<unit>.d/`.
+        """
+        if not re.fullmatch(r"0[0-7]{3}", mode) or not path.startswith("/") or ".." in path:
+            raise ValueError(f"write_file: refusing path {path!r} or mode {mode!r}")
+        tmp = f"{path}.tmp"
+        self.host.check(["install", "-m", mode, "-D", "/dev/stdin", tmp], stdin=content, timeout=60)
+        self.host.check(["mv", "-f", tmp, path], timeout=30)
 
     # -- lock -------------------------------------------------------------------------------------
     def _lock(self) -> None:
@@ -387,13 +457,15 @@ class SystemdTarget:
 
     def _check_port_owner(self) -> None:
         """The API port must be the unit's: else we would measure, or collide with, another."""
-        port = urlsplit(self.api_base).port or 80
+        port = self._api_port()
         listeners = self.host.run(["ss", "-Htlnp", f"sport = :{port}"], timeout=30)
         pids = sorted(set(re.findall(r"pid=(\d+)", listeners.stdout))) if listeners.ok else []
         if not pids:
             return  # nothing listens yet (or no ss): the readiness wait will tell
-        script = 'for p in "$@"; do echo "$p $(cat /proc/$p/comm) $(cat /proc/$p/cgroup)"; done'
-        owners = self.host.run(["sh", "-c", script, "sh", *pids], timeout=30).stdout
+        owners = ""
+        for pid in pids:
+            seen = self.host.run(["cat", f"/proc/{pid}/comm", f"/proc/{pid}/cgroup"], timeout=30)
+            owners += f"{pid} {' '.join(seen.stdout.split())}\n"
         if f"/{self.unit}" not in owners:
             holder = " ".join(owners.split()[:2]) or pids[0]
             raise ConfigError(
@@ -405,14 +477,48 @@ class SystemdTarget:
     def _check_port_free(self) -> None:
         """After the stop, nothing may still answer on the service's port."""
         deadline = time.monotonic() + 30
-        while port_answers(self.api_base):
+        while self._api_answers():
             if time.monotonic() > deadline:
                 raise ServiceError(
-                    f"port {urlsplit(self.api_base).port} on {self.host_name} still answers 30s "
+                    f"port {self._api_port()} on {self.host_name} still answers 30s "
                     f"after {self.unit} stopped: something else holds it, so the candidate could "
                     "not bind it"
                 )
             time.sleep(1)
+
+    def _api_port(self) -> int:
+        """The API's port on the host (the tunnel's destination, else api_base's)."""
+        if self.tunnel is not None:
+            return self.tunnel.destination[1]
+        return urlsplit(self.api_base).port or 80
+
+    def _api_answers(self) -> bool:
+        return self.tunnel.remote_answers() if self.tunnel else port_answers(self.api_base)
+
+    def _check_programs(self) -> None:
+        """Each program this backend runs can run, as the host runs it (sudo -n included)."""
+        for program, argv in HOST_PROGRAMS.items():
+            result = self.host.run(argv, timeout=30)
+            if result.ok:
+                continue
+            if _sudo_refused(result):
+                raise self._sudo_refusal(result)
+            raise ConfigError(
+                f"{self.host_name}: {result.describe()}. {program} is missing or does not run "
+                "on the host. Nothing on the host was touched"
+            )
+
+    def _sudo_refusal(self, result: CommandResult) -> ConfigError:
+        return ConfigError(
+            f"{result.describe()}. sudo would ask for a password (or its rule "
+            f"does not allow this program): this tool needs passwordless sudo for "
+            f"{', '.join(HOST_PROGRAMS)} (see the README, 'A non-root user with sudo'). Nothing "
+            "on the host was touched"
+        )
+
+
+def _sudo_refused(result: CommandResult) -> bool:
+    return result.argv[:2] == ("sudo", "-n") and result.stderr.lstrip().startswith("sudo:")
 
 
 _PROBE_SPEC = SpecConfig("probe", {"method": "ngram", "num_speculative_tokens": 1})

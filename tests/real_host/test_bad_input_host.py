@@ -83,7 +83,15 @@ def test_no_permission_to_write_the_unit_file(pytester, testbed, unchanged):
         "cp /root/.ssh/authorized_keys ~bench/.ssh/; chown -R bench ~bench/.ssh"
     )
     testbed.ssh("sh", "-c", setup)
+    # A user that is not root runs every command under `sudo -n`; bench may not.
     result = suite(pytester, testbed, "--spec-host", "ssh://bench@127.0.0.1:2222")
+    refused(result, "on bench@127.0.0.1:2222 exited 1: sudo: a password is required")
+    refused(result, "this tool needs passwordless sudo")
+    # Without sudo, it reads the unit, then finds it cannot write one.
+    config = pytester.path / "remote.toml"
+    no_sudo = pytester.path / "no-sudo.toml"
+    no_sudo.write_text(config.read_text().replace("[target]\n", "[target]\nsudo = false\n", 1))
+    result = suite(pytester, testbed, "--spec-host", "ssh://bench@127.0.0.1:2222", config=no_sudo)
     refused(result, "/etc/systemd/system is not writable by bench")
 
 

@@ -100,6 +100,7 @@ class ScriptedTarget:
     """The original and candidates as scripted services; every start and stop is recorded."""
 
     host_name = "scripted-host"
+    api_base = API
     typical_start_s = 1.0
 
     def __init__(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,3 +186,54 @@ def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: st
         "coding",
         *extra,
     ]
+
+
+@dataclass
+class Reach:
+    """scripts/testbed/reach-host: the test host as an operator reaches it (alias, jump, sudo)."""
+
+    __test__ = False
+
+    netns: str
+    ssh_config: Path
+    known_hosts: Path
+    alias: str
+    jump_alias: str
+    jump: str  # ssh://jump@ADDR:PORT
+    sudo_user: str
+    password_user: str
+    api_base: str  # the API as the host sees it; unreachable from the namespace
+
+    @classmethod
+    def from_script(cls, script: Path) -> Reach:
+        out = subprocess.run(
+            ["bash", str(script), "env"], capture_output=True, text=True, check=True
+        ).stdout
+        env = dict(
+            shlex.split(line.removeprefix("export "))[0].split("=", 1)
+            for line in out.splitlines()
+            if line.startswith("export ")
+        )
+        return cls(
+            netns=env["SPECDECODE_REACH_NETNS"],
+            ssh_config=Path(env["SPECDECODE_REACH_SSH_CONFIG"]),
+            known_hosts=Path(env["SPECDECODE_REACH_KNOWN_HOSTS"]),
+            alias=env["SPECDECODE_REACH_ALIAS"],
+            jump_alias=env["SPECDECODE_REACH_JUMP_ALIAS"],
+            jump=env["SPECDECODE_REACH_JUMP"],
+            sudo_user=env["SPECDECODE_REACH_SUDO_USER"],
+            password_user=env["SPECDECODE_REACH_PASSWORD_USER"],
+            api_base=env["SPECDECODE_REACH_API"],
+        )
+
+    def in_netns(self, *argv: str) -> list[str]:
+        """argv run inside the controller's namespace, where only the jump host is reachable."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+    def reachable_from_netns(self, host: str, port: int) -> bool:
+        probe = (
+            "import socket,sys; s=socket.socket(); s.settimeout(3); "
+            "sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))))"
+        )
+        argv = self.in_netns(sys.executable, "-c", probe, host, str(port))
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
