@@ -44,7 +44,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="NAME|JSON",
         help="a candidate: a preset name from the config file or inline JSON for vLLM's "
-        "--speculative-config; repeat for several candidates",
+        "--speculative-config; repeat for several candidates. 'baseline' starts the original's "
+        "own configuration again (A/A: measures the restart noise)",
     )
     add(
         "--spec-file",
@@ -62,7 +63,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help="only this prompt type (repeatable; default: all in the config)",
     )
-    add("--spec-samples", type=int, metavar="N", help="measured requests per prompt and phase")
+    add(
+        "--spec-samples",
+        type=int,
+        metavar="N",
+        help="measured requests per prompt type and server start (the least, when adaptive)",
+    )
+    add(
+        "--spec-max-samples",
+        type=int,
+        metavar="N",
+        help="adaptive: up to N per start, until its mean is pinned down (N <= samples: fixed)",
+    )
+    add(
+        "--spec-repeats",
+        type=int,
+        metavar="N",
+        help="server starts per arm, in a balanced order (baseline, candidate, candidate, "
+        "baseline, ...); restart noise is then measured in the run itself",
+    )
     add("--spec-warmup", type=int, metavar="N", help="warm-up requests, not measured")
     add("--spec-max-tokens", type=int, metavar="N", help="max output tokens per request")
     add("--spec-concurrency", type=int, metavar="N", help="requests in flight (default 1)")

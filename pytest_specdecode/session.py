@@ -68,6 +68,8 @@ def settings_from_options(config: pytest.Config) -> Settings:
         reports_dir=Path(reports).resolve() if reports else None,
         run_overrides={
             "samples": opt("spec_samples"),
+            "max_samples": opt("spec_max_samples"),
+            "repeats": opt("spec_repeats"),
             "warmup": opt("spec_warmup"),
             "max_tokens": opt("spec_max_tokens"),
             "concurrency": opt("spec_concurrency"),

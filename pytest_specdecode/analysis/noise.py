@@ -85,7 +85,7 @@ def assumed(sd: float) -> RestartNoise:
     return RestartNoise(
         sd,
         math.inf,
-        f"restart noise unmeasured: assumed {sd:.0%} (measure it with --spec-config baseline)",
+        f"unmeasured: assumed {sd:.0%} (measure it with --spec-config baseline)",
     )
 
 

@@ -176,7 +176,7 @@ def _warnings(
     """What a reviewer should not miss, one sentence each."""
     out = [f"{arm} failed: {why}" for arm, why in record.failures.items()]
     if verdicts and any(not n.measured for n in assumed.values()):
-        out.append(next(n.source for n in assumed.values() if not n.measured))
+        out.append("restart noise " + next(n.source for n in assumed.values() if not n.measured))
     if record.baseline_from:
         stored = record.baseline_from.get("facts") or {}
         out += [

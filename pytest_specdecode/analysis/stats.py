@@ -378,7 +378,7 @@ def _what_it_needs(interval: Interval, *, min_effect: float, noise: RestartNoise
     else:
         text += ": more server starts per arm (--spec-repeats), more requests per start"
     if not noise.measured:
-        text += f"; the restart noise is unmeasured ({noise.source})"
+        text += f"; the restart noise is {noise.source}"
     return text
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.settings import Settings
+from ..config.specconfig import SpecConfig
 from ..measure.experiment import design_order
 from ..record.schema import BASELINE, BASELINE_AFTER
 from ..record.store import stored_runs
@@ -102,6 +103,12 @@ def estimate_seconds(
     return starts * timing.start_s + phases * per_phase / run.concurrency, starts
 
 
+def candidate_text(spec: SpecConfig) -> str:
+    if spec.is_original:
+        return f"{spec.name} (A/A: the original's own configuration, started again)"
+    return f"{spec.name} {spec.to_json()}"
+
+
 def dry_run_lines(
     settings: Settings,
     steps: Sequence[str],
@@ -125,8 +132,7 @@ def dry_run_lines(
         "pytest-specdecode dry run: nothing is started, written or changed.",
         f"host: {host} ({t.backend} backend)" + (f", unit {t.unit}" if t.unit else ""),
         f"model: {t.model} at {t.api_base}",
-        "candidates: "
-        + (", ".join(f"{c.name} {c.to_json()}" for c in settings.candidates) or "none"),
+        "candidates: " + (", ".join(map(candidate_text, settings.candidates)) or "none"),
         f"prompt types: {', '.join(settings.prompt_types)}",
     ]
     if baseline_from:

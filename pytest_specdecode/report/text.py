@@ -63,7 +63,7 @@ def design_text(run: RunConfig) -> str:
 def noise_text(noise: RestartNoise) -> str:
     if not noise.measured:
         return noise.source
-    return f"{noise.sd:.1%} ({noise.source}, {noise.df:.0f} degrees of freedom)"
+    return f"{noise.sd:.1%}, measured ({noise.source}; {noise.df:.0f} degrees of freedom)"
 
 
 def title(candidates: Sequence[str], model: str | None = None, host: str | None = None) -> str:

@@ -54,7 +54,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
     assert '--speculative-config \'{"method":"ngram","num_speculative_tokens":5,' in out
     assert "drift check (ABA): stop the last candidate" in out
     assert "requests: 36 = 3 phases x 2 prompt types x (5 measured + 1 warm-up)" in out
-    assert "restart noise: restart noise unmeasured: assumed 5%" in out
+    assert "restart noise: unmeasured: assumed 5%" in out
     assert "estimated duration: about" in out
     assert "ran" not in out and "passed" not in out  # no test ran: nothing was collected
     assert not (pytester.path / "reports").exists()  # no run folder, no report.html

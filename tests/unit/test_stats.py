@@ -22,7 +22,7 @@ from pytest_specdecode.analysis.stats import (
     restart_noise_from_starts,
 )
 
-ASSUMED = RestartNoise(0.05, math.inf, "assumed")
+ASSUMED = RestartNoise(0.05, math.inf, "unmeasured: assumed 5%")
 KNOWN = RestartNoise(0.02, 10.0, "stored A/A runs")
 
 
@@ -168,7 +168,7 @@ def test_inconclusive_says_what_a_decision_needs_and_names_an_assumed_noise() ->
     )
     assert "straddles the ±3% margin" in reason
     assert "narrower" in reason and "--spec-repeats" in reason
-    assert "the restart noise is unmeasured (assumed)" in reason
+    assert "the restart noise is unmeasured: assumed 5%" in reason
 
 
 # --------------------------------------------------------------------------- the family
