@@ -225,10 +225,11 @@ class Experiment:
 
 
 def target_se(noise_sd: float, min_effect: float) -> float:
-    """How tightly a start's mean must be pinned: half the larger of the restart noise and a
-    third of the margin. Beyond that, more requests barely narrow a verdict's interval: the
-    restart noise dominates it, or it is already well inside the margin."""
-    return max(noise_sd, math.log1p(min_effect) / 3) / 2
+    """How tightly a start's mean must be pinned: the larger of the restart noise and half the
+    margin (log scale). Beyond that, more requests barely narrow a verdict's interval: the
+    restart noise dominates it, or it is already well inside the margin (benchmarks/
+    adaptive_samples.py measures the trade)."""
+    return max(noise_sd, math.log1p(min_effect) / 2)
 
 
 def pinned(measurement: Measurement, *, target: float) -> bool:

@@ -34,7 +34,8 @@ KNOWN_2 = RestartNoise(0.02, 20.0, "simulated A/A runs")
 class Scenario:
     effect: float = 0.0  # true relative change of the candidate's throughput, e.g. -0.10
     start_sd: float = 0.0  # true restart noise (log scale)
-    request_sd: float = 0.04  # true within-start noise of one request (log scale)
+    request_sd: float | tuple[float, ...] = 0.04  # within-start noise of a request (log scale);
+    # one per prompt type, or one for all
     samples: int = 6  # requests per prompt type and start (the least, with max_samples)
     max_samples: int | None = None  # adaptive, as the experiment does it
     repeats: int = 1  # starts per arm
@@ -72,13 +73,14 @@ def _start(s: Scenario, name: str, arm: str, effect: float, rng: np.random.Gener
     phase = Phase(name=name, arm=arm, spec=None)
     target = target_se(s.noise.sd, s.min_effect)
     shared = rng.normal(0.0, s.start_sd) if s.start_sd else 0.0
-    for prompt_type in s.prompt_types:
+    sds = s.request_sd if isinstance(s.request_sd, tuple) else (s.request_sd,) * len(s.prompt_types)
+    for prompt_type, sd in zip(s.prompt_types, sds, strict=True):
         own = rng.normal(0.0, s.start_sd) if s.start_sd and not s.shared_shift else shared
         level = effect + own
         m = Measurement(prompt_type=prompt_type)
-        _send(m, s.samples, name, level, s.request_sd, rng)
+        _send(m, s.samples, name, level, sd, rng)
         while len(m.samples) < (s.max_samples or 0) and not pinned(m, target=target):
-            _send(m, 1, name, level, s.request_sd, rng)
+            _send(m, 1, name, level, sd, rng)
         phase.measurements[prompt_type] = m
     return phase
 
