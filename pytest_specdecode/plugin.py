@@ -148,6 +148,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the host restores the original by itself if this controller is silent this long",
     )
     add(
+        "--spec-allow-traffic",
+        action="store_true",
+        default=False,
+        help="measure a running service that other clients are using (refused by default); "
+        "each window with their requests is measured again, then marked contaminated",
+    )
+    add(
         "--spec-dry-run",
         action="store_true",
         default=False,

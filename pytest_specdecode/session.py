@@ -30,6 +30,7 @@ from .config.settings import Settings, load_settings
 from .errors import ConfigError, SpecDecodeError
 from .measure.environment import environment
 from .measure.experiment import Experiment
+from .measure.traffic import quiet, rate_text
 from .record.redaction import redact_argv, redact_env, redact_text, register_secret
 from .record.reuse import stored_baseline
 from .record.schema import BASELINE, BASELINE_AFTER, RunRecord, TargetInfo
@@ -38,7 +39,7 @@ from .report import Written, write_reports
 from .report import terminal as terminal_report
 from .report.plan import RUN_LOG, dry_run_lines, previous_timing
 from .report.text import noise_text
-from .targets.base import Target
+from .targets.base import Service, Target
 from .targets.lifecycle import experiment_services
 
 PLUGIN_NAME = "specdecode-session"
@@ -70,6 +71,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "samples": opt("spec_samples"),
             "max_samples": opt("spec_max_samples"),
             "repeats": opt("spec_repeats"),
+            "allow_traffic": opt("spec_allow_traffic") or None,
             "warmup": opt("spec_warmup"),
             "max_tokens": opt("spec_max_tokens"),
             "concurrency": opt("spec_concurrency"),
@@ -197,6 +199,8 @@ class SpecDecodeSession:
                     transports=transports,
                     noise_sd=known["throughput"].sd if "throughput" in known else None,
                 )
+                if target.adopts_running_original and board.was_active:
+                    self._watch_traffic(board.original)
                 yield self.experiment
         finally:  # the restore ran in experiment_services' teardown: keep what it reported
             if store is not None and board is not None and board.restore_report is not None:
@@ -207,6 +211,35 @@ class SpecDecodeSession:
         return self.config.hook.pytest_specdecode_open_target(
             config=self.config, settings=self.settings, log_dir=log_dir
         )
+
+    def _watch_traffic(self, original: Service) -> None:
+        """Before anything is touched: is anyone else using the service? Refuse if so, unless
+        allowed (their requests are then told apart per window)."""
+        assert self.experiment is not None
+        run = self.settings.run
+        self.progress(
+            f"watching {original.label} for {run.traffic_watch_s:g}s for other clients' traffic"
+        )
+        seen = self.experiment.watch(original, run.traffic_watch_s)
+        text = rate_text(seen, run.traffic_watch_s)
+        self.experiment.record.traffic_watch = {
+            "seconds": run.traffic_watch_s,
+            "traffic": seen.to_dict(),
+            "text": text,
+            "quiet": quiet(seen),
+        }
+        self.experiment.store.flush()
+        self.progress(f"traffic before the run: {text}")
+        if quiet(seen) or run.allow_traffic:
+            return
+        message = (
+            f"{original.label} is serving other clients ({text}): their requests would move "
+            "the timings and the acceptance counters. Refusing to touch it; nothing was "
+            "touched. Pass --spec-allow-traffic to measure it anyway (each window is then "
+            "checked, and measured again where others' requests show)"
+        )
+        self.progress(message)
+        pytest.exit(f"pytest-specdecode: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
 
     def _new_record(self, target: Target) -> RunRecord:
         settings = self.settings

@@ -36,8 +36,9 @@ class PromptTypeVerdict:
     candidate: str
     throughput: Comparison
     tpot: Comparison | None  # None when a side has no TPOT (one-token outputs)
-    acceptance: Acceptance  # the candidate's, over this prompt type
+    acceptance: Acceptance  # the candidate's, over this prompt type (clean windows only)
     acceptance_note: str | None  # where the server's and the client's counts disagree
+    contaminated: str | None = None  # other clients' traffic in a window of either side
 
     @property
     def comparisons(self) -> list[Comparison]:
@@ -45,6 +46,8 @@ class PromptTypeVerdict:
 
     @property
     def verdict(self) -> Verdict:
+        if self.contaminated:
+            return Verdict.CONTAMINATED  # never a pass or a fail as if it were clean
         found = {c.verdict for c in self.comparisons}
         return next(v for v in _PRECEDENCE if v in found)
 
@@ -55,11 +58,13 @@ class PromptTypeVerdict:
     @property
     def undecided(self) -> bool:
         """No verdict: the gate must not pass on it."""
-        return self.verdict in (Verdict.INCONCLUSIVE, Verdict.INSUFFICIENT)
+        return self.verdict in (Verdict.INCONCLUSIVE, Verdict.INSUFFICIENT, Verdict.CONTAMINATED)
 
     @property
     def reason(self) -> str:
         """Why: the reason of the comparison that decided the verdict."""
+        if self.contaminated:
+            return f"other clients used the server while it was measured: {self.contaminated}"
         deciding = next((c for c in self.comparisons if c.verdict is self.verdict), None)
         return (deciding or self.throughput).reason
 
@@ -74,6 +79,7 @@ class PromptTypeVerdict:
             "tpot": self.tpot.to_dict() if self.tpot is not None else None,
             "acceptance": self.acceptance.to_dict(),
             "acceptance_note": self.acceptance_note,
+            "contaminated": self.contaminated,
         }
 
 
@@ -137,14 +143,22 @@ def compare_arms(
     out = {}
     for name in names:
         measured = arm_measurements(candidate, name)
+        clean = [m for m in measured if m.foreign is None]
+        dirty = [
+            f"{side} {m.foreign}"
+            for side, arm in ((base_label, baseline), (cand_label, candidate))
+            for m in arm_measurements(arm, name)
+            if m.foreign
+        ]
         out[name] = PromptTypeVerdict(
             prompt_type=name,
             baseline=base_label,
             candidate=cand_label,
             throughput=answers[(name, "throughput")],
             tpot=answers.get((name, "tpot")),
-            acceptance=combine([m.acceptance for m in measured]),
-            acceptance_note=_cross_check(measured, num_speculative_tokens),
+            acceptance=combine([m.acceptance for m in clean]),
+            acceptance_note=_cross_check(clean, num_speculative_tokens),
+            contaminated="; ".join(dirty) or None,
         )
     return out
 

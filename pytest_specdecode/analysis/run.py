@@ -90,7 +90,13 @@ class RunAnalysis:
         found = {v.verdict for per in self.verdicts.values() for v in per.values()}
         if not found:
             return "not measured"
-        order = (Verdict.REGRESSED, Verdict.INSUFFICIENT, Verdict.INCONCLUSIVE, Verdict.IMPROVED)
+        order = (
+            Verdict.CONTAMINATED,
+            Verdict.REGRESSED,
+            Verdict.INSUFFICIENT,
+            Verdict.INCONCLUSIVE,
+            Verdict.IMPROVED,
+        )
         return next((v.value for v in order if v in found), Verdict.EQUIVALENT.value)
 
     @property
@@ -175,6 +181,18 @@ def _warnings(
 ) -> list[str]:
     """What a reviewer should not miss, one sentence each."""
     out = [f"{arm} failed: {why}" for arm, why in record.failures.items()]
+    watch = record.traffic_watch or {}
+    if watch and not watch.get("quiet", True):
+        out.append(f"other clients used the service before the run: {watch.get('text')}")
+    for phase in record.phases.values():
+        for name, m in phase.measurements.items():
+            if m.foreign:
+                out.append(f"{phase.name}/{name} contaminated by other clients: {m.foreign}")
+            elif m.discarded:
+                out.append(
+                    f"{phase.name}/{name}: measured again after other clients' traffic "
+                    f"({len(m.discarded)} requests set aside)"
+                )
     if verdicts and any(not n.measured for n in assumed.values()):
         out.append("restart noise " + next(n.source for n in assumed.values() if not n.measured))
     if record.baseline_from:

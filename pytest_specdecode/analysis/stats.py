@@ -54,6 +54,7 @@ class Verdict(enum.StrEnum):
     EQUIVALENT = "equivalent"
     INCONCLUSIVE = "inconclusive"
     INSUFFICIENT = "insufficient samples"
+    CONTAMINATED = "contaminated"  # other clients' requests in a measured window
 
 
 @dataclass(frozen=True)

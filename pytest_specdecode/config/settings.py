@@ -66,6 +66,11 @@ class RunConfig:
     alpha: float = 0.05
     min_effect: float = 0.03
     assumed_restart_noise: float = 0.05  # where none was measured (log-scale SD of a start)
+    on_traffic: Literal["remeasure", "mark"] = "remeasure"  # a window with other clients' requests
+    traffic_attempts: int = 3  # windows tried per prompt type and start before it is marked
+    traffic_watch_s: float = 10.0  # a running service is watched this long before it is touched
+    quiet_wait_s: float = 120.0  # before measuring a window again, wait at most this for quiet
+    allow_traffic: bool = False  # measure a service that others are using (their traffic shows)
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
 
@@ -205,8 +210,15 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     noise = run.assumed_restart_noise
     if isinstance(noise, bool) or not isinstance(noise, float | int) or not 0 < noise < 1:
         raise ConfigError(f"{where}: assumed_restart_noise must be in (0, 1), got {noise!r}")
-    for key in ("request_timeout_s", "read_timeout_s"):
+    for key in ("request_timeout_s", "read_timeout_s", "traffic_watch_s", "quiet_wait_s"):
         _positive_number(getattr(run, key), key, where)
+    if run.on_traffic not in ("remeasure", "mark"):
+        raise ConfigError(
+            f"{where}: on_traffic must be 'remeasure' or 'mark', got {run.on_traffic!r}"
+        )
+    _positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
+    if not isinstance(run.allow_traffic, bool):
+        raise ConfigError(f"{where}: allow_traffic must be true or false")
     return run
 
 

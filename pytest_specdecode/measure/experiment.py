@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import math
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 
 import httpx
@@ -20,11 +21,13 @@ from .loadgen import RequestSpec, run_requests
 from .server_metrics import (
     Acceptance,
     ServerCounters,
+    Traffic,
     acceptance_between,
     combine,
     parse_counters,
     traffic_between,
 )
+from .traffic import foreign, quiet, rate_text
 
 
 def design_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str]]:
@@ -183,21 +186,61 @@ class Experiment:
 
         if run.warmup:
             send(run.warmup, True)
-        before = self._counters(service)
-        wall = send(run.samples, False)
-        while len(measurement.samples) < (run.max_samples or 0) and not pinned(
-            measurement, target=self._target_se()
-        ):  # adaptive: only the spread decides, never the values themselves
-            wall += send(min(run.concurrency, run.max_samples - len(measurement.samples)), False)
-        after = self._counters(service)
-        measurement.wall_s = wall
-        measurement.acceptance = acceptance_between(before, after)
-        measurement.traffic = traffic_between(before, after)
-        self.store.flush()
+        for attempt in range(1, run.traffic_attempts + 1):
+            before = self._counters(service)
+            wall = send(run.samples, False)
+            while len(measurement.samples) < (run.max_samples or 0) and not pinned(
+                measurement, target=self._target_se()
+            ):  # adaptive: only the spread decides, never the values themselves
+                more = min(run.concurrency, run.max_samples - len(measurement.samples))
+                wall += send(more, False)
+            after = self._counters(service)
+            measurement.wall_s = wall
+            measurement.acceptance = acceptance_between(before, after)
+            measurement.traffic = traffic_between(before, after)
+            measurement.foreign = foreign(measurement.traffic, measurement.samples)
+            self.store.flush()
+            if measurement.foreign is None:
+                break
+            self.progress(
+                f"[{phase.name}] {name}: other clients used the server during the window "
+                f"({measurement.foreign})"
+            )
+            if run.on_traffic == "mark" or attempt == run.traffic_attempts:
+                self.progress(f"[{phase.name}] {name}: kept, marked contaminated")
+                break
+            measurement.discarded += measurement.samples  # kept in the record, not analysed
+            measurement.samples = []
+            self.progress(
+                f"[{phase.name}] {name}: measuring again (attempt {attempt + 1} of "
+                f"{run.traffic_attempts}) once the server is quiet"
+            )
+            self.wait_for_quiet(service)
         self.progress(
             f"[{phase.name}] {name}: median {measurement.median_tokens_per_s:.1f} tok/s, "
             f"TPOT {measurement.median_tpot_ms:.1f} ms" + _acceptance_text(measurement.acceptance)
         )
+
+    def watch(self, service: Service, seconds: float) -> Traffic:
+        """The server's traffic over a while, with nothing sent by this run."""
+        before = self._counters(service)
+        time.sleep(seconds)
+        return traffic_between(before, self._counters(service))
+
+    def wait_for_quiet(self, service: Service) -> None:
+        """Until a stretch passes without other clients' traffic; bounded, with progress."""
+        run = self.settings.run
+        limit_s, step_s = run.quiet_wait_s, min(5.0, run.traffic_watch_s)
+        start = time.monotonic()
+        while time.monotonic() - start < limit_s:
+            seen = self.watch(service, step_s)
+            if quiet(seen):
+                return
+            self.progress(
+                f"  … {time.monotonic() - start:.0f}s waiting for the server to be quiet: "
+                f"{rate_text(seen, step_s)}"
+            )
+        self.progress(f"the server did not fall quiet within {limit_s:.0f}s: measuring anyway")
 
     def _target_se(self) -> float:
         return target_se(self._noise_sd, self.settings.run.min_effect)

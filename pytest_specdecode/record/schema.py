@@ -39,6 +39,8 @@ class Measurement:
     wall_s: float | None = None  # of the measured requests; None until they all finished
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(present=False))
     traffic: Traffic = field(default_factory=Traffic)  # the server's counts over the window
+    foreign: str | None = None  # other clients' traffic in the window that was kept
+    discarded: list[RequestSample] = field(default_factory=list)  # windows that had it
 
     @property
     def output_tokens(self) -> int:
@@ -85,6 +87,7 @@ class Measurement:
             "wall_s": self.wall_s,
             "acceptance": self.acceptance.to_dict(),
             "traffic": self.traffic.to_dict(),
+            "foreign": self.foreign,
             "summary": {  # for readers of the file; recomputed, never read back
                 "n": len(self.samples),
                 "median_tokens_per_s": self.median_tokens_per_s,
@@ -94,6 +97,7 @@ class Measurement:
             },
             "warmup": [_sample_json(s) for s in self.warmup],
             "samples": [_sample_json(s) for s in self.samples],
+            "discarded": [_sample_json(s) for s in self.discarded],
         }
 
     @classmethod
@@ -106,6 +110,8 @@ class Measurement:
             wall_s=data.get("wall_s"),
             acceptance=_acceptance(data.get("acceptance")),
             traffic=Traffic(**_known(Traffic, data.get("traffic") or {})),
+            foreign=data.get("foreign"),
+            discarded=[_sample(s) for s in data.get("discarded", [])],
         )
 
 
@@ -181,6 +187,7 @@ class RunRecord:
     failures: dict[str, str] = field(default_factory=dict)  # arm -> why it failed
     restore: dict[str, Any] | None = None  # lifecycle.RestoreReport, as a dict
     restart_noise_prior: dict[str, dict[str, Any]] | None = None  # per metric, stored runs'
+    traffic_watch: dict[str, Any] | None = None  # other clients seen before anything was touched
     schema: int = SCHEMA
 
     def arm_phases(self, arm: str) -> list[Phase]:
@@ -208,6 +215,7 @@ class RunRecord:
                 "failures": self.failures,
                 "restore": self.restore,
                 "restart_noise_prior": self.restart_noise_prior,
+                "traffic_watch": self.traffic_watch,
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -236,6 +244,7 @@ class RunRecord:
                 failures=dict(data.get("failures") or {}),
                 restore=data.get("restore"),
                 restart_noise_prior=data.get("restart_noise_prior"),
+                traffic_watch=data.get("traffic_watch"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

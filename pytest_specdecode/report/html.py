@@ -33,7 +33,8 @@ CSS = """
 .specdecode-table td.verdict {text-align: left}
 .specdecode .v-regressed {background: #fbe1e1; color: #9b1c1c; font-weight: bold}
 .specdecode .v-improved {background: #ddf3e1; color: #17612b; font-weight: bold}
-.specdecode .v-insufficient-samples, .specdecode .v-inconclusive {background: #fff4d1}
+.specdecode .v-insufficient-samples, .specdecode .v-inconclusive,
+.specdecode .v-contaminated {background: #fff4d1}
 .specdecode .v-equivalent {background: #eef4fb}
 .specdecode .headline {font-size: 14px; font-weight: bold; padding: 6px 10px;
   border-left: 5px solid #999; background: #f7f7f7}

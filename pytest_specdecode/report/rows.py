@@ -132,6 +132,7 @@ def headline(analysis: RunAnalysis) -> str:
         Verdict.INCONCLUSIVE.value: "Inconclusive: no regression shown, none ruled out",
         Verdict.IMPROVED.value: "Improvement, no regression",
         Verdict.EQUIVALENT.value: "Equivalent within the margin",
+        Verdict.CONTAMINATED.value: "No verdict: other clients used the server",
         "not measured": "No candidate was measured",
     }[analysis.outcome]
     if analysis.drift is not None and analysis.drift.unreliable:

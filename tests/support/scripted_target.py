@@ -111,6 +111,8 @@ class ScriptedTarget:
         model: str = "smollm2-135m-instruct",
         running: bool = False,
         refuse: str | None = None,
+        neighbour: int = 0,
+        background: bool = False,
     ) -> None:
         self.model = model
         self.host = LocalHost()
@@ -119,6 +121,8 @@ class ScriptedTarget:
         self.serving: ScriptedService | None = None
         self.counters: dict[str, float] = {}
         self._refuse = refuse
+        self.neighbour = neighbour  # another client: its requests left, one per request of ours
+        self.background = background  # another client, sending on its own all along
         self._scripts = candidates or {}
         self._original = ScriptedService(self, "original", original)
         if running:
@@ -161,6 +165,9 @@ class ScriptedTarget:
         if path == "/version":
             return httpx.Response(200, json={"version": "0.32.0"})
         if path == "/metrics":
+            if self.background:  # between two scrapes, another client's request finished
+                self._add("requests", 1)
+                self._add("generation_tokens", 20)
             return httpx.Response(200, text=self._metrics(service))
         return httpx.Response(404)
 
@@ -203,6 +210,10 @@ class ScriptedTarget:
         self._add("requests", 1)
         self._add("prompt_tokens", prompt_tokens)
         self._add("generation_tokens", done)
+        if self.neighbour:  # someone else's request finished meanwhile
+            self.neighbour -= 1
+            self._add("requests", 1)
+            self._add("generation_tokens", 7)
         self._add("decode_steps", steps)
         yield event([], done)
         yield b"data: [DONE]\n\n"

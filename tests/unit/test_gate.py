@@ -25,6 +25,7 @@ startup_timeout_s = 5
 samples = 5
 warmup = 1
 max_tokens = 8
+max_samples = 5
 [presets]
 ngram = {{ method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 4 }}
 [prompt_types.coding]
@@ -176,3 +177,71 @@ def test_an_aa_run_passes_unless_it_calls_a_false_difference(pytester: pytest.Py
     assert "test_speculation_does_not_regress[baseline-again-coding] PASSED" in out or (
         "passed" in out
     )
+
+
+TRAFFIC = """
+from tests.support.scripted_target import Script, ScriptedTarget, Speed
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    fast = {{"coding": Speed(gap_s=0.005), "math": Speed(gap_s=0.005)}}
+    target = ScriptedTarget(Script(), {{"ngram": Script(fast)}}, neighbour={neighbour})
+    return target
+"""
+TRAFFIC_RUN = "\ntraffic_watch_s = 0.2\nquiet_wait_s = 0.5\ntraffic_attempts = 2\n"
+
+
+def traffic_gate(pytester: pytest.Pytester, neighbour: int) -> pytest.RunResult:
+    config = CONFIG.replace("max_tokens = 8\n", "max_tokens = 8" + TRAFFIC_RUN)
+    args = write_gate(pytester, TRAFFIC.format(neighbour=neighbour), config)
+    return pytester.runpytest_subprocess(*args)
+
+
+def test_other_clients_in_every_window_give_no_verdict(pytester: pytest.Pytester) -> None:
+    result = traffic_gate(pytester, neighbour=10_000)  # someone sends all along
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert failed_ids(result) == {
+        "test_speculation_does_not_regress[ngram-coding]",
+        "test_speculation_does_not_regress[ngram-math]",
+    }, out
+    assert "no verdict for ngram (contaminated)" in out
+    assert "other clients used the server during the window (5 other requests finished" in err
+    assert "measuring again (attempt 2 of 2) once the server is quiet" in err
+    assert "kept, marked contaminated" in err
+    assert re.search(r"^coding\s+ngram\s.*contaminated$", out, re.M), out
+
+
+def test_a_window_with_other_clients_is_measured_again(pytester: pytest.Pytester) -> None:
+    result = traffic_gate(pytester, neighbour=2)  # two foreign requests: one in the warm-up,
+    # one in the baseline's first window
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret == pytest.ExitCode.OK, out
+    assert "measuring again (attempt 2 of 2) once the server is quiet" in err
+    assert "contaminated" not in out
+    assert re.search(
+        r"baseline/coding: measured again after other clients' traffic \(\d+ requests", out
+    )
+
+
+BUSY = """
+from tests.support.scripted_target import Script, ScriptedTarget
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    return ScriptedTarget(Script(), {"ngram": Script()}, running=True, background=True)
+"""
+
+
+def test_a_busy_running_service_is_refused_before_anything_is_touched(
+    pytester: pytest.Pytester,
+) -> None:
+    config = CONFIG.replace("max_tokens = 8\n", "max_tokens = 8" + TRAFFIC_RUN)
+    args = write_gate(pytester, BUSY, config)
+    result = pytester.runpytest_subprocess(*args)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    assert "traffic before the run: 300.0 requests/min" in out
+    assert "is serving other clients" in out and "--spec-allow-traffic" in out
+    assert "stopping" not in out  # the original was never touched
+    allowed = pytester.runpytest_subprocess(*args, "--spec-allow-traffic")
+    assert "is serving other clients" not in allowed.stdout.str() + allowed.stderr.str()
+    assert "contaminated" in allowed.stdout.str()  # each window then shows the other client

@@ -132,3 +132,26 @@ def test_cross_check_without_decode_step_counters_uses_the_clients_count():
     assert "server counted 231" in check(unknown, 150, requests=4)
     assert "server counted 231" in check(unknown, 260, requests=4)
     assert "no per-chunk usage" in check(unknown, None, requests=4)
+
+
+def test_foreign_traffic_is_what_the_server_counted_beyond_this_runs_requests():
+    from pytest_specdecode.measure.traffic import foreign, quiet, rate_text
+
+    from ..support.synthetic import sample
+
+    ours = [sample("coding", "baseline", i, 30.0, tokens=64) for i in range(5)]
+    clean = Traffic(requests=5, generation_tokens=320, busy_before=0, busy_after=0)
+    assert foreign(clean, ours) is None
+    other = Traffic(requests=7, generation_tokens=400, busy_before=1, busy_after=0)
+    assert foreign(other, ours) == (
+        "2 other requests finished; 80 tokens were generated for others; "
+        "1 requests were in flight when the window began"
+    )
+    # A long request of someone else's, still running at the end: its tokens show.
+    assert "tokens were generated for others" in foreign(Traffic(5, None, 350, None, 0, 1), ours)
+    assert foreign(Traffic(), ours) is None  # no counters: nothing can be told
+    assert quiet(Traffic(0, 0, 0, 0, 0, 0)) and not quiet(Traffic(requests=1))
+    assert rate_text(Traffic(requests=2, generation_tokens=100, busy_after=1), 10) == (
+        "12.0 requests/min, 10.0 generated tok/s, 1 in flight"
+    )
+    assert rate_text(Traffic(), 10).startswith("unknown")
