@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from . import fixtures, hookspecs
+from . import fixtures, hookspecs, suite
 from .config.settings import Settings
 from .errors import ConfigError
 from .session import PLUGIN_NAME, SpecDecodeSession, session_of, settings_from_options
@@ -176,11 +176,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "when model, vLLM version, GPU or prompts differ)",
     )
     parser.addini("specdecode_file", "default experiment TOML for pytest-specdecode", default="")
+    parser.addini(
+        "specdecode_builtin",
+        "collect the standard experiment's tests when a candidate is given (default true)",
+        type="bool",
+        default=True,
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-html's, which reads --html
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(fixtures, "specdecode-fixtures")
+    config.addinivalue_line("markers", "specdecode: the standard experiment of pytest-specdecode")
     if not any(config.getoption(o) for o in _EXPERIMENT_OPTIONS):
         return
     if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None):
@@ -218,6 +225,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     found = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
     if found is not None:
         found.finish()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: they apply to these too
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """With a candidate, the standard experiment's tests come first."""
+    found = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if found is not None and found.settings.candidates and config.getini("specdecode_builtin"):
+        items[:0] = suite.collect(session)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
+import tomllib
 import traceback
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -49,8 +50,11 @@ def settings_from_options(config: pytest.Config) -> Settings:
     """The validated Settings for this pytest run; raises ConfigError."""
     opt = config.getoption
     reports = opt("spec_reports")
+    path, table = find_config(config)
     return load_settings(
-        _spec_file(config),
+        path,
+        table=table,
+        rootdir=Path(config.rootpath),
         spec_configs=opt("spec_config"),
         prompt_types=opt("spec_prompt_type"),
         target_overrides={
@@ -81,12 +85,37 @@ def settings_from_options(config: pytest.Config) -> Settings:
     )
 
 
-def _spec_file(config: pytest.Config) -> Path:
-    given = config.getoption("spec_file") or config.getini("specdecode_file")
+def find_config(config: pytest.Config) -> tuple[Path, str | None]:
+    """Where the experiment is configured, first found wins:
+    1. --spec-file PATH (relative to the current folder);
+    2. the ini key `specdecode_file` (relative to the ini file);
+    3. a [tool.specdecode] table in the rootdir's pyproject.toml;
+    4. specdecode.toml at the rootdir.
+    """
+    given = config.getoption("spec_file")
     if given:
-        path = Path(given)
-        return path if path.is_absolute() else Path.cwd() / path
-    return Path(config.rootpath) / "suites" / "specdecode.toml"
+        return Path(given).absolute(), None
+    ini = config.getini("specdecode_file")
+    if ini:
+        base = config.inipath.parent if config.inipath else Path(config.rootpath)
+        return base / ini, None
+    root = Path(config.rootpath)
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            has_table = "specdecode" in tomllib.loads(pyproject.read_text()).get("tool", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            has_table = False
+        if has_table:
+            return pyproject, "tool.specdecode"
+    found = root / "specdecode.toml"
+    if found.is_file():
+        return found, None
+    raise ConfigError(
+        f"no experiment is configured for {root}: looked for --spec-file, the ini key "
+        "specdecode_file, [tool.specdecode] in pyproject.toml and specdecode.toml at the "
+        "rootdir. Run `specdecode init` to write a starter specdecode.toml"
+    )
 
 
 def session_of(config: pytest.Config) -> SpecDecodeSession:
@@ -127,7 +156,8 @@ class SpecDecodeSession:
     @property
     def writes_html(self) -> bool:
         """pytest-html writes report.html into the run folder: only when an experiment runs."""
-        return not (self.config.getoption("spec_dry_run") or self.config.option.collectonly)
+        option = self.config.option
+        return not (option.spec_dry_run or option.collectonly or getattr(option, "help", False))
 
     # -- the dry run ----------------------------------------------------------------------------
     def dry_run(self) -> int:

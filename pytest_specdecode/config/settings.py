@@ -119,10 +119,22 @@ def load_settings(
     run_overrides: Mapping[str, Any] | None = None,
     prompt_types: Sequence[str] = (),
     reports_dir: Path | None = None,
+    table: str | None = None,
+    rootdir: Path | None = None,
 ) -> Settings:
-    """Read and validate everything; raises ConfigError naming the file and the key."""
+    """Read and validate everything; raises ConfigError naming the file and the key.
+
+    `table` names a dotted table inside the file (`tool.specdecode` in a pyproject.toml). Paths
+    resolve against the file's folder; reports go to `<rootdir>/reports` unless it says where.
+    """
     raw = _read_toml(path)
     where = str(path)
+    if table:
+        where = f"{path} [{table}]"
+        for key in table.split("."):
+            raw = raw.get(key, {})
+            if not isinstance(raw, Mapping):
+                raise ConfigError(f"{where} must be a table")
     _no_unknown(raw, _TOP_KEYS, where)
     presets = _table(raw, "presets", where)
     for name, values in presets.items():
@@ -139,7 +151,10 @@ def load_settings(
     if len(set(names)) != len(names):
         raise ConfigError(f"--spec-config names a candidate twice: {names}")
     base = path.parent
-    reports = reports_dir or base / str(raw.get("reports_dir", "../reports"))
+    default_reports = (rootdir or base) / "reports"
+    reports = reports_dir or (
+        base / str(raw["reports_dir"]) if "reports_dir" in raw else default_reports
+    )
     return Settings(
         source=path,
         target=_target_config(
@@ -162,8 +177,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(
-            f"configuration file {path} does not exist; pass --spec-file PATH "
-            "(suites/specdecode.toml is the embedded default)"
+            f"configuration file {path} does not exist; pass --spec-file PATH, or run "
+            "`specdecode init` to write a starter specdecode.toml"
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {path}: {exc}") from None

@@ -72,3 +72,22 @@ def test_the_gate_runs_the_suite_uploads_always_and_fails_on_regression() -> Non
     assert "if: always()" in text[text.index("- name: Upload the reports") :][:80]
     assert "GITHUB_STEP_SUMMARY" in text
     assert "cancel-in-progress: false" in text  # never two experiments on one host
+
+
+def test_the_repositorys_gate_is_the_template_that_init_writes() -> None:
+    from pytest_specdecode.cli.init import workflow
+
+    paths = ["suites/**", "pytest_specdecode/**", "pyproject.toml"]
+    assert WORKFLOW.read_text() == workflow(package="-e .", tests="suites/", paths=paths)
+
+
+def test_the_gate_that_init_writes_for_a_project_passes_actionlint(tmp_path: Path) -> None:
+    from pytest_specdecode.cli.init import workflow
+
+    path = tmp_path / "gate.yml"
+    path.write_text(workflow(package="pytest-specdecode", paths=["specdecode.toml"]))
+    result = lint(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = path.read_text()
+    assert ".venv/bin/pip install pytest-specdecode" in text
+    assert "args=(-m specdecode --spec-reports reports" in text

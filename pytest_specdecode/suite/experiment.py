@@ -1,19 +1,23 @@
-"""The experiment as tests: thresholds per phase and prompt type, and the hypothesis.
+"""The standard experiment as tests: thresholds per arm and prompt type, and the hypothesis.
 
-Run: pytest suites/ --spec-config ngram   (see the README for the options)
+The plugin collects this module itself whenever a candidate is given (`--spec-config`), under
+the node id `specdecode`, marked `specdecode`: `pytest --spec-config ngram -m specdecode` runs
+only these. A project's own tests may use the same fixtures beside them.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_specdecode.analysis.compare import PromptTypeVerdict
-from pytest_specdecode.analysis.noise import AA_ARM
-from pytest_specdecode.analysis.stats import Verdict
-from pytest_specdecode.config.settings import PromptType
-from pytest_specdecode.record.schema import Phase
-from pytest_specdecode.report.rows import Row
-from pytest_specdecode.session import SpecDecodeSession
+from ..analysis.compare import PromptTypeVerdict
+from ..analysis.noise import AA_ARM
+from ..analysis.stats import Verdict
+from ..config.settings import PromptType
+from ..record.schema import Phase
+from ..report.rows import Row
+from ..session import SpecDecodeSession
+
+pytestmark = pytest.mark.specdecode
 
 
 def test_throughput_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptType) -> None:
