@@ -46,7 +46,7 @@ from pytest_specdecode.analysis.ngram_replay import (
     replay,
 )
 from pytest_specdecode.measure.loadgen import RequestSample, RequestSpec, run_requests
-from pytest_specdecode.measure.server_metrics import parse_spec_counters
+from pytest_specdecode.measure.server_metrics import parse_counters as parse_spec_counters
 from pytest_specdecode.measure.token_ids import CapturedTokens, capture_token_ids, detect_support
 from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.local import LocalProcessService
