@@ -60,7 +60,7 @@ TIMED = 5  # timed streams per prompt type and config, after one warm-up
 PROMPTS = {
     name: table["prompt"]
     for name, table in tomllib.loads((REPO / "suites" / "specdecode.toml").read_text())[
-        "workloads"
+        "prompt_types"
     ].items()
 }
 PRESET = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
