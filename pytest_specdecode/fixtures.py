@@ -59,7 +59,7 @@ def specdecode_experiment(
             },
             "run": settings.run.__dict__,
             "candidates": {c.name: dict(c.values) for c in settings.candidates},
-            "workloads": {w.name: w.__dict__ for w in settings.workloads.values()},
+            "workloads": {w.name: w.to_dict() for w in settings.workloads.values()},
         },
     )
     progress(f"run folder {run_dir}")

@@ -13,18 +13,35 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..targets.vllm_argv import check_vllm_command
+from .prompts import PROMPT_KEYS, Prompt, prompt_types
 from .specconfig import SpecConfig, parse_spec_config, validate_spec_values
 
 
 @dataclass(frozen=True)
 class Workload:
-    """One prompt type, with optional per-workload thresholds."""
+    """One prompt type: its prompts, with optional per-workload thresholds."""
 
     name: str
-    prompt: str
+    prompt: str  # the first prompt's text
     max_tokens: int
     min_tokens_per_s: float | None
     max_tpot_ms: float | None
+    prompts: tuple[Prompt, ...] = ()  # all of them, in sending order (config/prompts.py)
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            object.__setattr__(self, "prompts", (Prompt(self.prompt),))
+
+    def to_dict(self) -> dict[str, Any]:
+        """For results.json: the settings and every prompt."""
+        return {
+            "name": self.name,
+            "prompt": self.prompt,
+            "max_tokens": self.max_tokens,
+            "min_tokens_per_s": self.min_tokens_per_s,
+            "max_tpot_ms": self.max_tpot_ms,
+            "prompts": [p.to_dict() for p in self.prompts],
+        }
 
 
 @dataclass(frozen=True)
@@ -93,7 +110,7 @@ _TARGET_KEYS = {
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
-_WORKLOAD_KEYS = {"prompt", "max_tokens"} | _THRESHOLD_KEYS
+_WORKLOAD_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 
 
 def load_settings(
@@ -117,7 +134,9 @@ def load_settings(
     run = _run_config(_table(raw, "run", where), run_overrides or {}, where)
     thresholds = _table(raw, "thresholds", where)
     _no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
-    all_workloads = _workloads(_table(raw, "workloads", where), thresholds, run, where)
+    all_workloads = _workloads(
+        _table(raw, "workloads", where), thresholds, run, where, base=path.parent
+    )
     chosen = _choose(all_workloads, workloads, where)
     candidates = tuple(parse_spec_config(text, presets) for text in spec_configs)
     names = [c.name for c in candidates]
@@ -205,7 +224,12 @@ def _threshold(value: Any, key: str, where: str) -> float | None:
 
 
 def _workloads(
-    table: dict[str, Any], thresholds: Mapping[str, Any], run: RunConfig, where: str
+    table: dict[str, Any],
+    thresholds: Mapping[str, Any],
+    run: RunConfig,
+    where: str,
+    *,
+    base: Path,
 ) -> dict[str, Workload]:
     if not table:
         raise ConfigError(f"{where}: [workloads] is empty; define at least one prompt type")
@@ -213,26 +237,31 @@ def _workloads(
     for name, spec in table.items():
         here = f"{where} [workloads.{name}]"
         if not isinstance(spec, Mapping):
-            raise ConfigError(f"{here} must be a table with a 'prompt'")
+            raise ConfigError(f"{here} must be a table with a 'prompt' or 'prompts'")
         _no_unknown(spec, _WORKLOAD_KEYS, here)
-        prompt = spec.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError(f"{here}: 'prompt' must be a non-empty string")
         max_tokens = spec.get("max_tokens", run.max_tokens)
         _positive_int(max_tokens, "max_tokens", here, minimum=2)
-        out[name] = Workload(
-            name=name,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            min_tokens_per_s=_threshold(
-                spec.get("min_tokens_per_s", thresholds.get("min_tokens_per_s")),
-                "min_tokens_per_s",
-                here,
-            ),
-            max_tpot_ms=_threshold(
-                spec.get("max_tpot_ms", thresholds.get("max_tpot_ms")), "max_tpot_ms", here
-            ),
-        )
+        for type_name, prompts in prompt_types(name, spec, base=base, where=where).items():
+            if type_name in out:
+                raise ConfigError(f"{here}: the prompt type {type_name!r} is defined twice")
+            if run.endpoint == "completions" and any(p.messages for p in prompts):
+                raise ConfigError(
+                    f"{here}: multi-turn prompts need endpoint = 'chat', not 'completions'"
+                )
+            out[type_name] = Workload(
+                name=type_name,
+                prompt=prompts[0].text,
+                max_tokens=max_tokens,
+                min_tokens_per_s=_threshold(
+                    spec.get("min_tokens_per_s", thresholds.get("min_tokens_per_s")),
+                    "min_tokens_per_s",
+                    here,
+                ),
+                max_tpot_ms=_threshold(
+                    spec.get("max_tpot_ms", thresholds.get("max_tpot_ms")), "max_tpot_ms", here
+                ),
+                prompts=prompts,
+            )
     return out
 
 

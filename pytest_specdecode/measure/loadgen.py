@@ -1,17 +1,27 @@
-"""The load generator. Every request is timed here, in `timed_request`."""
+"""The load generator. Every request is timed here, in `timed_request`.
+
+`run_level` sends one load level (closed-loop concurrency and/or open-loop Poisson arrivals)
+and returns its samples with their aggregates (measure/levels.py); `run_requests` is the
+single-prompt form the experiment uses today. Both build their client in `make_client`, whose
+`transport` lets the fast tests answer from an `httpx.MockTransport`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from ..errors import RequestError
+from .levels import SLO, LevelStats, LoadLevel, level_stats, poisson_arrivals
+
+if TYPE_CHECKING:
+    from ..config.prompts import Prompt
 
 Endpoint = Literal["chat", "completions"]
 
@@ -33,6 +43,8 @@ class RequestSample:
     chunk_gaps_s: list[float] = field(default_factory=list)
     tokens_per_chunk: list[int] | None = None  # from continuous usage, when the server sends it
     text: str = ""
+    prompt_index: int | None = None  # which prompt of the prompt type (config/prompts.py)
+    level: str | None = None  # the load level's label, e.g. "c4"
 
     @property
     def tpot_s(self) -> float | None:
@@ -64,6 +76,11 @@ class RequestSpec:
     ignore_eos: bool = False
     timeout_s: float = 300.0  # the whole request, from send to the end of the stream
     read_timeout_s: float = 60.0  # the longest silence allowed between two chunks
+    messages: tuple[tuple[str, str], ...] = ()  # chat: (role, content); empty: one user turn
+
+    def __post_init__(self) -> None:
+        if self.messages and self.endpoint != "chat":
+            raise ValueError("multi-turn messages need the chat endpoint, not completions")
 
     def url_and_payload(self) -> tuple[str, dict[str, Any]]:
         payload: dict[str, Any] = {
@@ -76,7 +93,8 @@ class RequestSpec:
         if self.ignore_eos:
             payload["ignore_eos"] = True
         if self.endpoint == "chat":
-            payload["messages"] = [{"role": "user", "content": self.prompt}]
+            turns = self.messages or (("user", self.prompt),)
+            payload["messages"] = [{"role": role, "content": text} for role, text in turns]
             return f"{self.api_base}/v1/chat/completions", payload
         payload["prompt"] = self.prompt
         return f"{self.api_base}/v1/completions", payload
@@ -90,12 +108,14 @@ async def timed_request(
     phase: str,
     index: int,
     warmup: bool,
+    prompt_index: int | None = None,
+    level: str | None = None,
 ) -> RequestSample:
     """Send one streaming request and time it. Raises RequestError on any protocol problem."""
     url, payload = spec.url_and_payload()
     try:
         async with asyncio.timeout(spec.timeout_s):
-            return await _stream(client, url, payload, spec, workload, phase, index, warmup)
+            sample = await _stream(client, url, payload, spec, workload, phase, index, warmup)
     except TimeoutError:
         raise RequestError(
             f"{url}: the stream did not end within {spec.timeout_s:g}s ({workload}, {phase})"
@@ -113,6 +133,9 @@ async def timed_request(
             f"{url}: the connection broke mid-request ({type(exc).__name__}: "
             f"{exc or 'no detail'}; {workload}, {phase})"
         ) from None
+    sample.prompt_index = prompt_index
+    sample.level = level
+    return sample
 
 
 async def _stream(
@@ -213,6 +236,163 @@ def _chunk_text(choice: Mapping[str, Any]) -> str:
     return str(choice.get("text") or "")
 
 
+def make_client(
+    max_in_flight: int | None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """The client of one batch of requests: a connection per request in flight, all kept alive.
+
+    `max_in_flight` None means no bound (an open-loop level without a concurrency cap).
+    `transport` replaces the network, e.g. with an `httpx.MockTransport` in fast tests.
+    """
+    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+    return httpx.AsyncClient(headers=dict(headers or {}), limits=limits, transport=transport)
+
+
+def planned_specs(
+    base: RequestSpec, prompts: Sequence[Prompt], indices: Sequence[int]
+) -> list[RequestSpec]:
+    """One request per planned prompt index (config/prompts.py `request_plan`), in order."""
+    return [replace(base, prompt=prompts[i].text, messages=prompts[i].messages) for i in indices]
+
+
+@dataclass
+class LevelResult:
+    """One load level: its samples, in request order, and their aggregates."""
+
+    level: LoadLevel
+    samples: list[RequestSample]
+    stats: LevelStats
+    slo: SLO
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.level.to_dict(), "slo": self.slo.to_dict(), **self.stats.to_dict()}
+
+
+class _CpuWindows:
+    """The client process's CPU time over wall time, whole and per window of `window_s`."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.peak = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self._task = asyncio.ensure_future(self._sample())
+
+    async def _sample(self) -> None:
+        wall, cpu = self.wall0, self.cpu0
+        while True:
+            await asyncio.sleep(self.window_s)
+            now, used = time.perf_counter(), time.process_time()
+            if now - wall > 0:
+                self.peak = max(self.peak, (used - cpu) / (now - wall))
+            wall, cpu = now, used
+
+    async def stop(self) -> float:
+        """Stops sampling; returns the CPU seconds used since start."""
+        used = time.process_time() - self.cpu0
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        return used
+
+
+async def run_level(
+    specs: Sequence[RequestSpec],
+    level: LoadLevel,
+    *,
+    workload: str,
+    phase: str,
+    prompt_indices: Sequence[int] | None = None,
+    warmup: bool = False,
+    slo: SLO | None = None,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    on_sample: Callable[[RequestSample], None] = lambda s: None,
+    cpu_window_s: float = 1.0,
+) -> LevelResult:
+    """Send one load level: request i is `specs[i]`, sent in that order; returns the samples.
+
+    Closed loop (concurrency N, no rate): N requests in flight, the next sent as one ends.
+    Open loop (rate): request i leaves at its Poisson arrival time (seeded), with at most
+    `concurrency` in flight if that is set too. The first RequestError cancels the rest and is
+    raised. The client's CPU share is measured over the level and per `cpu_window_s` window.
+    """
+    if not specs:
+        raise ValueError("a load level needs at least one request")
+    indices = list(prompt_indices) if prompt_indices is not None else [None] * len(specs)
+    if len(indices) != len(specs):
+        raise ValueError(f"{len(specs)} requests but {len(indices)} prompt indices")
+    bound = level.concurrency if level.concurrency is not None else None
+    gate = asyncio.Semaphore(bound) if bound is not None else None
+    arrivals = (
+        poisson_arrivals(len(specs), level.rate, level.seed) if level.rate is not None else None
+    )
+    lags: list[float] = []
+    in_flight = peak = 0
+    label = level.label
+
+    async with make_client(bound, headers=headers, transport=transport) as client:
+
+        async def one(i: int) -> RequestSample:
+            nonlocal in_flight, peak
+            if arrivals is not None:
+                await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+            if gate is not None:
+                await gate.acquire()
+            try:
+                if arrivals is not None:
+                    lags.append(time.perf_counter() - t0 - arrivals[i])
+                in_flight += 1
+                peak = max(peak, in_flight)
+                sample = await timed_request(
+                    client,
+                    specs[i],
+                    workload=workload,
+                    phase=phase,
+                    index=i,
+                    warmup=warmup,
+                    prompt_index=indices[i],
+                    level=label,
+                )
+            finally:
+                in_flight -= 1
+                if gate is not None:
+                    gate.release()
+            on_sample(sample)
+            return sample
+
+        cpu = _CpuWindows(cpu_window_s)
+        t0 = time.perf_counter()
+        cpu.start()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(specs))]
+        try:
+            samples = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await cpu.stop()
+            raise
+        wall = time.perf_counter() - t0
+        cpu_s = await cpu.stop()
+    slo = slo or SLO()
+    stats = level_stats(
+        samples,
+        wall_s=wall,
+        slo=slo,
+        cpu_s=cpu_s,
+        peak_cpu_share=cpu.peak,
+        peak_in_flight=peak,
+        send_lags_s=lags,
+    )
+    return LevelResult(level=level, samples=list(samples), stats=stats, slo=slo)
+
+
 async def run_requests(
     spec: RequestSpec,
     *,
@@ -223,27 +403,17 @@ async def run_requests(
     concurrency: int = 1,
     headers: Mapping[str, str] | None = None,
     on_sample: Callable[[RequestSample], None] = lambda s: None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> tuple[list[RequestSample], float]:
     """Send `count` requests, `concurrency` at a time; returns them and the wall time taken."""
-    limits = httpx.Limits(max_connections=max(concurrency, 1))
-    gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(headers=dict(headers or {}), limits=limits) as client:
-
-        async def one(i: int) -> RequestSample:
-            async with gate:
-                sample = await timed_request(
-                    client, spec, workload=workload, phase=phase, index=i, warmup=warmup
-                )
-            on_sample(sample)
-            return sample
-
-        t0 = time.perf_counter()
-        tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
-        try:
-            samples = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        return list(samples), time.perf_counter() - t0
+    result = await run_level(
+        [spec] * count,
+        LoadLevel(concurrency=concurrency),
+        workload=workload,
+        phase=phase,
+        warmup=warmup,
+        headers=headers,
+        transport=transport,
+        on_sample=on_sample,
+    )
+    return result.samples, result.stats.wall_s
