@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,6 +19,7 @@ import httpx
 
 from ..errors import RequestError
 from .levels import SLO, LevelStats, LoadLevel, level_stats, poisson_arrivals
+from .sse_transport import LeanSSETransport
 
 if TYPE_CHECKING:
     from ..config.prompts import Prompt
@@ -148,10 +149,15 @@ async def _stream(
     index: int,
     warmup: bool,
 ) -> RequestSample:
+    """The hot path: one stream, its SSE lines split from raw bytes, one clock read per read.
+
+    An event's time is the time its bytes were read, so the events of one read share it.
+    """
     timeout = httpx.Timeout(10.0, read=spec.read_timeout_s)
     started_at = time.time()
-    t0 = time.perf_counter()
-    first = last = None
+    clock = time.perf_counter
+    t0 = clock()
+    first = last = 0.0
     gaps: list[float] = []
     per_chunk: list[int] | None = []
     seen_tokens = 0
@@ -165,47 +171,58 @@ async def _stream(
             raise RequestError(
                 f"{url} answered HTTP {response.status_code} ({workload}, {phase}): {body}"
             )
-        async for line in response.aiter_lines():
-            if not line or line.startswith(":"):
-                continue
-            if not line.startswith("data:"):
-                raise RequestError(f"{url}: malformed SSE line {line[:120]!r}")
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            try:
-                event = json.loads(data)
-            except json.JSONDecodeError:
-                raise RequestError(f"{url}: malformed SSE data {data[:120]!r}") from None
-            if not isinstance(event, dict):
-                raise RequestError(f"{url}: SSE data is not a JSON object: {data[:120]!r}")
-            if "error" in event:
-                raise RequestError(
-                    f"{url}: the server reported an error mid-stream: {str(event['error'])[:300]}"
-                )
-            now = time.perf_counter()
-            if event.get("usage"):
-                usage = event["usage"]
-            if not event.get("choices"):
-                continue
-            chunks += 1
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)  # type: ignore[operator]
-            last = now
-            text.append(_chunk_text(event["choices"][0]))
-            if per_chunk is not None:
-                cumulative = (event.get("usage") or {}).get("completion_tokens")
-                if cumulative is None:
-                    per_chunk = None
+        pending = b""
+        async for raw in _then_newline(response.aiter_raw()):
+            now = clock()
+            lines = (pending + raw if pending else raw).split(b"\n")
+            pending = lines.pop()  # an incomplete line, or b""
+            for line in lines:
+                if line[-1:] == b"\r":
+                    line = line[:-1]
+                if not line or line[0] == 58:  # blank, or an SSE comment (":")
+                    continue
+                if line[:5] != b"data:":
+                    raise RequestError(f"{url}: malformed SSE line {_shown(line)}")
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    raise RequestError(f"{url}: malformed SSE data {_shown(data)}") from None
+                if type(event) is not dict:
+                    raise RequestError(f"{url}: SSE data is not a JSON object: {_shown(data)}")
+                if "error" in event:
+                    raise RequestError(
+                        f"{url}: the server reported an error mid-stream: "
+                        f"{str(event['error'])[:300]}"
+                    )
+                chunk_usage = event.get("usage")
+                if chunk_usage:
+                    usage = chunk_usage
+                choices = event.get("choices")
+                if not choices:
+                    continue
+                if chunks:
+                    gaps.append(now - last)
                 else:
-                    per_chunk.append(cumulative - seen_tokens)
-                    seen_tokens = cumulative
+                    first = now
+                chunks += 1
+                last = now
+                text.append(_chunk_text(choices[0]))
+                if per_chunk is not None:
+                    cumulative = chunk_usage.get("completion_tokens") if chunk_usage else None
+                    if cumulative is None:
+                        per_chunk = None
+                    else:
+                        per_chunk.append(cumulative - seen_tokens)
+                        seen_tokens = cumulative
+            if done:
+                break
     if not done:
         raise RequestError(f"{url}: the stream ended without [DONE] after {chunks} chunks")
-    if first is None or last is None:
+    if not chunks:
         raise RequestError(f"{url}: the stream carried no tokens")
     if not usage or usage.get("completion_tokens") is None:
         raise RequestError(
@@ -229,6 +246,17 @@ async def _stream(
     )
 
 
+async def _then_newline(reads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The raw reads, then a newline: a last line without one still counts, as in SSE."""
+    async for raw in reads:
+        yield raw
+    yield b"\n"
+
+
+def _shown(raw: bytes) -> str:
+    return repr(raw.decode("utf-8", errors="replace")[:120])
+
+
 def _chunk_text(choice: Mapping[str, Any]) -> str:
     delta = choice.get("delta")
     if isinstance(delta, Mapping):
@@ -244,11 +272,18 @@ def make_client(
 ) -> httpx.AsyncClient:
     """The client of one batch of requests: a connection per request in flight, all kept alive.
 
-    `max_in_flight` None means no bound (an open-loop level without a concurrency cap).
-    `transport` replaces the network, e.g. with an `httpx.MockTransport` in fast tests.
+    `max_in_flight` None means no bound (an open-loop level without a concurrency cap); the
+    bound applies to httpx's own transport, while `LeanSSETransport` (the default, see
+    measure/sse_transport.py) opens what the level's requests in flight need. `transport`
+    replaces it: `httpx.AsyncHTTPTransport()` for httpx's own, an `httpx.MockTransport` in
+    fast tests.
     """
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
-    return httpx.AsyncClient(headers=dict(headers or {}), limits=limits, transport=transport)
+    return httpx.AsyncClient(
+        headers=dict(headers or {}),
+        limits=limits,
+        transport=transport if transport is not None else LeanSSETransport(),
+    )
 
 
 def planned_specs(
