@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -223,7 +224,7 @@ class SSESource:
 
     def _stats(self, run_id: str) -> dict[str, Any]:
         run = self.runs.pop(run_id, _Run())
-        gaps = [b - a for t in run.send_times for a, b in zip(t, t[1:], strict=False)]
+        gaps = [b - a for t in run.send_times for a, b in itertools.pairwise(t)]
         tpots = [(t[-1] - t[0]) / (len(t) - 2) for t in run.send_times if len(t) > 2]
         return {
             "streams": len(run.send_times),
@@ -305,7 +306,7 @@ def run_vllm(base: str, shape: str, requests: int, concurrency: int, n_tokens: i
             len(itl) + 1 for itl, err in zip(r["itls"], r["errors"], strict=True) if not err
         ),
         "output_tokens": r["total_output_tokens"],
-        "tpots_s": [(l - t) / (o - 1) for l, t, o in zip(lat, ttft, out, strict=True) if o > 1],
+        "tpots_s": [(e - t) / (o - 1) for e, t, o in zip(lat, ttft, out, strict=True) if o > 1],
         "gaps_s": [g for itl in r["itls"] for g in itl],
         "client_cpu_share": (time.process_time() - cpu0) / r["duration"],  # incl. setup
         "peak_in_flight": r.get("max_concurrent_requests"),
@@ -449,7 +450,8 @@ def _short(f: dict) -> str:
         return f"ERROR {f['error']}"
     dist = f["tpot_distortion"]
     return (
-        f"{f['completed']} {f['chunks_per_s']:>9,.0f} chunks/s  peak {f['peak_streams_at_source']:>4}"
+        f"{f['completed']} {f['chunks_per_s']:>9,.0f} chunks/s"
+        f"  peak {f['peak_streams_at_source']:>4}"
         f"  TPOT {f['tpot_ms']:.3f} vs sent {f['tpot_sent_ms']:.3f} ms"
         + (f" ({dist:+.2%})" if dist is not None else "")
         + f"  gap p99 {f['gap_p99_ms']:.2f} vs {f['gap_sent_p99_ms']:.2f} ms"
