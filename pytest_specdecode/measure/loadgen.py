@@ -177,22 +177,32 @@ async def _stream(
             lines = (pending + raw if pending else raw).split(b"\n")
             pending = lines.pop()  # an incomplete line, or b""
             for line in lines:
-                if line[-1:] == b"\r":
-                    line = line[:-1]
-                if not line or line[0] == 58:  # blank, or an SSE comment (":")
+                if not line:
                     continue
-                if line[:5] != b"data:":
+                if line[-1] == 13:  # "\r" of a CRLF line end
+                    line = line[:-1]
+                    if not line:
+                        continue
+                if line[0] == 58:  # an SSE comment (":")
+                    continue
+                if not line.startswith(b"data:"):
                     raise RequestError(f"{url}: malformed SSE line {_shown(line)}")
-                data = line[5:].strip()
-                if data == b"[DONE]":
+                try:
+                    data = line[5:].decode().strip()
+                    event, end = _scan(data, 0) if data != "[DONE]" else (None, 0)
+                except (ValueError, StopIteration):
+                    raise RequestError(
+                        f"{url}: malformed SSE data {_shown(line[5:].strip())}"
+                    ) from None
+                if event is None:
                     done = True
                     break
-                try:
-                    event = json.loads(data)
-                except ValueError:
-                    raise RequestError(f"{url}: malformed SSE data {_shown(data)}") from None
+                if end != len(data):
+                    raise RequestError(f"{url}: malformed SSE data {_shown(line[5:].strip())}")
                 if type(event) is not dict:
-                    raise RequestError(f"{url}: SSE data is not a JSON object: {_shown(data)}")
+                    raise RequestError(
+                        f"{url}: SSE data is not a JSON object: {_shown(line[5:].strip())}"
+                    )
                 if "error" in event:
                     raise RequestError(
                         f"{url}: the server reported an error mid-stream: "
@@ -210,7 +220,11 @@ async def _stream(
                     first = now
                 chunks += 1
                 last = now
-                text.append(_chunk_text(choices[0]))
+                choice = choices[0]
+                delta = choice.get("delta")
+                piece = delta.get("content") if type(delta) is dict else choice.get("text")
+                if piece:
+                    text.append(piece if type(piece) is str else str(piece))
                 if per_chunk is not None:
                     cumulative = chunk_usage.get("completion_tokens") if chunk_usage else None
                     if cumulative is None:
@@ -253,15 +267,11 @@ async def _then_newline(reads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     yield b"\n"
 
 
+_scan = json.JSONDecoder().scan_once  # the C scanner under json.loads, without its wrappers
+
+
 def _shown(raw: bytes) -> str:
     return repr(raw.decode("utf-8", errors="replace")[:120])
-
-
-def _chunk_text(choice: Mapping[str, Any]) -> str:
-    delta = choice.get("delta")
-    if isinstance(delta, Mapping):
-        return str(delta.get("content") or "")
-    return str(choice.get("text") or "")
 
 
 def make_client(

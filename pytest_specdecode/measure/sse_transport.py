@@ -21,26 +21,115 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-_READ_SIZE = 1 << 16
+_MAX_BUFFER = 1 << 20  # stop reading the socket while this much is unread
 
 
-class _Connection:
-    """One TCP (or TLS) connection, reusable when a response was read to its end."""
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection, reusable when a response was read to its end.
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    A protocol rather than asyncio streams: a read that finds data buffered returns it at once,
+    and one that must wait arms a single timer, which keeps the cost of a read small when every
+    read carries one SSE event.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
         self.reusable = False
+        self._data: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._data.append(data)
+        self._size += len(data)
+        if self._size > _MAX_BUFFER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        if exc is not None:
+            self._error = exc
+        self._wake()
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- for the transport
+
+    @property
+    def usable(self) -> bool:
+        """Still open, and the server has not closed its side while the connection was idle."""
+        return self.transport is not None and not self.transport.is_closing() and not self._eof
+
+    async def read(self, timeout: float | None) -> bytes:
+        """What has arrived, waiting up to `timeout` for it; b"" at the end of the stream."""
+        if not self._data:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._data:
+                if self._error is not None:
+                    raise self._error
+                return b""
+        data = self._data[0] if len(self._data) == 1 else b"".join(self._data)
+        self._data.clear()
+        self._size = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def write(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        self.transport.write(data)
 
     def close(self) -> None:
-        if not self.writer.is_closing():
-            self.writer.close()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
 
     async def aclose(self) -> None:
         self.close()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):
-                await self.writer.wait_closed()
+        if self.transport is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(self._closed)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 class _Body(httpx.AsyncByteStream):
@@ -66,8 +155,7 @@ class _Body(httpx.AsyncByteStream):
 
     async def _read(self) -> bytes:
         try:
-            async with asyncio.timeout(self.read_timeout):
-                return await self.conn.reader.read(_READ_SIZE)
+            return await self.conn.read(self.read_timeout)
         except TimeoutError:
             raise httpx.ReadTimeout(
                 "no data within the read timeout", request=self.request
@@ -208,7 +296,7 @@ class LeanSSETransport(httpx.AsyncBaseTransport):
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not (conn.writer.is_closing() or conn.reader.at_eof()):
+            if conn.usable:
                 return conn
             await conn.aclose()
         return None
@@ -222,12 +310,7 @@ class LeanSSETransport(httpx.AsyncBaseTransport):
         timeouts: dict[str, float | None],
     ) -> httpx.Response:
         try:
-            conn.writer.write(data)
-            async with asyncio.timeout(timeouts.get("write")):
-                await conn.writer.drain()
-        except TimeoutError:
-            await conn.aclose()
-            raise httpx.WriteTimeout("the request could not be sent", request=request) from None
+            conn.write(data)
         except OSError as exc:
             await conn.aclose()
             error = httpx.WriteError(str(exc) or type(exc).__name__, request=request)
@@ -256,20 +339,21 @@ class LeanSSETransport(httpx.AsyncBaseTransport):
         self, request: httpx.Request, key: tuple[str, str, int], timeout: float | None
     ) -> _Connection:
         scheme, host, port = key
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
+                _, conn = await loop.create_connection(
+                    _Connection,
                     host,
                     port,
                     ssl=self._ssl if scheme == "https" else None,
                     server_hostname=host if scheme == "https" else None,
-                    limit=_READ_SIZE,
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to {host}:{port}", request=request) from None
         except (OSError, ssl.SSLError) as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
-        return _Connection(reader, writer)
+        return conn
 
     async def _response(
         self,
@@ -280,22 +364,21 @@ class LeanSSETransport(httpx.AsyncBaseTransport):
     ) -> httpx.Response:
         buf = b""
         try:
-            async with asyncio.timeout(read_timeout):
-                while (end := buf.find(b"\r\n\r\n")) < 0:
-                    data = await conn.reader.read(_READ_SIZE)
-                    if not data:
-                        error = httpx.RemoteProtocolError(
-                            "server disconnected without sending a response", request=request
-                        )
-                        error.before_response = not buf  # type: ignore[attr-defined]
-                        raise error
-                    buf += data
-                    if len(buf) > 1 << 20:
-                        raise httpx.RemoteProtocolError("response head too long", request=request)
+            while (end := buf.find(b"\r\n\r\n")) < 0:
+                data = await conn.read(read_timeout)
+                if not data:
+                    error = httpx.RemoteProtocolError(
+                        "server disconnected without sending a response", request=request
+                    )
+                    error.before_response = not buf  # type: ignore[attr-defined]
+                    raise error
+                buf += data
+                if len(buf) > 1 << 20:
+                    raise httpx.RemoteProtocolError("response head too long", request=request)
         except TimeoutError:
-            raise httpx.ReadTimeout(
-                "no response within the read timeout", request=request
-            ) from None
+            raise httpx.ReadTimeout("no response within the read timeout", request=request) from (
+                None
+            )
         except (OSError, ssl.SSLError) as exc:
             error = httpx.ReadError(str(exc) or type(exc).__name__, request=request)
             error.before_response = not buf  # type: ignore[attr-defined]
