@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from pytest_specdecode.config.load import check_slo_levels, load_levels, slo_config
+from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.levels import (
     SLO,
     LoadLevel,
@@ -107,3 +109,65 @@ def test_level_stats_from_known_samples():
         "limit": 500.0,
         "met": False,
     }
+
+
+# --------------------------------------------------------------------------- config/load.py
+
+
+def test_levels_from_the_command_line():
+    assert load_levels() == (LoadLevel(concurrency=1),)
+    assert [lv.label for lv in load_levels("1,4,16")] == ["c1", "c4", "c16"]
+    assert [lv.label for lv in load_levels(8)] == ["c8"]
+    assert [lv.label for lv in load_levels(None, "0.5, 2")] == ["r0.5", "r2"]
+    capped = load_levels("8", "1,2", seed=3)
+    assert [lv.label for lv in capped] == ["r1-c8", "r2-c8"]
+    assert {lv.seed for lv in capped} == {3}
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "rate", "message"),
+    [
+        ("1,x", None, "--spec-concurrency: 'x' is not an integer >= 1"),
+        ("0", None, "--spec-concurrency: '0' is not an integer >= 1"),
+        ("1.5", None, "'1.5' is not an integer"),
+        ("4,4", None, "a level is given twice"),
+        ("1,,4", None, "expected a comma-separated list"),
+        (None, "-1", "--spec-rate: '-1' is not a positive number"),
+        (None, "inf", "'inf' is not a positive number"),
+        ("1,4", "2", "is ambiguous: give one concurrency"),
+    ],
+)
+def test_bad_levels_are_usage_errors(concurrency, rate, message):
+    with pytest.raises(ConfigError) as info:
+        load_levels(concurrency, rate)
+    assert message in str(info.value)
+
+
+def test_slo_table_with_per_level_overrides():
+    config = slo_config(
+        {"ttft_ms": 2000, "tpot_p99_ms": 300, "levels": {"c16": {"tpot_ms": 300}}},
+        where="exp.toml",
+    )
+    assert config.default == SLO(ttft_ms=2000, percentiles={"tpot_p99_ms": 300})
+    c16 = config.for_level(LoadLevel(concurrency=16))
+    assert (c16.ttft_ms, c16.tpot_ms, dict(c16.percentiles)) == (2000, 300, {"tpot_p99_ms": 300})
+    assert config.for_level(LoadLevel(concurrency=1)) is config.default
+    check_slo_levels(config, load_levels("1,16"), where="exp.toml")
+    with pytest.raises(ConfigError, match=r"\[slo.levels\]: no measured level c16; the levels"):
+        check_slo_levels(config, load_levels("1,4"), where="exp.toml")
+    assert slo_config({}, where="x").default == SLO()
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"tpot_ms": -1}, "exp.toml [slo]: tpot_ms must be a positive number"),
+        ({"tpot_p99": 5}, "exp.toml [slo]: unknown percentile limit 'tpot_p99'"),
+        ({"levels": {"c4": {"ttft_p50_ms": "fast"}}}, "[slo.levels.c4]: ttft_p50_ms must be"),
+        ({"levels": 3}, "levels must be a table of level labels"),
+    ],
+)
+def test_bad_slo_tables(table, message):
+    with pytest.raises(ConfigError) as info:
+        slo_config(table, where="exp.toml")
+    assert message in str(info.value)
