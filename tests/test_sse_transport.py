@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 import httpx
 import pytest
 
+from pytest_specdecode.measure.loadgen import RequestSpec, make_client, timed_request
 from pytest_specdecode.measure.sse_transport import LeanSSETransport
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
@@ -179,3 +182,30 @@ async def test_nothing_listening_is_a_connect_error():
     async with httpx.AsyncClient(transport=LeanSSETransport()) as client:
         with pytest.raises(httpx.ConnectError):
             await client.post(f"{base}/a")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", [LeanSSETransport, httpx.AsyncHTTPTransport])
+async def test_the_load_generator_reuses_a_connection_after_done(transport):
+    def stream(text: str) -> list[bytes]:
+        role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+        chunk = {
+            "choices": [{"index": 0, "delta": {"content": text}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+        events = [f"data: {json.dumps(e)}\n\n".encode() for e in (role, chunk)] + [
+            b"data: [DONE]\n\n"
+        ]
+        # [DONE] and the end of the body in separate writes, as a server may send them
+        return [CHUNKED_HEAD, *(b"%x\r\n%s\r\n" % (len(e), e) for e in events), b"0\r\n\r\n"]
+
+    server = RawServer([stream("a"), stream("b")])
+    spec = RequestSpec(api_base="", model="m", prompt="p", max_tokens=4)
+    async with server as base, make_client(1, transport=transport()) as client:
+        spec = replace(spec, api_base=base)
+        texts = [
+            (await timed_request(client, spec, workload="w", phase="p", index=i, warmup=False)).text
+            for i in range(2)
+        ]
+    assert texts == ["a", "b"]
+    assert server.connections == 1

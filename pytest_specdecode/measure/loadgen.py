@@ -9,6 +9,7 @@ single-prompt form the experiment uses today. Both build their client in `make_c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -172,7 +173,8 @@ async def _stream(
                 f"{url} answered HTTP {response.status_code} ({workload}, {phase}): {body}"
             )
         pending = b""
-        async for raw in _then_newline(response.aiter_raw()):
+        reads = _then_newline(response.aiter_raw())
+        async for raw in reads:
             now = clock()
             lines = (pending + raw if pending else raw).split(b"\n")
             pending = lines.pop()  # an incomplete line, or b""
@@ -234,6 +236,8 @@ async def _stream(
                         seen_tokens = cumulative
             if done:
                 break
+        if done:
+            await _drain(reads)
     if not done:
         raise RequestError(f"{url}: the stream ended without [DONE] after {chunks} chunks")
     if not chunks:
@@ -267,7 +271,18 @@ async def _then_newline(reads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     yield b"\n"
 
 
+_DRAIN_S = 1.0
 _scan = json.JSONDecoder().scan_once  # the C scanner under json.loads, without its wrappers
+
+
+async def _drain(reads: AsyncIterator[bytes]) -> None:
+    """Read what follows [DONE] (the end of the body, normally at once), so that the connection
+    can be reused, as vLLM's client reuses its; a server that keeps the stream open after
+    [DONE] costs a second at most, and the connection."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in reads:
+                pass
 
 
 def _shown(raw: bytes) -> str:
