@@ -173,8 +173,16 @@ async def _stream(
                 f"{url} answered HTTP {response.status_code} ({workload}, {phase}): {body}"
             )
         pending = b""
-        reads = _then_newline(response.aiter_raw())
-        async for raw in reads:
+        # The body's own stream, not response.aiter_raw(): a layer less on every read (httpx
+        # still maps the transport's errors, and closes the stream with the response).
+        reads = aiter(response.stream)
+        while True:
+            try:
+                raw = await anext(reads)  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                if not pending:
+                    break
+                raw = b"\n"  # a last line without a newline still counts, as in SSE
             now = clock()
             lines = (pending + raw if pending else raw).split(b"\n")
             pending = lines.pop()  # an incomplete line, or b""
@@ -237,7 +245,7 @@ async def _stream(
             if done:
                 break
         if done:
-            await _drain(reads)
+            await _drain(reads)  # type: ignore[arg-type]
     if not done:
         raise RequestError(f"{url}: the stream ended without [DONE] after {chunks} chunks")
     if not chunks:
@@ -262,13 +270,6 @@ async def _stream(
         tokens_per_chunk=per_chunk if per_chunk else None,
         text="".join(text),
     )
-
-
-async def _then_newline(reads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The raw reads, then a newline: a last line without one still counts, as in SSE."""
-    async for raw in reads:
-        yield raw
-    yield b"\n"
 
 
 _DRAIN_S = 1.0

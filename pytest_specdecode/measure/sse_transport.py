@@ -163,35 +163,37 @@ class _Body(httpx.AsyncByteStream):
         except (OSError, ssl.SSLError) as exc:
             raise httpx.ReadError(str(exc) or type(exc).__name__, request=self.request) from None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
         if self.chunked:
-            async for data in self._chunked():
+            return self._chunked()  # not wrapped: one generator less on every read
+        return self._sized() if self.length is not None else self._to_close()
+
+    async def _sized(self) -> AsyncIterator[bytes]:
+        left = self.length or 0
+        data = self.buffered[:left]
+        while True:
+            if data:
+                left -= len(data)
                 yield data
-        elif self.length is not None:
-            left = self.length
-            data = self.buffered[:left]
-            while True:
-                if data:
-                    left -= len(data)
-                    yield data
-                if left <= 0:
-                    break
-                data = await self._read()
-                if not data:
-                    raise httpx.RemoteProtocolError(
-                        f"peer closed connection without sending complete message body: "
-                        f"{left} bytes missing",
-                        request=self.request,
-                    )
-            self.conn.reusable = True
-        else:
-            data = self.buffered
-            while True:
-                if data:
-                    yield data
-                data = await self._read()
-                if not data:
-                    break
+            if left <= 0:
+                break
+            data = await self._read()
+            if not data:
+                raise httpx.RemoteProtocolError(
+                    f"peer closed connection without sending complete message body: "
+                    f"{left} bytes missing",
+                    request=self.request,
+                )
+        self.conn.reusable = True
+
+    async def _to_close(self) -> AsyncIterator[bytes]:
+        data = self.buffered
+        while True:
+            if data:
+                yield data
+            data = await self._read()
+            if not data:
+                break
 
     async def _chunked(self) -> AsyncIterator[bytes]:
         """De-chunk: each read yields the payload of every complete (or partial) chunk in it."""
