@@ -27,9 +27,9 @@ _MAX_BUFFER = 1 << 20  # stop reading the socket while this much is unread
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection, reusable when a response was read to its end.
 
-    A protocol rather than asyncio streams: a read that finds data buffered returns it at once,
-    and one that must wait arms a single timer, which keeps the cost of a read small when every
-    read carries one SSE event.
+    A protocol rather than asyncio streams, to keep a read cheap when every read carries one SSE
+    event: a read that finds data buffered returns it at once, and one that must wait only moves
+    the connection's deadline, which one timer checks (see `_check_deadline`).
     """
 
     def __init__(self) -> None:
@@ -41,6 +41,8 @@ class _Connection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol
@@ -64,6 +66,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
+        self._stop_timer()
         if exc is not None:
             self._error = exc
         self._wake()
@@ -74,6 +77,27 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _check_deadline(self) -> None:
+        """The read timer: expire the waiting read if its deadline passed, else re-arm for it.
+
+        One timer serves many reads: a read that waits only moves the deadline, so a stream
+        that delivers steadily costs a timer per timeout period, not one per read.
+        """
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait arms a timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(self._deadline, self._check_deadline)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     # -- for the transport
 
@@ -91,13 +115,16 @@ class _Connection(asyncio.Protocol):
                 return b""
             loop = asyncio.get_running_loop()
             self._waiter = waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+            if timeout is not None:
+                self._deadline = loop.time() + timeout
+                if self._timer is not None and self._timer.when() > self._deadline:
+                    self._stop_timer()  # a shorter timeout than the armed one's
+                if self._timer is None:
+                    self._timer = loop.call_at(self._deadline, self._check_deadline)
             try:
                 await waiter
             finally:
                 self._waiter = None
-                if timer is not None:
-                    timer.cancel()
             if not self._data:
                 if self._error is not None:
                     raise self._error
@@ -116,6 +143,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
 
     def close(self) -> None:
+        self._stop_timer()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -125,11 +153,6 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await asyncio.shield(self._closed)
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class _Body(httpx.AsyncByteStream):
