@@ -222,23 +222,25 @@ class _Body(httpx.AsyncByteStream):
         """De-chunk: each read yields the payload of every complete (or partial) chunk in it."""
         buf = self.buffered
         left = 0  # bytes of the current chunk's payload still to come
+        crlf = 0  # bytes of the CRLF after a payload still to skip
         trailer = False  # inside the trailer, after the last (empty) chunk
+        read, timeout = self.conn.read, self.read_timeout
         while True:
             out = []
             pos, end = 0, len(buf)
             while pos < end:
-                if left > 0:
+                if left:
                     take = min(left, end - pos)
                     out.append(buf[pos : pos + take])
                     pos += take
                     left -= take
-                    if left == 0:
-                        left = -2  # the CRLF after the payload
-                    continue
-                if left < 0:  # skip the CRLF after a payload
-                    take = min(-left, end - pos)
+                    if left:
+                        break
+                    crlf = 2
+                if crlf:
+                    take = min(crlf, end - pos)
                     pos += take
-                    left += take
+                    crlf -= take
                     continue
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:
@@ -253,19 +255,31 @@ class _Body(httpx.AsyncByteStream):
                         return
                     continue
                 try:
-                    size = int(line.split(b";", 1)[0], 16)
+                    size = int(line.split(b";", 1)[0] if b";" in line else line, 16)
                 except ValueError:
                     raise httpx.RemoteProtocolError(
                         f"malformed chunk size line {line[:40]!r}", request=self.request
                     ) from None
                 if size == 0:
                     trailer = True
+                elif pos + size + 2 <= end:  # the usual case: the chunk and its CRLF are here
+                    out.append(buf[pos : pos + size])
+                    pos += size + 2
                 else:
                     left = size
             if out:
-                yield b"".join(out)
+                yield out[0] if len(out) == 1 else b"".join(out)
             rest = buf[pos:]
-            data = await self._read()
+            try:
+                data = await read(timeout)
+            except TimeoutError:
+                raise httpx.ReadTimeout(
+                    "no data within the read timeout", request=self.request
+                ) from None
+            except (OSError, ssl.SSLError) as exc:
+                raise httpx.ReadError(
+                    str(exc) or type(exc).__name__, request=self.request
+                ) from None
             if not data:
                 raise httpx.RemoteProtocolError(
                     "peer closed connection without sending complete message body: "
