@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pytest_specdecode.config.prompts import prompt_types
 from pytest_specdecode.measure.loadgen import RequestSpec, run_requests
 
 
@@ -100,8 +101,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
-    workloads = tomllib.loads(Path(args.config).read_text())["workloads"]
-    prompts = [w["prompt"] for w in workloads.values()]
+    config = Path(args.config)
+    workloads = tomllib.loads(config.read_text())["workloads"]
+    prompts = [  # the first prompt of each prompt type, as the single-prompt experiment sends
+        found[0].text
+        for name, table in workloads.items()
+        for found in prompt_types(name, table, base=config.parent, where=str(config)).values()
+    ]
     ours(args, prompts[:1])  # warm-up, not counted
     vllm_bench(args, prompts[:1])
     clients = {"pytest-specdecode": ours, "vllm bench": vllm_bench}

@@ -13,18 +13,46 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..targets.vllm_argv import check_vllm_command
+from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
 from .specconfig import SpecConfig, parse_spec_config, validate_spec_values
 
 
 @dataclass(frozen=True)
 class PromptType:
-    """One prompt type (coding, math, ...), with its optional thresholds."""
+    """One prompt type (coding, math, ...): its prompts, with its optional thresholds."""
 
     name: str
-    prompt: str
+    prompt: str  # the first prompt's text
     max_tokens: int
     min_tokens_per_s: float | None
     max_tpot_ms: float | None
+    prompts: tuple[Prompt, ...] = ()  # all of them, in sending order (config/prompts.py)
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            object.__setattr__(self, "prompts", (Prompt(self.prompt),))
+
+    def to_dict(self) -> dict[str, Any]:
+        """For results.json: the settings and every prompt."""
+        return {
+            "name": self.name,
+            "prompt": self.prompt,
+            "max_tokens": self.max_tokens,
+            "min_tokens_per_s": self.min_tokens_per_s,
+            "max_tpot_ms": self.max_tpot_ms,
+            "prompts": [p.to_dict() for p in self.prompts],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PromptType:
+        return cls(
+            name=data["name"],
+            prompt=data["prompt"],
+            max_tokens=data["max_tokens"],
+            min_tokens_per_s=data.get("min_tokens_per_s"),
+            max_tpot_ms=data.get("max_tpot_ms"),
+            prompts=tuple(Prompt.from_dict(p) for p in data.get("prompts", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -108,7 +136,7 @@ _TARGET_KEYS = {
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
-_PROMPT_TYPE_KEYS = {"prompt", "max_tokens"} | _THRESHOLD_KEYS
+_PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 
 
 def load_settings(
@@ -144,7 +172,9 @@ def load_settings(
     run = _run_config(_table(raw, "run", where), run_overrides or {}, where)
     thresholds = _table(raw, "thresholds", where)
     _no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
-    all_types = _prompt_types(_prompt_type_table(raw, where), thresholds, run, where)
+    all_types = _prompt_types(
+        _prompt_type_table(raw, where), thresholds, run, where, base=path.parent
+    )
     chosen = _choose(all_types, prompt_types, where)
     candidates = tuple(parse_spec_config(text, presets) for text in spec_configs)
     names = [c.name for c in candidates]
@@ -254,7 +284,12 @@ def _prompt_type_table(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _prompt_types(
-    table: dict[str, Any], thresholds: Mapping[str, Any], run: RunConfig, where: str
+    table: dict[str, Any],
+    thresholds: Mapping[str, Any],
+    run: RunConfig,
+    where: str,
+    *,
+    base: Path,
 ) -> dict[str, PromptType]:
     if not table:
         raise ConfigError(f"{where}: [prompt_types] is empty; define at least one prompt type")
@@ -262,26 +297,31 @@ def _prompt_types(
     for name, spec in table.items():
         here = f"{where} [prompt_types.{name}]"
         if not isinstance(spec, Mapping):
-            raise ConfigError(f"{here} must be a table with a 'prompt'")
+            raise ConfigError(f"{here} must be a table with a 'prompt' or 'prompts'")
         _no_unknown(spec, _PROMPT_TYPE_KEYS, here)
-        prompt = spec.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError(f"{here}: 'prompt' must be a non-empty string")
         max_tokens = spec.get("max_tokens", run.max_tokens)
         _positive_int(max_tokens, "max_tokens", here, minimum=2)
-        out[name] = PromptType(
-            name=name,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            min_tokens_per_s=_threshold(
-                spec.get("min_tokens_per_s", thresholds.get("min_tokens_per_s")),
-                "min_tokens_per_s",
-                here,
-            ),
-            max_tpot_ms=_threshold(
-                spec.get("max_tpot_ms", thresholds.get("max_tpot_ms")), "max_tpot_ms", here
-            ),
-        )
+        for type_name, prompts in prompts_of_table(name, spec, base=base, where=where).items():
+            if type_name in out:
+                raise ConfigError(f"{here}: the prompt type {type_name!r} is defined twice")
+            if run.endpoint == "completions" and any(p.messages for p in prompts):
+                raise ConfigError(
+                    f"{here}: multi-turn prompts need endpoint = 'chat', not 'completions'"
+                )
+            out[type_name] = PromptType(
+                name=type_name,
+                prompt=prompts[0].text,
+                max_tokens=max_tokens,
+                min_tokens_per_s=_threshold(
+                    spec.get("min_tokens_per_s", thresholds.get("min_tokens_per_s")),
+                    "min_tokens_per_s",
+                    here,
+                ),
+                max_tpot_ms=_threshold(
+                    spec.get("max_tpot_ms", thresholds.get("max_tpot_ms")), "max_tpot_ms", here
+                ),
+                prompts=prompts,
+            )
     return out
 
 

@@ -1,17 +1,29 @@
-"""The load generator. Every request is timed here, in `timed_request`."""
+"""The load generator. Every request is timed here, in `timed_request`.
+
+`run_level` sends one load level (closed-loop concurrency and/or open-loop Poisson arrivals)
+and returns its samples with their aggregates (measure/levels.py); `run_requests` is the
+single-prompt form the experiment uses today. Both build their client in `make_client`, whose
+`transport` lets the fast tests answer from an `httpx.MockTransport`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from ..errors import RequestError
+from .levels import SLO, LevelStats, LoadLevel, level_stats, poisson_arrivals
+from .sse_transport import LeanSSETransport
+
+if TYPE_CHECKING:
+    from ..config.prompts import Prompt
 
 Endpoint = Literal["chat", "completions"]
 
@@ -33,6 +45,8 @@ class RequestSample:
     chunk_gaps_s: list[float] = field(default_factory=list)
     tokens_per_chunk: list[int] | None = None  # from continuous usage, when the server sends it
     text: str = ""
+    prompt_index: int | None = None  # which prompt of the prompt type (config/prompts.py)
+    level: str | None = None  # the load level's label, e.g. "c4"
 
     @property
     def tpot_s(self) -> float | None:
@@ -64,6 +78,11 @@ class RequestSpec:
     ignore_eos: bool = False
     timeout_s: float = 300.0  # the whole request, from send to the end of the stream
     read_timeout_s: float = 60.0  # the longest silence allowed between two chunks
+    messages: tuple[tuple[str, str], ...] = ()  # chat: (role, content); empty: one user turn
+
+    def __post_init__(self) -> None:
+        if self.messages and self.endpoint != "chat":
+            raise ValueError("multi-turn messages need the chat endpoint, not completions")
 
     def url_and_payload(self) -> tuple[str, dict[str, Any]]:
         payload: dict[str, Any] = {
@@ -76,7 +95,8 @@ class RequestSpec:
         if self.ignore_eos:
             payload["ignore_eos"] = True
         if self.endpoint == "chat":
-            payload["messages"] = [{"role": "user", "content": self.prompt}]
+            turns = self.messages or (("user", self.prompt),)
+            payload["messages"] = [{"role": role, "content": text} for role, text in turns]
             return f"{self.api_base}/v1/chat/completions", payload
         payload["prompt"] = self.prompt
         return f"{self.api_base}/v1/completions", payload
@@ -90,12 +110,14 @@ async def timed_request(
     phase: str,
     index: int,
     warmup: bool,
+    prompt_index: int | None = None,
+    level: str | None = None,
 ) -> RequestSample:
     """Send one streaming request and time it. Raises RequestError on any protocol problem."""
     url, payload = spec.url_and_payload()
     try:
         async with asyncio.timeout(spec.timeout_s):
-            return await _stream(client, url, payload, spec, prompt_type, phase, index, warmup)
+            sample = await _stream(client, url, payload, spec, prompt_type, phase, index, warmup)
     except TimeoutError:
         raise RequestError(
             f"{url}: the stream did not end within {spec.timeout_s:g}s ({prompt_type}, {phase})"
@@ -113,6 +135,9 @@ async def timed_request(
             f"{url}: the connection broke mid-request ({type(exc).__name__}: "
             f"{exc or 'no detail'}; {prompt_type}, {phase})"
         ) from None
+    sample.prompt_index = prompt_index
+    sample.level = level
+    return sample
 
 
 async def _stream(
@@ -125,10 +150,15 @@ async def _stream(
     index: int,
     warmup: bool,
 ) -> RequestSample:
+    """The hot path: one stream, its SSE lines split from raw bytes, one clock read per read.
+
+    An event's time is the time its bytes were read, so the events of one read share it.
+    """
     timeout = httpx.Timeout(10.0, read=spec.read_timeout_s)
     started_at = time.time()
-    t0 = time.perf_counter()
-    first = last = None
+    clock = time.perf_counter
+    t0 = clock()
+    first = last = 0.0
     gaps: list[float] = []
     per_chunk: list[int] | None = []
     seen_tokens = 0
@@ -142,47 +172,83 @@ async def _stream(
             raise RequestError(
                 f"{url} answered HTTP {response.status_code} ({prompt_type}, {phase}): {body}"
             )
-        async for line in response.aiter_lines():
-            if not line or line.startswith(":"):
-                continue
-            if not line.startswith("data:"):
-                raise RequestError(f"{url}: malformed SSE line {line[:120]!r}")
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
+        pending = b""
+        # The body's own stream, not response.aiter_raw(): a layer less on every read (httpx
+        # still maps the transport's errors, and closes the stream with the response).
+        reads = aiter(response.stream)
+        while True:
             try:
-                event = json.loads(data)
-            except json.JSONDecodeError:
-                raise RequestError(f"{url}: malformed SSE data {data[:120]!r}") from None
-            if not isinstance(event, dict):
-                raise RequestError(f"{url}: SSE data is not a JSON object: {data[:120]!r}")
-            if "error" in event:
-                raise RequestError(
-                    f"{url}: the server reported an error mid-stream: {str(event['error'])[:300]}"
-                )
-            now = time.perf_counter()
-            if event.get("usage"):
-                usage = event["usage"]
-            if not event.get("choices"):
-                continue
-            chunks += 1
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)  # type: ignore[operator]
-            last = now
-            text.append(_chunk_text(event["choices"][0]))
-            if per_chunk is not None:
-                cumulative = (event.get("usage") or {}).get("completion_tokens")
-                if cumulative is None:
-                    per_chunk = None
+                raw = await anext(reads)  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                if not pending:
+                    break
+                raw = b"\n"  # a last line without a newline still counts, as in SSE
+            now = clock()
+            lines = (pending + raw if pending else raw).split(b"\n")
+            pending = lines.pop()  # an incomplete line, or b""
+            for line in lines:
+                if not line:
+                    continue
+                if line[-1] == 13:  # "\r" of a CRLF line end
+                    line = line[:-1]
+                    if not line:
+                        continue
+                if line[0] == 58:  # an SSE comment (":")
+                    continue
+                if not line.startswith(b"data:"):
+                    raise RequestError(f"{url}: malformed SSE line {_shown(line)}")
+                try:
+                    data = line[5:].decode().strip()
+                    event, end = _scan(data, 0) if data != "[DONE]" else (None, 0)
+                except (ValueError, StopIteration):
+                    raise RequestError(
+                        f"{url}: malformed SSE data {_shown(line[5:].strip())}"
+                    ) from None
+                if event is None:
+                    done = True
+                    break
+                if end != len(data):
+                    raise RequestError(f"{url}: malformed SSE data {_shown(line[5:].strip())}")
+                if type(event) is not dict:
+                    raise RequestError(
+                        f"{url}: SSE data is not a JSON object: {_shown(line[5:].strip())}"
+                    )
+                if "error" in event:
+                    raise RequestError(
+                        f"{url}: the server reported an error mid-stream: "
+                        f"{str(event['error'])[:300]}"
+                    )
+                chunk_usage = event.get("usage")
+                if chunk_usage:
+                    usage = chunk_usage
+                choices = event.get("choices")
+                if not choices:
+                    continue
+                if chunks:
+                    gaps.append(now - last)
                 else:
-                    per_chunk.append(cumulative - seen_tokens)
-                    seen_tokens = cumulative
+                    first = now
+                chunks += 1
+                last = now
+                choice = choices[0]
+                delta = choice.get("delta")
+                piece = delta.get("content") if type(delta) is dict else choice.get("text")
+                if piece:
+                    text.append(piece if type(piece) is str else str(piece))
+                if per_chunk is not None:
+                    cumulative = chunk_usage.get("completion_tokens") if chunk_usage else None
+                    if cumulative is None:
+                        per_chunk = None
+                    else:
+                        per_chunk.append(cumulative - seen_tokens)
+                        seen_tokens = cumulative
+            if done:
+                break
+        if done:
+            await _drain(reads)  # type: ignore[arg-type]
     if not done:
         raise RequestError(f"{url}: the stream ended without [DONE] after {chunks} chunks")
-    if first is None or last is None:
+    if not chunks:
         raise RequestError(f"{url}: the stream carried no tokens")
     if not usage or usage.get("completion_tokens") is None:
         raise RequestError(
@@ -206,11 +272,186 @@ async def _stream(
     )
 
 
-def _chunk_text(choice: Mapping[str, Any]) -> str:
-    delta = choice.get("delta")
-    if isinstance(delta, Mapping):
-        return str(delta.get("content") or "")
-    return str(choice.get("text") or "")
+_DRAIN_S = 1.0
+_scan = json.JSONDecoder().scan_once  # the C scanner under json.loads, without its wrappers
+
+
+async def _drain(reads: AsyncIterator[bytes]) -> None:
+    """Read what follows [DONE] (the end of the body, normally at once), so that the connection
+    can be reused, as vLLM's client reuses its; a server that keeps the stream open after
+    [DONE] costs a second at most, and the connection."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in reads:
+                pass
+
+
+def _shown(raw: bytes) -> str:
+    return repr(raw.decode("utf-8", errors="replace")[:120])
+
+
+def make_client(
+    max_in_flight: int | None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """The client of one batch of requests: a connection per request in flight, all kept alive.
+
+    `max_in_flight` None means no bound (an open-loop level without a concurrency cap); the
+    bound applies to httpx's own transport, while `LeanSSETransport` (the default, see
+    measure/sse_transport.py) opens what the level's requests in flight need. `transport`
+    replaces it: `httpx.AsyncHTTPTransport()` for httpx's own, an `httpx.MockTransport` in
+    fast tests.
+    """
+    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+    return httpx.AsyncClient(
+        headers=dict(headers or {}),
+        limits=limits,
+        transport=transport if transport is not None else LeanSSETransport(),
+    )
+
+
+def planned_specs(
+    base: RequestSpec, prompts: Sequence[Prompt], indices: Sequence[int]
+) -> list[RequestSpec]:
+    """One request per planned prompt index (config/prompts.py `request_plan`), in order."""
+    return [replace(base, prompt=prompts[i].text, messages=prompts[i].messages) for i in indices]
+
+
+@dataclass
+class LevelResult:
+    """One load level: its samples, in request order, and their aggregates."""
+
+    level: LoadLevel
+    samples: list[RequestSample]
+    stats: LevelStats
+    slo: SLO
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.level.to_dict(), "slo": self.slo.to_dict(), **self.stats.to_dict()}
+
+
+class _CpuWindows:
+    """The client process's CPU time over wall time, whole and per window of `window_s`."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.peak = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self._task = asyncio.ensure_future(self._sample())
+
+    async def _sample(self) -> None:
+        wall, cpu = self.wall0, self.cpu0
+        while True:
+            await asyncio.sleep(self.window_s)
+            now, used = time.perf_counter(), time.process_time()
+            if now - wall > 0:
+                self.peak = max(self.peak, (used - cpu) / (now - wall))
+            wall, cpu = now, used
+
+    async def stop(self) -> float:
+        """Stops sampling; returns the CPU seconds used since start."""
+        used = time.process_time() - self.cpu0
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        return used
+
+
+async def run_level(
+    specs: Sequence[RequestSpec],
+    level: LoadLevel,
+    *,
+    prompt_type: str,
+    phase: str,
+    prompt_indices: Sequence[int] | None = None,
+    warmup: bool = False,
+    slo: SLO | None = None,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    on_sample: Callable[[RequestSample], None] = lambda s: None,
+    cpu_window_s: float = 1.0,
+) -> LevelResult:
+    """Send one load level: request i is `specs[i]`, sent in that order; returns the samples.
+
+    Closed loop (concurrency N, no rate): N requests in flight, the next sent as one ends.
+    Open loop (rate): request i leaves at its Poisson arrival time (seeded), with at most
+    `concurrency` in flight if that is set too. The first RequestError cancels the rest and is
+    raised. The client's CPU share is measured over the level and per `cpu_window_s` window.
+    """
+    if not specs:
+        raise ValueError("a load level needs at least one request")
+    indices = list(prompt_indices) if prompt_indices is not None else [None] * len(specs)
+    if len(indices) != len(specs):
+        raise ValueError(f"{len(specs)} requests but {len(indices)} prompt indices")
+    bound = level.concurrency if level.concurrency is not None else None
+    gate = asyncio.Semaphore(bound) if bound is not None else None
+    arrivals = (
+        poisson_arrivals(len(specs), level.rate, level.seed) if level.rate is not None else None
+    )
+    lags: list[float] = []
+    in_flight = peak = 0
+    label = level.label
+
+    async with make_client(bound, headers=headers, transport=transport) as client:
+
+        async def one(i: int) -> RequestSample:
+            nonlocal in_flight, peak
+            if arrivals is not None:
+                await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+            if gate is not None:
+                await gate.acquire()
+            try:
+                if arrivals is not None:
+                    lags.append(time.perf_counter() - t0 - arrivals[i])
+                in_flight += 1
+                peak = max(peak, in_flight)
+                sample = await timed_request(
+                    client,
+                    specs[i],
+                    prompt_type=prompt_type,
+                    phase=phase,
+                    index=i,
+                    warmup=warmup,
+                    prompt_index=indices[i],
+                    level=label,
+                )
+            finally:
+                in_flight -= 1
+                if gate is not None:
+                    gate.release()
+            on_sample(sample)
+            return sample
+
+        cpu = _CpuWindows(cpu_window_s)
+        t0 = time.perf_counter()
+        cpu.start()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(specs))]
+        try:
+            samples = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await cpu.stop()
+            raise
+        wall = time.perf_counter() - t0
+        cpu_s = await cpu.stop()
+    slo = slo or SLO()
+    stats = level_stats(
+        samples,
+        wall_s=wall,
+        slo=slo,
+        cpu_s=cpu_s,
+        peak_cpu_share=cpu.peak,
+        peak_in_flight=peak,
+        send_lags_s=lags,
+    )
+    return LevelResult(level=level, samples=list(samples), stats=stats, slo=slo)
 
 
 async def run_requests(
@@ -225,31 +466,15 @@ async def run_requests(
     on_sample: Callable[[RequestSample], None] = lambda s: None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> tuple[list[RequestSample], float]:
-    """Send `count` requests, `concurrency` at a time; returns them and the wall time taken.
-
-    `transport` is httpx's seam: fast tests pass an `httpx.MockTransport`.
-    """
-    limits = httpx.Limits(max_connections=max(concurrency, 1))
-    gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(
-        headers=dict(headers or {}), limits=limits, transport=transport
-    ) as client:
-
-        async def one(i: int) -> RequestSample:
-            async with gate:
-                sample = await timed_request(
-                    client, spec, prompt_type=prompt_type, phase=phase, index=i, warmup=warmup
-                )
-            on_sample(sample)
-            return sample
-
-        t0 = time.perf_counter()
-        tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
-        try:
-            samples = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        return list(samples), time.perf_counter() - t0
+    """Send `count` requests, `concurrency` at a time; returns them and the wall time taken."""
+    result = await run_level(
+        [spec] * count,
+        LoadLevel(concurrency=concurrency),
+        prompt_type=prompt_type,
+        phase=phase,
+        warmup=warmup,
+        headers=headers,
+        transport=transport,
+        on_sample=on_sample,
+    )
+    return result.samples, result.stats.wall_s

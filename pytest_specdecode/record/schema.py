@@ -209,7 +209,7 @@ class RunRecord:
                 "target": dataclasses.asdict(self.target),
                 "run": dataclasses.asdict(self.run),
                 "candidates": self.candidates,
-                "prompt_types": {k: dataclasses.asdict(v) for k, v in self.prompt_types.items()},
+                "prompt_types": {k: v.to_dict() for k, v in self.prompt_types.items()},
                 "environment": self.environment,
                 "baseline_from": self.baseline_from,
                 "failures": self.failures,
@@ -235,9 +235,7 @@ class RunRecord:
                 target=TargetInfo(**data["target"]),
                 run=RunConfig(**_known(RunConfig, data["run"])),
                 candidates=dict(data["candidates"]),
-                prompt_types={
-                    k: PromptType(**_known(PromptType, v)) for k, v in data["prompt_types"].items()
-                },
+                prompt_types={k: PromptType.from_dict(v) for k, v in data["prompt_types"].items()},
                 environment=dict(data.get("environment") or {}),
                 phases={k: Phase.from_json(p) for k, p in data.get("phases", {}).items()},
                 baseline_from=data.get("baseline_from"),

@@ -1,9 +1,11 @@
 """A stand-in for vLLM's OpenAI-compatible streaming API, for fault injection in tests only.
 
 The real vLLM server covers normal behaviour elsewhere in the suite. `StandInSSEServer` stands
-in for it only for the faults a real server will not produce on demand: malformed SSE, HTTP
-errors, errors reported mid-stream, connection resets, streams that end without `[DONE]` and
-streams that never end. It is not a model of vLLM and must not be used to measure anything.
+in for it only for what needs a real socket and that a real server will not produce on demand:
+connection resets and closes in the middle of a body, streams that go silent or trickle pings
+forever, and an HTTP 500 among valid streams. Parsing faults (malformed SSE, missing usage,
+errors mid-stream) are played back without a socket, by httpx.MockTransport
+(tests/test_loadgen.py). It is not a model of vLLM and must not be used to measure anything.
 
 It is a real HTTP/1.1 server on 127.0.0.1 (a free port chosen by the OS), run by an asyncio
 loop in a background thread, written on raw streams so that every byte on the wire, and the
@@ -53,49 +55,9 @@ MULTI_TOKEN_TOTAL = 11
 # One token per chunk, for the streams that fail part way and for `no_usage`.
 SIMPLE_PIECES = ["One", " two", " three", " four"]
 
-COMPLETIONS_PIECES: list[tuple[str, int]] = [(" Once", 1), (" upon a", 3), (" time", 4)]
-COMPLETIONS_TEXT = "".join(text for text, _ in COMPLETIONS_PIECES)
-
-NOT_SSE_LINE = "this line is not server-sent events"
-MALFORMED_DATA = "{not json"
-MID_STREAM_ERROR = {
-    "object": "error",
-    "message": "stand-in: the engine died mid-stream",
-    "type": "InternalServerError",
-    "param": None,
-    "code": 500,
-}
 HTTP_ERRORS: dict[str, tuple[int, str, str, str]] = {
     # scenario: (status, reason, content type, body)
     "http_500": (500, "Internal Server Error", "text/plain", "Internal Server Error"),
-    "http_404": (
-        404,
-        "Not Found",
-        "application/json",
-        json.dumps(
-            {
-                "object": "error",
-                "message": "The model `stand-in` does not exist.",
-                "type": "NotFoundError",
-                "param": None,
-                "code": 404,
-            }
-        ),
-    ),
-    "http_400": (
-        400,
-        "Bad Request",
-        "application/json",
-        json.dumps(
-            {
-                "object": "error",
-                "message": "max_tokens must be at least 1, got 0.",
-                "type": "BadRequestError",
-                "param": None,
-                "code": 400,
-            }
-        ),
-    ),
 }
 
 
@@ -248,16 +210,10 @@ class StandInSSEServer:
         self._startup_error: BaseException | None = None
         self._scenarios: dict[str, Callable[[_Response], Awaitable[bool]]] = {
             "multi_token_chunks": self._multi_token_chunks,
-            "no_usage": self._no_usage,
-            "malformed_sse": self._malformed_sse,
-            "not_sse": self._not_sse,
-            "error_mid_stream": self._error_mid_stream,
             "reset_mid_stream": self._reset_mid_stream,
-            "eof_without_done": self._eof_without_done,
             "truncated_body": self._truncated_body,
             "never_ends": self._never_ends,
             "slow_trickle": self._slow_trickle,
-            "completions_endpoint": self._completions_endpoint,
         }
 
     # ------------------------------------------------------------------ public
@@ -398,7 +354,7 @@ class StandInSSEServer:
             error = {"object": "error", "message": f"stand-in: no scenario {scenario!r}"}
             await resp.status(404, "Not Found", "application/json", json.dumps(error))
             return True
-        wanted = "/v1/completions" if scenario == "completions_endpoint" else "/v1/chat/completions"
+        wanted = "/v1/chat/completions"
         if method != "POST" or not path.endswith(wanted):
             error = {"object": "error", "message": f"stand-in: {scenario} wants POST {wanted}"}
             await resp.status(404, "Not Found", "application/json", json.dumps(error))
@@ -439,43 +395,9 @@ class StandInSSEServer:
         await resp.done()
         return True
 
-    async def _no_usage(self, resp: _Response) -> bool:
-        await resp.start_stream()
-        await resp.event(_chat_chunk(None, role=True), delay=0)
-        for i, text in enumerate(SIMPLE_PIECES):
-            last = i == len(SIMPLE_PIECES) - 1
-            await resp.event(_chat_chunk(text, finish_reason="stop" if last else None))
-        await resp.done()
-        return True
-
-    async def _malformed_sse(self, resp: _Response) -> bool:
-        await _few_chunks(resp)
-        await resp.event(MALFORMED_DATA)
-        await resp.done()
-        return True
-
-    async def _not_sse(self, resp: _Response) -> bool:
-        await _few_chunks(resp)
-        await resp.raw(f"{NOT_SSE_LINE}\n\n")
-        await resp.done()
-        return True
-
-    async def _error_mid_stream(self, resp: _Response) -> bool:
-        await _few_chunks(resp)
-        await resp.event({"error": MID_STREAM_ERROR})
-        await resp.done()
-        return True
-
     async def _reset_mid_stream(self, resp: _Response) -> bool:
         await _few_chunks(resp)
         await resp.reset()
-        return False
-
-    async def _eof_without_done(self, resp: _Response) -> bool:
-        """A complete HTTP response whose SSE stream lacks [DONE], then a clean close."""
-        await _few_chunks(resp)
-        await resp.end_body()
-        resp.writer.close()
         return False
 
     async def _truncated_body(self, resp: _Response) -> bool:
@@ -494,28 +416,3 @@ class StandInSSEServer:
         while True:  # until the client goes away or close() cancels it
             await asyncio.sleep(PING_INTERVAL_S)
             await resp.raw(": ping\n\n")
-
-    async def _completions_endpoint(self, resp: _Response) -> bool:
-        await resp.start_stream()
-        for n, (text, cumulative) in enumerate(COMPLETIONS_PIECES, start=1):
-            last = n == len(COMPLETIONS_PIECES)
-            chunk = {
-                "id": "cmpl-standin",
-                "object": "text_completion",
-                "created": 1700000000,
-                "model": "stand-in",
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": text,
-                        "logprobs": None,
-                        "finish_reason": "length" if last else None,
-                        "stop_reason": None,
-                    }
-                ],
-                "usage": _usage(cumulative),
-            }
-            await resp.event(chunk)
-        await resp.event(_usage_only_chunk(COMPLETIONS_PIECES[-1][1], "text_completion"), delay=0)
-        await resp.done()
-        return True
