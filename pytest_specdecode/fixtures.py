@@ -14,6 +14,7 @@ from .record.history import run_facts, use_stored_baseline
 from .record.store import ResultsFile, redact_argv, redact_env
 from .session import (
     EXPERIMENT_KEY,
+    VLLM_FACTS_KEY,
     api_headers,
     load_from_options,
     make_progress,
@@ -42,7 +43,7 @@ def specdecode_experiment(
     progress = make_progress(pytestconfig, run_dir / "run.log")
     headers = api_headers(settings)
     t = settings.target
-    target = open_target(t, log_dir=run_dir)
+    target = open_target(t, log_dir=run_dir, progress=progress)
     results = ResultsFile(
         run_dir / "results.json",
         {
@@ -63,6 +64,8 @@ def specdecode_experiment(
         },
     )
     progress(f"run folder {run_dir}")
+    if VLLM_FACTS_KEY in pytestconfig.stash:  # asked at configure time, before the run folder
+        progress(f"candidates validated against {pytestconfig.stash[VLLM_FACTS_KEY].describe()}")
     try:  # nothing is touched until preflight has passed; its last step takes the lock
         for step in target.plan(settings.candidates):
             progress(f"plan: {step}")  # progress redacts secrets

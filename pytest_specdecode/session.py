@@ -14,18 +14,21 @@ from pathlib import Path
 import pytest
 
 from .config.settings import Settings, load_settings
-from .errors import ConfigError, SpecDecodeError
+from .config.specconfig import VllmFacts
+from .errors import ConfigError, HostError, SpecDecodeError
 from .measure.experiment import BASELINE, Experiment
 from .record.history import check_stored_baseline, previous_timing, stored_baseline_warnings
 from .record.store import redact_text, register_secret
 from .report import summary as report
 from .targets import open_target
-from .targets.base import Progress
+from .targets.base import Progress, Target
+from .targets.vllm_facts import validated_against_target
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 RUN_DIR_KEY = pytest.StashKey[Path]()
 EXPERIMENT_KEY = pytest.StashKey[Experiment]()
 FINISHED_KEY = pytest.StashKey["report.Written | None"]()
+VLLM_FACTS_KEY = pytest.StashKey[VllmFacts]()  # the vLLM the candidates were validated against
 
 
 def load_from_options(config: pytest.Config) -> Settings:
@@ -183,10 +186,42 @@ def terminal_table(config: pytest.Config) -> list[str]:
 
 
 def check_run_options(config: pytest.Config, settings: Settings) -> None:
-    """Refuse, before anything starts, a --spec-baseline-from that cannot be reused."""
+    """Refuse, before anything starts, a --spec-baseline-from that cannot be reused, and
+    candidates that the target's own vLLM does not know (the dry run checks its own)."""
     path = config.getoption("spec_baseline_from")
     if path:
         check_stored_baseline(path, settings)
+    if settings.candidates and not (config.getoption("spec_dry_run") or config.option.collectonly):
+        target = open_target(settings.target, log_dir=settings.reports_dir)
+        progress = _early_progress(config)
+        config.stash[VLLM_FACTS_KEY] = validate_on(target, settings, progress)
+
+
+def validate_on(target: Target, settings: Settings, progress: Progress) -> VllmFacts:
+    """The candidates checked against the target's vLLM, read-only; returns its facts."""
+    try:
+        return validated_against_target(target, settings.candidates, progress=progress)
+    except HostError as exc:  # the host cannot be reached: a usage error, nothing touched
+        raise ConfigError(str(exc)) from None
+    finally:
+        host = getattr(target, "host", None)
+        if host is not None:  # not target.close(): that cleans up on the host
+            host.close()
+
+
+def _early_progress(config: pytest.Config) -> Progress:
+    """Progress before the run folder exists: shown live, past output capture."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+
+    def say(message: str) -> None:
+        line = f"[specdecode] {redact_text(message)}"
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                _write(line)
+        else:
+            _write(line)
+
+    return say
 
 
 def dry_run(config: pytest.Config) -> None:
@@ -197,6 +232,10 @@ def dry_run(config: pytest.Config) -> None:
     target = open_target(settings.target, log_dir=settings.reports_dir)
     try:
         steps = target.plan(settings.candidates)  # systemd: reads the unit, read-only
+        if settings.candidates:
+            facts = validate_on(target, settings, _early_progress(config))
+            checked = f"validated the candidates against {facts.describe()}"
+            steps = [checked + (f" ({facts.note})" if facts.note else ""), *steps]
     except SpecDecodeError as exc:
         pytest.exit(f"pytest-specdecode dry run: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     finally:

@@ -49,7 +49,12 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert "pytest-specdecode dry run: nothing is started, written or changed." in out
     assert "host: localhost (local backend)" in out
-    assert "  1. start the original: (cd " in out
+    # `python` here has no vLLM (or is absent): the offline list stands in, and the plan says so.
+    assert (
+        "  1. validated the candidates against the offline list of vLLM 0.32's speculative "
+        "methods and keys (the target's vLLM could not be asked: " in out
+    )
+    assert "  2. start the original: (cd " in out
     assert '--speculative-config \'{"method":"ngram","num_speculative_tokens":5,' in out
     assert "drift check (ABA): stop the last candidate" in out
     assert "requests: 24 = 3 phases x 2 prompt types x (3 measured + 1 warm-up)" in out

@@ -27,6 +27,7 @@ from ..measure.experiment import BASELINE, PhaseResult, WorkloadMeasurement
 from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance
 from ..report.summary import Timing, compare_phases, fmt_num, fmt_p, fmt_pct, tokens_per_s
+from ..targets.gpu import GpuOutputError, parse_gpus
 from ..targets.hosts import Host, LocalHost
 
 if TYPE_CHECKING:
@@ -35,9 +36,10 @@ if TYPE_CHECKING:
 
 Doc = Mapping[str, Any]
 
+_GPU_FIELDS = ("index", "name", "memory.total", "driver_version")
 _GPU_QUERY = (
     "command -v nvidia-smi >/dev/null || exit 3; nvidia-smi "
-    "--query-gpu=index,name,memory.total,driver_version --format=csv,noheader"
+    f"--query-gpu={','.join(_GPU_FIELDS)} --format=csv,noheader"
 )
 
 
@@ -56,13 +58,10 @@ def gpu_list(host: Host) -> list[str] | None:
         return None
     if not result.ok:
         return None
-    gpus = []
-    for line in result.stdout.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) >= 4:
-            gpus.append(f"{fields[0]}: {fields[1]}, {fields[2]}, driver {fields[3]}")
-        elif line.strip():
-            gpus.append(line.strip())
+    try:
+        gpus = [g.describe() for g in parse_gpus(result.stdout, _GPU_FIELDS)]
+    except GpuOutputError:
+        gpus = [line.strip() for line in result.stdout.splitlines() if line.strip()]
     return gpus or None
 
 

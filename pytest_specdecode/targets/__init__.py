@@ -11,13 +11,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import Target
+from .base import Progress, Target
 
 if TYPE_CHECKING:
     from ..config.settings import TargetConfig
 
 
-def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
+def open_target(config: TargetConfig, *, log_dir: Path, progress: Progress | None = None) -> Target:
+    """The configured backend; `progress` hears what it waits for (e.g. GPU memory release)."""
     if config.backend == "local":
         from .local import LocalProcessTarget
 
@@ -49,4 +50,5 @@ def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
         model=config.model,
         watchdog_s=config.watchdog_s,
         heartbeat_host=SSHHost(spec),
+        progress=progress,
     )
