@@ -159,16 +159,15 @@ class SystemdUnit:
                 raise ServiceError(f"{self.label} did not stop within 60s: {self.state()}")
             time.sleep(1)
         self.gpu_notes = [before.note] if before.note else []
-        if before.apps is None:
-            return  # no nvidia-smi on the host, or it failed: the note says which
-        release = gpu.wait_until_released(
-            lambda: gpu.poll_release(self.host, before.pids),
-            before,
-            label=self.label,
-            timeout_s=GPU_RELEASE_TIMEOUT_S,
-            progress=self.progress,
-        )
-        self.gpu_notes += release.notes(self.label, before.gpus)
+        if before.apps is not None:  # None: no nvidia-smi on the host, or it failed (the note)
+            release = gpu.wait_until_released(
+                lambda: gpu.poll_release(self.host, before.pids),
+                before,
+                label=self.label,
+                timeout_s=GPU_RELEASE_TIMEOUT_S,
+                progress=self.progress,
+            )
+            self.gpu_notes += release.notes(self.label, before.gpus)
         for note in self.gpu_notes if self.progress is not None else ():
             self.progress(f"GPU: {note}")  # reported, never fatal (not a warning: -W error)
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config.specconfig import (
@@ -297,13 +298,7 @@ def facts_or_offline(target: Target, *, progress: Progress | None = None) -> Vll
         note = f"the target's vLLM could not be asked: {exc}"
         if progress is not None:
             progress(f"{note}; using {OFFLINE_FACTS.describe()}")
-        return VllmFacts(
-            version=OFFLINE_FACTS.version,
-            methods=OFFLINE_FACTS.methods,
-            keys=OFFLINE_FACTS.keys,
-            choices=OFFLINE_FACTS.choices,
-            note=note,
-        )
+        return replace(OFFLINE_FACTS, note=note)
 
 
 def validated_against_target(
