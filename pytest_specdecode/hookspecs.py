@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,11 +15,12 @@ if TYPE_CHECKING:
 
 @pytest.hookspec(firstresult=True)
 def pytest_specdecode_open_target(
-    config: pytest.Config, settings: Settings, log_dir: Path
+    config: pytest.Config, settings: Settings, log_dir: Path, progress: Callable[[str], None]
 ) -> Target | None:
     """Return the target to experiment on, or None for the configured backend.
 
     :param config: the pytest config.
     :param settings: the validated experiment settings.
     :param log_dir: where the target may keep server logs (the run folder).
+    :param progress: where the target says what it waits for, as the run's other progress.
     """

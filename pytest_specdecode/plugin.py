@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,9 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_specdecode_open_target(
-    config: pytest.Config, settings: Settings, log_dir: Path
+    settings: Settings, log_dir: Path, progress: Callable[[str], None]
 ) -> Target:
-    return open_target(settings.target, log_dir=log_dir)
+    return open_target(settings.target, log_dir=log_dir, progress=progress)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -28,7 +28,8 @@ from .analysis.compare import PromptTypeVerdict
 from .analysis.design import check_design
 from .analysis.run import RunAnalysis, analyze, candidate_verdicts
 from .config.settings import Settings, load_settings
-from .errors import ConfigError, SpecDecodeError
+from .config.specconfig import VllmFacts
+from .errors import ConfigError, HostError, SpecDecodeError
 from .measure.environment import environment
 from .measure.experiment import Experiment
 from .measure.traffic import quiet, rate_text
@@ -42,6 +43,7 @@ from .report.plan import RUN_LOG, dry_run_lines, previous_timing
 from .report.text import noise_text
 from .targets.base import Service, Target
 from .targets.lifecycle import experiment_services
+from .targets.vllm_facts import validated_against_target
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -139,6 +141,7 @@ class SpecDecodeSession:
         self.run_dir = _new_run_dir(settings)  # created once the run really starts
         self.experiment: Experiment | None = None
         self.written: Written | None = None
+        self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
         self.progress = ProgressLog(config)
         self._finished = False
         self._reports_existed = settings.reports_dir.exists()
@@ -152,6 +155,20 @@ class SpecDecodeSession:
         if path:
             stored_baseline(path, self.settings)
         _check_writable(self.settings.reports_dir)
+        if self.settings.candidates and self.writes_html:  # a run; the dry run checks its own
+            self.vllm_facts = self._validated()
+
+    def _validated(self) -> VllmFacts:
+        """The candidates checked against the target's own vLLM (read-only); its facts."""
+        target = self._open_target(self.settings.reports_dir)
+        try:
+            return validated_against_target(
+                target, self.settings.candidates, progress=self.progress
+            )
+        except HostError as exc:  # the host cannot be reached: nothing was touched
+            raise ConfigError(str(exc)) from None
+        finally:
+            target.close()  # touches the host only to undo what this run did: nothing
 
     @property
     def writes_html(self) -> bool:
@@ -166,6 +183,12 @@ class SpecDecodeSession:
         target = self._open_target(settings.reports_dir)
         try:
             steps = target.plan(settings.candidates)  # systemd: reads the unit, read-only
+            if settings.candidates:
+                facts = validated_against_target(
+                    target, settings.candidates, progress=self.progress
+                )
+                checked = f"validated the candidates against {facts.describe()}"
+                steps = [checked + (f" ({facts.note})" if facts.note else ""), *steps]
         except SpecDecodeError as exc:
             _write(f"pytest-specdecode dry run: {exc}")
             return pytest.ExitCode.USAGE_ERROR
@@ -239,7 +262,7 @@ class SpecDecodeSession:
 
     def _open_target(self, log_dir: Path) -> Target:
         return self.config.hook.pytest_specdecode_open_target(
-            config=self.config, settings=self.settings, log_dir=log_dir
+            config=self.config, settings=self.settings, log_dir=log_dir, progress=self.progress
         )
 
     def _watch_traffic(self, original: Service) -> None:
@@ -289,7 +312,10 @@ class SpecDecodeSession:
             run=settings.run,
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
-            environment=environment(target, settings.source),
+            environment={
+                **environment(target, settings.source),
+                "vllm": self.vllm_facts.record() if self.vllm_facts else None,
+            },
         )
         reuse = self.config.getoption("spec_baseline_from")
         if reuse:

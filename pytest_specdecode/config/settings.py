@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError
 from ..targets.vllm_argv import check_vllm_command
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
-from .specconfig import SpecConfig, parse_spec_config, validate_spec_values
+from .specconfig import SpecConfig, check_spec_shape, parse_spec_config
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def load_settings(
     for name, values in presets.items():
         if not isinstance(values, Mapping):
             raise ConfigError(f"{where}: [presets] {name} must be a table of vLLM keys")
-        validate_spec_values(values, source=f"{name} in {where}")
+        check_spec_shape(values, source=f"{name} in {where}")
     run = _run_config(_table(raw, "run", where), run_overrides or {}, where)
     thresholds = _table(raw, "thresholds", where)
     _no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")

@@ -1,16 +1,18 @@
-"""The `--speculative-config` value: parsed, checked against vLLM's methods and keys, rendered."""
+"""The `--speculative-config` value: parsed, checked against a vLLM's methods and keys, rendered."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
 
-# Mirrors vllm.config.speculative (vLLM 0.32): the methods and user-settable keys.
+# Mirrors vllm.config.speculative (vLLM 0.32): the methods and user-settable keys. The offline
+# fallback (OFFLINE_FACTS) where the target's own vLLM cannot be asked.
 NGRAM_METHODS = frozenset({"ngram", "ngram_gpu"})
 MODEL_FREE_METHODS = NGRAM_METHODS | {"suffix"}
 DRAFT_METHODS = frozenset(
@@ -102,6 +104,71 @@ KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | _BOOL_KEYS | _STR_KEYS | _LIST_KEYS
 
 # Model names and paths: letters, digits and a few separators; nothing a shell would read.
 _SAFE_STRING = re.compile(r"^[A-Za-z0-9_./:@+=,-]{1,512}$")
+_KEY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+KINDS = ("int", "float", "bool", "str", "list", "dict", "any")
+
+
+@dataclass(frozen=True)
+class VllmFacts:
+    """What one vLLM accepts in `--speculative-config`: its version, methods and keys.
+
+    Asked from the target's own vLLM (targets/vllm_facts.py), or OFFLINE_FACTS: the copy of
+    vLLM 0.32's lists kept in this module, the fallback where no vLLM could be asked.
+    """
+
+    version: str
+    methods: frozenset[str] | None  # None: this vLLM does not enumerate them
+    keys: Mapping[str, str]  # user-settable key -> kind, one of KINDS
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # str keys, if closed
+    host: str | None = None  # where it was asked; None for the offline list
+    interpreter: str | None = None  # the Python that answered
+    seconds: float | None = None  # how long the asking took
+    note: str | None = None  # why the offline list stands in, where it does
+
+    @property
+    def offline(self) -> bool:
+        return self.host is None
+
+    def describe(self) -> str:
+        """`vLLM 0.32.0 on root@gpu:22 (/opt/vllm/bin/python)`, or the offline list."""
+        if self.offline:
+            return f"the offline list of vLLM {self.version}'s speculative methods and keys"
+        return f"vLLM {self.version} on {self.host} ({self.interpreter})"
+
+    def digest(self) -> str:
+        """A short hash of the methods, keys and choices: equal lists, equal digests."""
+        body = json.dumps(
+            [sorted(self.methods or ()), dict(sorted(self.keys.items())), _sorted(self.choices)],
+            sort_keys=True,
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+    def record(self) -> dict[str, Any]:
+        """For results.json: which vLLM validated the candidates, and what it knew."""
+        return {
+            "version": self.version,
+            "source": "offline" if self.offline else "host",
+            "host": self.host,
+            "interpreter": self.interpreter,
+            "seconds": self.seconds,
+            "note": self.note,
+            "digest": self.digest(),
+            "methods": sorted(self.methods) if self.methods is not None else None,
+            "keys": dict(sorted(self.keys.items())),
+        }
+
+
+def _sorted(choices: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    return {k: sorted(v) for k, v in sorted(choices.items())}
+
+
+def _offline_kinds() -> dict[str, str]:
+    kinds = {k: "int" for k in _INT_KEYS} | {k: "float" for k in _FLOAT_KEYS}
+    kinds |= {k: "bool" for k in _BOOL_KEYS} | {k: "str" for k in _STR_KEYS}
+    return kinds | {k: "list" for k in _LIST_KEYS}
+
+
+OFFLINE_FACTS = VllmFacts(version="0.32", methods=KNOWN_METHODS, keys=_offline_kinds())
 
 
 AA_NAME = "baseline"  # --spec-config baseline: the original's own configuration, again
@@ -133,7 +200,11 @@ class SpecConfig:
 
 
 def parse_spec_config(text: str, presets: Mapping[str, Mapping[str, Any]]) -> SpecConfig:
-    """Resolve `text` (a preset name or inline JSON) into a validated SpecConfig."""
+    """Resolve `text` (a preset name or inline JSON) into a SpecConfig of a safe shape.
+
+    Whether its method and keys exist is the target's vLLM's to say: `validate_spec_values`
+    with that vLLM's facts, before anything is touched.
+    """
     stripped = text.strip()
     if stripped == AA_NAME:
         return SpecConfig(name=AA_ARM, values={})
@@ -155,28 +226,69 @@ def parse_spec_config(text: str, presets: Mapping[str, Mapping[str, Any]]) -> Sp
                 f"known presets: {known}"
             )
         name, values = stripped, dict(presets[stripped])
-    return SpecConfig(name=name, values=validate_spec_values(values, source=name))
+    return SpecConfig(name=name, values=check_spec_shape(values, source=name))
 
 
-def validate_spec_values(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
-    """Check one speculative config against vLLM's rules; returns a plain dict copy."""
+def check_spec_shape(values: Mapping[str, Any], *, source: str) -> dict[str, Any]:
+    """What holds for every vLLM version: plain key names and values, the tool's own rules.
+
+    Refuses before any host is asked: a value that is not a plain name, number, boolean or a
+    list or table of those; a wrong type for a key of the offline list; a missing method or
+    num_speculative_tokens. Unknown methods and keys are left to `validate_spec_values`.
+    """
     where = f"speculative config {source!r}"
-    unknown = sorted(set(values) - KNOWN_KEYS)
+    for key, value in values.items():
+        if not isinstance(key, str) or not _KEY_NAME.match(key):
+            raise ConfigError(f"{where}: {key!r} is not a plain key name (a-z, 0-9, '_')")
+        _check_plain(where, key, value)
+        if key in OFFLINE_FACTS.keys:
+            _check_kind(where, key, value, OFFLINE_FACTS.keys[key])
+    _check_rules(where, values, OFFLINE_FACTS, membership=False)
+    return dict(values)
+
+
+def validate_spec_values(
+    values: Mapping[str, Any], *, source: str, facts: VllmFacts | None = None
+) -> dict[str, Any]:
+    """Check one speculative config against a vLLM's methods and keys; returns a dict copy.
+
+    `facts` come from the target's own vLLM; without them, the offline list (vLLM 0.32).
+    Every refusal names that vLLM: its version, and the host it was asked on.
+    """
+    check_spec_shape(values, source=source)
+    facts = facts or OFFLINE_FACTS
+    if facts.offline:
+        where = f"speculative config {source!r} (offline list of vLLM {facts.version})"
+    else:
+        where = f"speculative config {source!r} on {facts.host} (vLLM {facts.version})"
+    unknown = sorted(set(values) - set(facts.keys))
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"vLLM's keys are: {', '.join(sorted(KNOWN_KEYS))}"
+            f"this vLLM knows: {', '.join(sorted(facts.keys))}"
         )
     for key, value in values.items():
-        _check_type(where, key, value)
+        _check_kind(where, key, value, facts.keys[key])
+        allowed = facts.choices.get(key)
+        if allowed and key != "method" and value not in allowed:
+            raise ConfigError(
+                f"{where}: {key}={value!r} is not one of this vLLM's: {', '.join(sorted(allowed))}"
+            )
+    _check_rules(where, values, facts, membership=True)
+    return dict(values)
+
+
+def _check_rules(
+    where: str, values: Mapping[str, Any], facts: VllmFacts, *, membership: bool
+) -> None:
     method = values.get("method")
+    known = ", ".join(sorted(facts.methods or ()))
     if method is None:
-        known = ", ".join(sorted(KNOWN_METHODS))
         raise ConfigError(f"{where}: 'method' is required (one of {known})")
-    if method not in KNOWN_METHODS:
-        raise ConfigError(
-            f"{where}: unknown method {method!r}; known: {', '.join(sorted(KNOWN_METHODS))}"
-        )
+    if not isinstance(method, str):
+        raise ConfigError(f"{where}: 'method' must be a string, got {method!r}")
+    if membership and facts.methods is not None and method not in facts.methods:
+        raise ConfigError(f"{where}: unknown method {method!r}; this vLLM knows: {known}")
     k = values.get("num_speculative_tokens")
     if k is None:
         raise ConfigError(f"{where}: 'num_speculative_tokens' is required (an integer > 0)")
@@ -193,23 +305,45 @@ def validate_spec_values(values: Mapping[str, Any], *, source: str) -> dict[str,
         raise ConfigError(
             f"{where}: method {method!r} needs a draft 'model' (a model name or path)"
         )
-    return dict(values)
 
 
-def _check_type(where: str, key: str, value: Any) -> None:
-    if key in _INT_KEYS and (isinstance(value, bool) or not isinstance(value, int)):
+def _check_plain(where: str, key: str, value: Any, depth: int = 0) -> None:
+    """A value that could reach a unit file: plain names, numbers, booleans, lists, tables."""
+    if value is None or isinstance(value, bool | int | float):
+        return
+    if isinstance(value, str):
+        if not _SAFE_STRING.match(value):
+            raise ConfigError(
+                f"{where}: {key} must be a plain name or path (letters, digits, '_./:@+=,-'), "
+                f"got {value!r}"
+            )
+        return
+    if depth < 3 and isinstance(value, list):
+        for item in value:
+            _check_plain(where, key, item, depth + 1)
+        return
+    if depth < 3 and isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str) or not _SAFE_STRING.match(k):
+                raise ConfigError(f"{where}: {key} has a table key that is not plain: {k!r}")
+            _check_plain(where, key, item, depth + 1)
+        return
+    raise ConfigError(f"{where}: {key} has a value this tool does not pass on: {value!r}")
+
+
+def _check_kind(where: str, key: str, value: Any, kind: str) -> None:
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
-    if key in _FLOAT_KEYS and (isinstance(value, bool) or not isinstance(value, int | float)):
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
         raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
-    if key in _BOOL_KEYS and not isinstance(value, bool):
+    if kind == "bool" and not isinstance(value, bool):
         raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
-    if key in _LIST_KEYS and not isinstance(value, list):
+    if kind == "list" and not isinstance(value, list):
         raise ConfigError(f"{where}: {key} must be a list, got {value!r}")
-    if key in _STR_KEYS and not (isinstance(value, str) and _SAFE_STRING.match(value)):
-        raise ConfigError(
-            f"{where}: {key} must be a plain name or path (letters, digits, '_./:@+=,-'), "
-            f"got {value!r}"
-        )
+    if kind == "dict" and not isinstance(value, dict):
+        raise ConfigError(f"{where}: {key} must be a table, got {value!r}")
+    if kind == "str" and not isinstance(value, str):
+        raise ConfigError(f"{where}: {key} must be a plain name or path, got {value!r}")
 
 
 def _derive_name(values: Mapping[str, Any]) -> str:

@@ -7,29 +7,28 @@ from pathlib import Path
 from typing import Any
 
 from ..targets.base import Target
+from ..targets.gpu import GpuOutputError, parse_gpus
 from ..targets.hosts import Host
 
+_GPU_FIELDS = ("index", "name", "memory.total", "driver_version")
 _GPU_QUERY = (
     "command -v nvidia-smi >/dev/null || exit 3; nvidia-smi "
-    "--query-gpu=index,name,memory.total,driver_version --format=csv,noheader"
+    f"--query-gpu={','.join(_GPU_FIELDS)} --format=csv,noheader"
 )
 
 
 def gpu_list(host: Host) -> list[str] | None:
     """`index: name, memory, driver` per GPU; None where nvidia-smi is absent or fails."""
     try:
-        result = host.run(["sh", "-c", _GPU_QUERY], timeout=30)
+        result = host.run(["sh", "-c", _GPU_QUERY], timeout=30, privileged=False)
     except Exception:  # a fact, not a precondition: never stop a run over it
         return None
     if not result.ok:
         return None
-    gpus = []
-    for line in result.stdout.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) >= 4:
-            gpus.append(f"{fields[0]}: {fields[1]}, {fields[2]}, driver {fields[3]}")
-        elif line.strip():
-            gpus.append(line.strip())
+    try:
+        gpus = [g.describe() for g in parse_gpus(result.stdout, _GPU_FIELDS)]
+    except GpuOutputError:
+        gpus = [line.strip() for line in result.stdout.splitlines() if line.strip()]
     return gpus or None
 
 

@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from .base import Target, port_answers
+from .base import Progress, Target, port_answers
 
 if TYPE_CHECKING:
     from ..config.settings import TargetConfig
     from .ssh import SSHSpec
 
 
-def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
+def open_target(config: TargetConfig, *, log_dir: Path, progress: Progress | None = None) -> Target:
+    """The configured backend; `progress` hears what it waits for (e.g. GPU memory release)."""
     if config.backend == "local":
         from .local import LocalProcessTarget
 
@@ -55,6 +56,7 @@ def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
         model=config.model,
         watchdog_s=config.watchdog_s,
         heartbeat_host=SSHHost(spec),
+        progress=progress,
     )
     if api_through_ssh(config, spec):
         # Its own connection, opened at the first request: the dry run never opens it.

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..config.specconfig import SpecConfig
+from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ServiceError
 from .hosts import Host
 
@@ -58,6 +58,14 @@ class Target(Protocol):
 
     def preflight(self) -> None:
         """Refuse, before anything is touched, what would make the experiment unsafe."""
+        ...
+
+    def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
+        """The version, speculative methods and keys of the vLLM this target runs.
+
+        Asked of the server's own Python without loading a model; reads, never changes.
+        Raises VllmFactsError (targets/vllm_facts.py) where that Python cannot tell.
+        """
         ...
 
     def before_swap(self) -> None:

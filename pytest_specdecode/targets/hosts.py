@@ -32,16 +32,31 @@ class CommandResult:
 
 
 class Host(Protocol):
-    """Where services live. `argv` is a list: hosts quote it themselves, callers never do."""
+    """Where services live. `argv` is a list: hosts quote it themselves, callers never do.
+
+    `privileged=False` marks a command that only reads what any user may read (nvidia-smi, the
+    server's own Python): a host that escalates with sudo runs it as the user itself, so the
+    sudo rule need not name it.
+    """
 
     name: str
 
     def run(
-        self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        privileged: bool = True,
     ) -> CommandResult: ...
 
     def check(
-        self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        privileged: bool = True,
     ) -> CommandResult: ...
 
     def close(self) -> None: ...
@@ -53,14 +68,24 @@ class BaseHost:
     name = "host"
 
     def run(
-        self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        privileged: bool = True,
     ) -> CommandResult:
         raise NotImplementedError
 
     def check(
-        self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        privileged: bool = True,
     ) -> CommandResult:
-        result = self.run(argv, timeout=timeout, stdin=stdin)
+        result = self.run(argv, timeout=timeout, stdin=stdin, privileged=privileged)
         if not result.ok:
             raise HostError(result.describe())
         return result
@@ -77,7 +102,12 @@ class LocalHost(BaseHost):
         self._env = dict(env) if env is not None else None
 
     def run(
-        self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        privileged: bool = True,  # this machine: as the controller runs
     ) -> CommandResult:
         argv = tuple(argv)
         try:

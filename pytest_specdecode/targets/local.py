@@ -12,12 +12,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..config.specconfig import SpecConfig
+from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ConfigError, ServiceError
 from ..record.redaction import redact_text
-from .base import Transports, port_answers
+from .base import Progress, Transports, port_answers
 from .hosts import LocalHost
 from .vllm_argv import with_speculative_config
+from .vllm_facts import ask_vllm
 
 # Variables of the plugin's own venv that must not leak into the server's.
 _PLUGIN_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
@@ -56,8 +57,7 @@ class LocalProcessService:
         if self.is_active():
             return
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in _PLUGIN_ONLY_ENV}
-        env.update(self._env)
+        env = server_env(self._env)
         with self._log_path.open("ab") as log:
             log.write(f"$ {shlex.join(self.argv)}\n".encode())
             log.flush()
@@ -161,6 +161,14 @@ class LocalProcessTarget:
                 "run scripts/setup-embedded first"
             )
 
+    def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
+        """Asked of the command's own Python, with the server's environment."""
+        argv = list(self.command)
+        if "/" in argv[0] and not os.path.isabs(argv[0]):
+            argv[0] = str(self.workdir / argv[0])
+        host = LocalHost(server_env(self.env))
+        return ask_vllm(host, argv, where="the local server command", progress=progress)
+
     def before_swap(self) -> None:
         return None  # the child processes die with this controller (PR_SET_PDEATHSIG)
 
@@ -197,6 +205,13 @@ class LocalProcessTarget:
             env=self.env,
             log_path=self.log_dir / f"server-{name}.log",
         )
+
+
+def server_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment: this one without the plugin's venv, plus the config's."""
+    env = {k: v for k, v in os.environ.items() if k not in _PLUGIN_ONLY_ENV}
+    env.update(extra)
+    return env
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

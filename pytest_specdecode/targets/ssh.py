@@ -272,14 +272,20 @@ class SSHHost(BaseHost):
         raise AssertionError("unreachable")
 
     # -- commands -------------------------------------------------------------------------------
-    def wrap(self, argv: Sequence[str]) -> tuple[str, ...]:
-        """The argv as it runs on the host: under `sudo -n --` for a non-root user."""
-        return (*SUDO, *argv) if self.sudo else tuple(argv)
+    def wrap(self, argv: Sequence[str], *, privileged: bool = True) -> tuple[str, ...]:
+        """The argv as it runs on the host: under `sudo -n --` for a non-root user, unless it
+        only reads what the user may read itself."""
+        return (*SUDO, *argv) if self.sudo and privileged else tuple(argv)
 
     def run(
-        self, argv: Sequence[str], *, timeout: float = 60.0, stdin: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        privileged: bool = True,
     ) -> CommandResult:
-        full = self.wrap(argv)
+        full = self.wrap(argv, privileged=privileged)
         command = shlex.join(full)
         channel = self._open_session(command)
         try:

@@ -23,10 +23,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from ..config.specconfig import SpecConfig
+from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ConfigError, HostError, ServiceError
 from ..record.redaction import redact_text
-from .base import Transports, port_answers
+from . import gpu
+from .base import Progress, Transports, port_answers
 from .hosts import CommandResult, Host
 from .unitfile import (
     candidate_unit_name,
@@ -35,6 +36,7 @@ from .unitfile import (
     render_candidate_unit,
 )
 from .vllm_argv import option_value
+from .vllm_facts import ask_vllm
 
 if TYPE_CHECKING:
     from .tunnel import ApiTunnel
@@ -49,6 +51,7 @@ ENGINE_DEATH = re.compile(
     r"EngineCore failed|Engine core initialization failed|EngineDeadError|InvalidCxxCompiler"
     r"|CUDA out of memory|OutOfMemoryError|Traceback \(most recent call last\)"
 )
+GPU_RELEASE_TIMEOUT_S = 60.0  # H200: 0.2 s after the process; big multi-GPU servers longer
 _SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
 # Every program this backend runs on the host, with a harmless invocation that proves it may.
 HOST_PROGRAMS: dict[str, tuple[str, ...]] = {
@@ -69,7 +72,15 @@ _INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 class SystemdUnit:
     """One unit on a host, seen as a Service."""
 
-    def __init__(self, host: Host, unit: str, *, api_base: str, model: str) -> None:
+    def __init__(
+        self,
+        host: Host,
+        unit: str,
+        *,
+        api_base: str,
+        model: str,
+        progress: Progress | None = None,
+    ) -> None:
         self.host = host
         self.unit = check_unit_name(unit)
         self.api_base = api_base
@@ -77,6 +88,8 @@ class SystemdUnit:
         self.label = f"unit {unit} on {host.name}"
         self._started_at: float | None = None
         self._restarts_at_start = 0
+        self.progress = progress
+        self.gpu_notes: list[str] = []  # what the last stop saw on the GPUs besides the unit
 
     def show(self) -> dict[str, str]:
         result = self.host.check(
@@ -97,8 +110,9 @@ class SystemdUnit:
         self._systemctl("start", timeout=120)
 
     def stop(self) -> None:
+        before = gpu.snapshot_unit(self.host, self.unit)  # its PIDs, while they still run
         self._systemctl("stop", timeout=180)
-        self._check_stopped()
+        self._check_stopped(before)
 
     def failure(self) -> str | None:
         s = self.show()
@@ -155,8 +169,12 @@ class SystemdUnit:
                 f"{result.describe()}; the unit is now {self.state()}"
             )
 
-    def _check_stopped(self) -> None:
-        """No process of the unit lingers; GPU memory is free again (where nvidia-smi is)."""
+    def _check_stopped(self, before: gpu.UnitGpuSnapshot) -> None:
+        """No process of the unit lingers; its GPU memory is released (where nvidia-smi is).
+
+        GPU memory is judged by the unit's own PIDs (taken before the stop) on the GPUs they
+        used; other processes on the host are reported in `gpu_notes`, never fatal.
+        """
         deadline = time.monotonic() + 60
         while True:
             s = self.show()
@@ -165,19 +183,18 @@ class SystemdUnit:
             if time.monotonic() > deadline:
                 raise ServiceError(f"{self.label} did not stop within 60s: {self.state()}")
             time.sleep(1)
-        gpu = self.host.run(
-            [
-                "sh",
-                "-c",
-                "command -v nvidia-smi >/dev/null || exit 3; nvidia-smi "
-                "--query-compute-apps=pid,used_memory --format=csv,noheader",
-            ],
-            timeout=30,
-        )
-        if gpu.exit_status == 0 and gpu.stdout.strip():
-            raise ServiceError(
-                f"{self.label} stopped but GPU memory is still held: {gpu.stdout.strip()}"
+        self.gpu_notes = [before.note] if before.note else []
+        if before.apps is not None:  # None: no nvidia-smi on the host, or it failed (the note)
+            release = gpu.wait_until_released(
+                lambda: gpu.poll_release(self.host, before.pids),
+                before,
+                label=self.label,
+                timeout_s=GPU_RELEASE_TIMEOUT_S,
+                progress=self.progress,
             )
+            self.gpu_notes += release.notes(self.label, before.gpus)
+        for note in self.gpu_notes if self.progress is not None else ():
+            self.progress(f"GPU: {note}")  # reported, never fatal (not a warning: -W error)
 
 
 class SystemdTarget:
@@ -195,8 +212,10 @@ class SystemdTarget:
         model: str,
         watchdog_s: float = 1800.0,
         heartbeat_host: Host | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.host = host
+        self.progress = progress
         self.host_name = host.name
         self.unit = check_unit_name(unit)
         self.candidate_unit = candidate_unit_name(unit)
@@ -262,10 +281,20 @@ class SystemdTarget:
             )
         self._lock()
 
+    def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
+        """Asked of the Python in the unit's ExecStart, over SSH; reads, never changes."""
+        _, tokens = effective_exec_start(self.unit_text(), where=f"unit {self.unit}")
+        where = f"unit {self.unit} on {self.host_name}"
+        return ask_vllm(self.host, [t.value for t in tokens], where=where, progress=progress)
+
     def original(self) -> SystemdUnit:
         if self._original is None:
             self._original = SystemdUnit(
-                self.host, self.unit, api_base=self.api_base, model=self.model
+                self.host,
+                self.unit,
+                api_base=self.api_base,
+                model=self.model,
+                progress=self.progress,
             )
         return self._original
 
@@ -279,7 +308,13 @@ class SystemdTarget:
         self._wrote_candidate = True
         self.write_file(f"{UNIT_DIR}/{self.candidate_unit}", content)
         self.host.check(["systemctl", "daemon-reload"], timeout=60)
-        return SystemdUnit(self.host, self.candidate_unit, api_base=self.api_base, model=self.model)
+        return SystemdUnit(
+            self.host,
+            self.candidate_unit,
+            api_base=self.api_base,
+            model=self.model,
+            progress=self.progress,
+        )
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         steps = [f"on {self.host_name}: lock {LOCK_DIR}; measure {self.unit} as it runs"]

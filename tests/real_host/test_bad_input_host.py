@@ -135,7 +135,7 @@ def test_injection_is_refused_before_connecting(pytester, testbed, unchanged):
         INJECTION,
     ]
     result = pytester.runpytest_subprocess(*args)
-    refused(result, "unknown key(s) 'x'")
+    refused(result, "speculative config 'ngram-k5': x must be a plain name or path")
     assert not testbed.ssh("test", "-e", "/tmp/pwned").ok
     assert not Path("/tmp/pwned").exists()
 

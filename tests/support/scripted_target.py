@@ -18,10 +18,11 @@ from typing import Any
 
 import httpx
 
-from pytest_specdecode.config.specconfig import SpecConfig
+from pytest_specdecode.config.specconfig import SpecConfig, VllmFacts
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets.base import Transports
 from pytest_specdecode.targets.hosts import LocalHost
+from pytest_specdecode.targets.vllm_facts import VllmFactsError
 
 API = "http://scripted.invalid:8000"
 
@@ -145,6 +146,9 @@ class ScriptedTarget:
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         return ["measure the original", *(f"start candidate {s.name}" for s in specs)]
+
+    def vllm_facts(self, progress=None) -> VllmFacts:
+        raise VllmFactsError("a scripted target has no vLLM to ask")
 
     def transports(self) -> Transports:
         return Transports(httpx.MockTransport(self._answer), httpx.MockTransport(self._stream))

@@ -31,6 +31,7 @@ def settings(
     prompt_types: Sequence[str] = ("coding", "math"),
     candidates: Sequence[str] = ("ngram",),
     samples: int = 6,
+    max_samples: int | None = None,  # None: a fixed design, so counts are known
     prompts: dict[str, str] | None = None,
     extra: str = "",
 ) -> Settings:
@@ -47,6 +48,7 @@ model = "smollm2-135m-instruct"
 command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port", "18011"]
 [run]
 samples = {samples}
+max_samples = {max_samples or samples}
 warmup = 1
 max_tokens = 64
 [presets]

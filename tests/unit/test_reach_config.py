@@ -306,7 +306,7 @@ class RecordingHost:
     def __init__(self) -> None:
         self.seen: list[tuple[tuple[str, ...], str | None]] = []
 
-    def run(self, argv, *, timeout=60.0, stdin=None):
+    def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
         from pytest_specdecode.targets.hosts import CommandResult
 
         self.seen.append((tuple(argv), stdin))
@@ -317,7 +317,7 @@ class RecordingHost:
             out = "third\nsecond\nfirst\n"
         return CommandResult(self.name, tuple(argv), 0, out, "")
 
-    def check(self, argv, *, timeout=60.0, stdin=None):
+    def check(self, argv, *, timeout=60.0, stdin=None, privileged=True):
         return self.run(argv, timeout=timeout, stdin=stdin)
 
     def close(self) -> None:

@@ -251,7 +251,7 @@ def test_a_failed_candidate_is_named_with_its_cause(tmp_path: Path) -> None:
 
 
 def test_dry_run_lines_count_requests_and_estimate(tmp_path: Path) -> None:
-    s = settings(tmp_path, samples=5)
+    s = settings(tmp_path, samples=5, max_samples=16)
     timing = plan.Timing(start_s=50.0, s_per_token=0.02, source="from the stored run R")
     steps = ["start the original", "stop; start candidate ngram", "write /x:\n    [Unit]", "end"]
     lines = plan.dry_run_lines(

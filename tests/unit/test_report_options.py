@@ -50,7 +50,12 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert "pytest-specdecode dry run: nothing is started, written or changed." in out
     assert "host: localhost (local backend)" in out
-    assert "  1. start the original: (cd " in out
+    # `python` here has no vLLM (or is absent): the offline list stands in, and the plan says so.
+    assert (
+        "  1. validated the candidates against the offline list of vLLM 0.32's speculative "
+        "methods and keys (the target's vLLM could not be asked: " in out
+    )
+    assert "  2. start the original: (cd " in out
     assert '--speculative-config \'{"method":"ngram","num_speculative_tokens":5,' in out
     assert "drift check (ABA): stop the last candidate" in out
     assert "requests: 36 = 3 phases x 2 prompt types x (5 measured + 1 warm-up)" in out
@@ -126,12 +131,12 @@ class ReadOnlyHost:
     def __init__(self) -> None:
         self.seen: list[tuple[str, ...]] = []
 
-    def run(self, argv, *, timeout=60.0, stdin=None):
+    def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
         self.seen.append(tuple(argv))
         assert tuple(argv[:2]) == ("systemctl", "cat"), argv
         return CommandResult(self.name, tuple(argv), 0, UNIT, "")
 
-    def check(self, argv, *, timeout=60.0, stdin=None):
+    def check(self, argv, *, timeout=60.0, stdin=None, privileged=True):
         raise AssertionError(f"a dry run ran {argv}")
 
     def close(self) -> None:

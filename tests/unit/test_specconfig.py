@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pytest_specdecode.config.specconfig import parse_spec_config
+from pytest_specdecode.config.specconfig import parse_spec_config, validate_spec_values
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets.vllm_argv import option_value, with_speculative_config
 
@@ -39,7 +39,6 @@ def test_draft_method_with_model_is_accepted():
         ("[1, 2]", "neither inline JSON nor a preset"),
         ('["ngram"]', "neither inline JSON nor a preset"),
         ("nosuchpreset", "known presets: ngram, ngram-k3"),
-        ('{"method":"warp","num_speculative_tokens":3}', "unknown method 'warp'"),
         ('{"num_speculative_tokens":3}', "'method' is required"),
         ('{"method":"ngram"}', "'num_speculative_tokens' is required"),
         ('{"method":"ngram","num_speculative_tokens":0}', "must be > 0, got 0"),
@@ -53,9 +52,11 @@ def test_draft_method_with_model_is_accepted():
             "prompt_lookup_min=5 must be <= prompt_lookup_max=2",
         ),
         ('{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":0}', "must be >= 1"),
+        ('{"method":"ngram","num_speculative_tokens":3,"Lookahead":2}', "not a plain key name"),
+        ('{"method":3,"num_speculative_tokens":3}', "method must be a plain name or path, got 3"),
         (
-            '{"method":"ngram","num_speculative_tokens":3,"lookahead":2}',
-            "unknown key(s) 'lookahead'",
+            '{"method":"ngram","num_speculative_tokens":3,"future":{"a b":1}}',
+            "has a table key that is not plain",
         ),
         ('{"method":"eagle","num_speculative_tokens":3}', "needs a draft 'model'"),
         ('{"method":"draft_model","num_speculative_tokens":3}', "needs a draft 'model'"),
@@ -75,10 +76,22 @@ def test_bad_spec_configs_are_refused_with_the_reason(text, message):
     assert message in str(err.value)
 
 
-def test_injection_through_an_unknown_key_is_refused():
+def test_injection_through_an_unknown_key_is_refused_by_its_shape():
+    # Refused before any vLLM is asked: whatever the key, the value is not a plain name.
     text = '{"method":"ngram","num_speculative_tokens":5,"x":"\'; touch /tmp/pwned; \'"}'
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'x'"):
+    with pytest.raises(ConfigError, match=r"'ngram-k5': x must be a plain name or path"):
         parse_spec_config(text, PRESETS)
+
+
+def test_unknown_methods_and_keys_are_left_to_the_target_vllm():
+    # A newer vLLM may know them: parsing keeps them; the offline list refuses them.
+    spec = parse_spec_config('{"method":"warp","num_speculative_tokens":3,"lookahead":2}', {})
+    with pytest.raises(ConfigError, match=r"\(offline list of vLLM 0.32\): unknown key\(s\) "):
+        validate_spec_values(spec.values, source=spec.name)
+    with pytest.raises(
+        ConfigError, match=r"unknown method 'warp'; this vLLM knows: bailing_hybrid_mtp"
+    ):
+        validate_spec_values({"method": "warp", "num_speculative_tokens": 3}, source="w")
 
 
 SERVE = ["vllm", "serve", "moonshotai/Kimi-K2.5", "--port", "8000", "--tensor-parallel-size", "8"]

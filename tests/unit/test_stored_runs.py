@@ -192,7 +192,7 @@ class FakeHost:
         self.result = result
         self.seen: list[list[str]] = []
 
-    def run(self, argv, *, timeout=60.0, stdin=None):
+    def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
         self.seen.append(list(argv))
         return self.result
 

@@ -1,0 +1,55 @@
+"""The embedded CPU vLLM tells its own speculative methods and keys; a candidate it does not
+know is refused before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_specdecode.config.specconfig import OFFLINE_FACTS, validate_spec_values
+from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.targets.hosts import LocalHost
+from pytest_specdecode.targets.vllm_facts import ask_vllm
+
+from ..support.embedded import EMBEDDED, SERVER_PYTHON, require_embedded, write_experiment
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
+
+
+@pytest.mark.parametrize("program", ["python", "vllm"])
+def test_the_embedded_vllm_tells_its_facts(program):
+    require_embedded()
+    # Both command forms: `python -m vllm.entrypoints…` and the `vllm` script's #! line.
+    argv = (
+        [str(SERVER_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+        if program == "python"
+        else [str(SERVER_PYTHON.parent / "vllm"), "serve", "m"]
+    )
+    said: list[str] = []
+    facts = ask_vllm(LocalHost(), argv, where="the local server command", progress=said.append)
+    assert facts.version == "0.32.0" and facts.host == "localhost"
+    assert facts.interpreter.endswith(
+        "server-venv/bin/python" + ("" if program == "python" else "3")
+    )
+    # The offline list is a faithful copy of this vLLM's: same methods, same keys and kinds.
+    assert facts.methods == OFFLINE_FACTS.methods
+    assert dict(facts.keys) == dict(OFFLINE_FACTS.keys)
+    assert facts.choices["rejection_sample_method"] == ("block", "standard", "synthetic")
+    assert said[-1].startswith(f"vLLM 0.32.0 on localhost ({facts.interpreter}): 39 speculative")
+    with pytest.raises(ConfigError, match=r"on localhost \(vLLM 0.32.0\): unknown key\(s\) 'x'"):
+        validate_spec_values({**NGRAM, "x": 1}, source="n", facts=facts)
+
+
+def test_local_backend_refuses_a_key_its_vllm_does_not_know_before_anything_starts(pytester):
+    require_embedded()
+    experiment = write_experiment(pytester)
+    spec = '{"method":"ngram","num_speculative_tokens":3,"lookahead":2}'
+    result = pytester.runpytest_subprocess(*experiment.args("--spec-config", spec))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    err = result.stderr.str()
+    assert (
+        "ERROR: speculative config 'ngram-k3' on localhost (vLLM 0.32.0): unknown key(s) "
+        "'lookahead'; this vLLM knows: " in err
+    )
+    assert f"[specdecode] vLLM 0.32.0 on localhost ({EMBEDDED}" in err
+    assert experiment.leftover_servers() == []
+    assert not experiment.reports.exists() or not any(experiment.reports.iterdir())

@@ -1,0 +1,188 @@
+"""The target's own vLLM decides what is valid: its version, methods and keys.
+
+Fast tests check the logic on given facts; the `vllm` tests ask the embedded CPU vLLM 0.32.0
+for real, through the interpreter of a server command, as the local backend does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_specdecode.config.specconfig import (
+    OFFLINE_FACTS,
+    SpecConfig,
+    VllmFacts,
+    parse_spec_config,
+    validate_spec_values,
+)
+from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.local import LocalProcessTarget
+from pytest_specdecode.targets.vllm_facts import (
+    MARKER,
+    SNIPPET,
+    VllmFactsError,
+    ask_vllm,
+    facts_or_offline,
+    interpreter_from_script,
+    parse_facts,
+    validated_against_target,
+)
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+
+
+def host_facts(version: str, *, methods=None, keys=None, choices=None) -> VllmFacts:
+    """Facts as a host's vLLM would report them: the 0.32 lists, changed where given."""
+    return VllmFacts(
+        version=version,
+        methods=frozenset(methods if methods is not None else OFFLINE_FACTS.methods),
+        keys=keys if keys is not None else dict(OFFLINE_FACTS.keys),
+        choices=choices or {},
+        host="root@gpu:22",
+        interpreter="/opt/vllm/bin/python3",
+    )
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def test_a_key_added_in_a_newer_vllm_is_accepted_by_that_vllm():
+    spec = parse_spec_config('{"method":"ngram","num_speculative_tokens":3,"lookahead":2}', {})
+    newer = host_facts("0.33.1", keys={**OFFLINE_FACTS.keys, "lookahead": "int"})
+    assert validate_spec_values(spec.values, source=spec.name, facts=newer)["lookahead"] == 2
+    with pytest.raises(ConfigError, match=r"lookahead must be an integer, got 'two'"):
+        validate_spec_values({**spec.values, "lookahead": "two"}, source="x", facts=newer)
+
+
+def test_a_removed_method_is_refused_with_the_hosts_version():
+    older = host_facts("0.31.2", methods=OFFLINE_FACTS.methods - {"suffix"})
+    spec = parse_spec_config('{"method":"suffix","num_speculative_tokens":3}', {})
+    with pytest.raises(ConfigError) as err:
+        validate_spec_values(spec.values, source=spec.name, facts=older)
+    message = str(err.value)
+    assert message.startswith(
+        "speculative config 'suffix-k3' on root@gpu:22 (vLLM 0.31.2): unknown method 'suffix'; "
+        "this vLLM knows: bailing_hybrid_mtp,"
+    )
+    assert "suffix," not in message.split("knows:")[1]
+
+
+def test_a_removed_key_is_refused_with_the_hosts_version():
+    keys = {k: v for k, v in OFFLINE_FACTS.keys.items() if k != "prompt_lookup_max"}
+    with pytest.raises(ConfigError) as err:
+        validate_spec_values(NGRAM, source="ngram", facts=host_facts("0.31.2", keys=keys))
+    assert str(err.value).startswith(
+        "speculative config 'ngram' on root@gpu:22 (vLLM 0.31.2): unknown key(s) "
+        "'prompt_lookup_max'; this vLLM knows: "
+    )
+
+
+def test_a_closed_choice_of_the_hosts_vllm_is_enforced():
+    facts = host_facts("0.32.0", choices={"rejection_sample_method": ("block", "standard")})
+    values = {**NGRAM, "rejection_sample_method": "synthetic"}
+    with pytest.raises(ConfigError, match=r"rejection_sample_method='synthetic' is not one of"):
+        validate_spec_values(values, source="n", facts=facts)
+
+
+def test_without_facts_the_offline_list_decides_and_says_so():
+    assert validate_spec_values(NGRAM, source="ngram") == NGRAM
+    with pytest.raises(ConfigError, match=r"'x' \(offline list of vLLM 0.32\): unknown key\(s\)"):
+        validate_spec_values({**NGRAM, "lookahead": 2}, source="x")
+
+
+def test_a_vllm_that_does_not_enumerate_methods_checks_keys_only():
+    facts = replace(host_facts("0.9.0"), methods=None)
+    assert validate_spec_values({**NGRAM, "method": "warp"}, source="w", facts=facts)
+
+
+# ------------------------------------------------------------------------------ asking
+
+
+@pytest.mark.parametrize(
+    ("head", "argv"),
+    [
+        ("#!/opt/vllm/bin/python3\nimport sys\n", ["/opt/vllm/bin/python3"]),
+        ("#!/opt/vllm/bin/python3.12 -E\n", ["/opt/vllm/bin/python3.12", "-E"]),
+        ("#!/usr/bin/env python3\n", ["/usr/bin/env", "python3"]),
+        (  # pip's form when the interpreter's path is too long for a #! line
+            "#!/bin/sh\n'''exec' \"/very/long/venv/bin/python\" \"$0\" \"$@\"\n' '''\n",
+            ["/very/long/venv/bin/python"],
+        ),
+    ],
+)
+def test_the_python_of_a_vllm_console_script(head, argv):
+    assert interpreter_from_script("/opt/vllm/bin/vllm", head, where="unit v") == argv
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [("\x7fELF\x02\x01", "has no #! line"), ("#!/bin/bash\nexec foo\n", "not a Python")],
+)
+def test_scripts_whose_python_is_unknown_are_said_so(head, message):
+    with pytest.raises(VllmFactsError, match=message):
+        interpreter_from_script("/usr/bin/vllm", head, where="unit v")
+
+
+def test_the_answer_is_the_marked_line_whatever_vllm_logs():
+    answer = {"version": "0.33.1", "methods": ["ngram"], "keys": {"method": "str"}}
+    out = f"INFO 11-30 vllm logs to stdout\n{MARKER}{json.dumps(answer)}\n"
+    facts = parse_facts(out, host="root@gpu:22", interpreter="/opt/python")
+    assert facts.version == "0.33.1" and facts.methods == {"ngram"}
+    assert facts.describe() == "vLLM 0.33.1 on root@gpu:22 (/opt/python)"
+    with pytest.raises(VllmFactsError, match="printed no answer: Traceback"):
+        parse_facts("Traceback (most recent call last):\n", host="h", interpreter="p")
+    error = f'{MARKER}{{"error": "ModuleNotFoundError: No module named \'vllm\'"}}'
+    with pytest.raises(VllmFactsError, match="could not import vLLM's speculative config: Module"):
+        parse_facts(error, host="h", interpreter="p")
+
+
+def test_where_the_target_cannot_tell_the_offline_list_stands_in_with_the_reason():
+    class Mute:
+        def vllm_facts(self, progress=None):
+            raise VllmFactsError("unit v on root@gpu:22: /opt/vllm/bin/vllm has no #! line")
+
+    said: list[str] = []
+    facts = facts_or_offline(Mute(), progress=said.append)
+    assert facts.offline and facts.methods == OFFLINE_FACTS.methods
+    assert facts.note == (
+        "the target's vLLM could not be asked: unit v on root@gpu:22: /opt/vllm/bin/vllm has no "
+        "#! line"
+    )
+    assert said == [f"{facts.note}; using {OFFLINE_FACTS.describe()}"]
+    assert facts.record()["source"] == "offline"
+
+
+def test_a_python_that_does_not_run_falls_back(tmp_path: Path):
+    target = LocalProcessTarget(
+        command=[str(tmp_path / "nope" / "python"), "-m", "vllm.entrypoints.openai.api_server"],
+        api_base="http://127.0.0.1:1",
+        model="m",
+        workdir=tmp_path,
+        env={},
+        log_dir=tmp_path,
+    )
+    facts = validated_against_target(target, [SpecConfig("ngram", NGRAM)])
+    assert facts.offline and "could not start" in (facts.note or "")
+
+
+def test_the_snippet_goes_by_stdin_and_is_bounded():
+    seen = {}
+
+    class Host:
+        name = "root@gpu:22"
+
+        def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
+            seen.update(argv=list(argv), timeout=timeout, stdin=stdin)
+            answer = {"version": "0.32.0", "keys": {"method": "str"}}
+            return CommandResult(self.name, tuple(argv), 0, MARKER + json.dumps(answer), "")
+
+    ask_vllm(Host(), ["/opt/v/bin/python3", "-m", "vllm.entrypoints.openai.api_server"], where="u")
+    assert seen == {"argv": ["/opt/v/bin/python3", "-"], "timeout": 180.0, "stdin": SNIPPET}
+
+
+# ------------------------------------------------------------------------------ the real vLLM
