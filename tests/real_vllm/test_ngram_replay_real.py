@@ -18,7 +18,6 @@ import random
 import statistics
 import subprocess
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from pytest_specdecode.analysis.ngram_replay import (
     propose,
     replay,
 )
+from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.measure.loadgen import RequestSample, RequestSpec, run_requests
 from pytest_specdecode.measure.server_metrics import parse_counters as parse_spec_counters
 from pytest_specdecode.measure.token_ids import CapturedTokens, capture_token_ids, detect_support
@@ -57,11 +57,9 @@ MAX_TOKENS = 96
 MAX_MODEL_LEN = 1024
 LOOKAHEAD = 8
 TIMED = 5  # timed streams per prompt type and config, after one warm-up
-PROMPTS = {
-    name: table["prompt"]
-    for name, table in tomllib.loads((REPO / "suites" / "specdecode.toml").read_text())[
-        "prompt_types"
-    ].items()
+PROMPTS = {  # the first prompt of each of the suite's prompt types: the seed's own
+    name: t.prompt
+    for name, t in load_settings(REPO / "suites" / "specdecode.toml").prompt_types.items()
 }
 PRESET = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 OTHER_MIN = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
