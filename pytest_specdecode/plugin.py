@@ -232,9 +232,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """With a candidate, the standard experiment's tests come first."""
-    found = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if found is not None and found.settings.candidates and config.getini("specdecode_builtin"):
+    """When an experiment is asked for, the standard experiment's tests come first."""
+    asked = any(config.getoption(o) for o in _EXPERIMENT_OPTIONS)
+    if asked and not config.option.spec_dry_run and config.getini("specdecode_builtin"):
         items[:0] = suite.collect(session)
 
 

@@ -57,7 +57,8 @@ def test_report_html_summary_and_plots_of_a_real_run(
     assert analysis["drift"]["unreliable"] is (analysis["drift"]["status"] == "drifted")
     equivalence = analysis["equivalence"]["ngram"]["coding"]
     assert equivalence["n"] == 5 and equivalence["status"] in {"identical", "differs"}
-    assert set(data["environment"]) == {"gpus", "git_commit"}
+    assert set(data["environment"]) == {"gpus", "git_commit", "vllm"}
+    assert data["environment"]["vllm"]["version"] == "0.32.0"  # what the candidates were checked by
     assert data["environment"]["gpus"] is None  # no nvidia-smi on this machine
 
     # report.html: title, the seed-style table with its verdict, the three plots, the checks.

@@ -50,6 +50,6 @@ def test_local_backend_refuses_a_key_its_vllm_does_not_know_before_anything_star
         "ERROR: speculative config 'ngram-k3' on localhost (vLLM 0.32.0): unknown key(s) "
         "'lookahead'; this vLLM knows: " in err
     )
-    assert f"[specdecode] vLLM 0.32.0 on localhost ({EMBEDDED}" in err
+    assert f"] vLLM 0.32.0 on localhost ({EMBEDDED}" in err  # a progress line
     assert experiment.leftover_servers() == []
     assert not experiment.reports.exists() or not any(experiment.reports.iterdir())
