@@ -34,7 +34,7 @@ from .record.schema import BASELINE, RunRecord, TargetInfo
 from .record.store import RunStore
 from .report import Written, write_reports
 from .report import terminal as terminal_report
-from .report.plan import RUN_LOG, dry_run_lines, previous_timing
+from .report.plan import RUN_LOG, dry_run_lines, previous_timing, stored_prediction
 from .targets.base import Target
 from .targets.lifecycle import experiment_services
 
@@ -140,6 +140,7 @@ class SpecDecodeSession:
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
+            predicted=stored_prediction(settings, host=target.host_name),
         )
         _write("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK

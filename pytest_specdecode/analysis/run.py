@@ -14,6 +14,7 @@ from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
 from ..targets.lifecycle import RestoreReport
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms
+from .prediction import RunPrediction, predict_run
 from .stats import Verdict
 
 
@@ -76,6 +77,7 @@ class RunAnalysis:
     drift: Drift | None
     equivalence: dict[str, dict[str, Equivalence]]
     warnings: list[str] = field(default_factory=list)
+    prediction: RunPrediction | None = None  # the n-gram replay; beside the verdicts, not in them
 
     @property
     def outcome(self) -> str:
@@ -103,6 +105,7 @@ class RunAnalysis:
                 for c, per in self.equivalence.items()
             },
             "warnings": self.warnings,
+            "prediction": self.prediction.to_json() if self.prediction else None,
         }
 
 
@@ -138,11 +141,14 @@ def analyze(record: RunRecord) -> RunAnalysis:
     )
     checks = drift(record)
     outputs = equivalences(record)
+    prediction = predict_run(record) if record.arm_phases(BASELINE) else None
     return RunAnalysis(
         verdicts=verdicts,
         drift=checks,
         equivalence=outputs,
-        warnings=_warnings(record, verdicts, checks, outputs),
+        warnings=_warnings(record, verdicts, checks, outputs)
+        + (prediction.warnings if prediction else []),
+        prediction=prediction,
     )
 
 

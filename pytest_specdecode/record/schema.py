@@ -17,6 +17,7 @@ from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
+from ..measure.token_ids import TokenIds
 
 SCHEMA = 2
 BASELINE = "baseline"
@@ -39,6 +40,7 @@ class Measurement:
     wall_s: float | None = None  # of the measured requests; None until they all finished
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(present=False))
     traffic: Traffic = field(default_factory=Traffic)  # the server's counts over the window
+    token_ids: TokenIds | None = None  # captured after the timed requests, for the replay
 
     @property
     def output_tokens(self) -> int:
@@ -94,6 +96,7 @@ class Measurement:
             },
             "warmup": [_sample_json(s) for s in self.warmup],
             "samples": [_sample_json(s) for s in self.samples],
+            "token_ids": self.token_ids.to_json() if self.token_ids is not None else None,
         }
 
     @classmethod
@@ -106,6 +109,7 @@ class Measurement:
             wall_s=data.get("wall_s"),
             acceptance=_acceptance(data.get("acceptance")),
             traffic=Traffic(**_known(Traffic, data.get("traffic") or {})),
+            token_ids=TokenIds.from_json(data["token_ids"]) if data.get("token_ids") else None,
         )
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.settings import Settings
 from ..errors import ConfigError
+from ..record.schema import BASELINE, RunRecord
 from ..record.store import RESULTS_FILE, load_run
+from . import prediction
 from .text import fmt_duration
 
 RUN_LOG = "run.log"
@@ -25,8 +27,8 @@ class Timing:
     source: str  # where these numbers come from
 
 
-def previous_timing(settings: Settings, *, host: str, default_start_s: float) -> Timing:
-    """Timings of the newest stored run of the same model and host, or stated assumptions."""
+def stored_runs(settings: Settings, *, host: str) -> Iterator[tuple[Path, RunRecord]]:
+    """The stored runs of this model on this host under the reports folder, newest first."""
     folders = (
         sorted((p for p in settings.reports_dir.iterdir() if p.is_dir()), reverse=True)
         if settings.reports_dir.is_dir()
@@ -39,8 +41,13 @@ def previous_timing(settings: Settings, *, host: str, default_start_s: float) ->
             record = load_run(folder)
         except ConfigError:
             continue
-        if record.target.model != settings.target.model or record.target.host != host:
-            continue
+        if record.target.model == settings.target.model and record.target.host == host:
+            yield folder, record
+
+
+def previous_timing(settings: Settings, *, host: str, default_start_s: float) -> Timing:
+    """Timings of the newest stored run of the same model and host, or stated assumptions."""
+    for folder, record in stored_runs(settings, host=host):
         per_token = [
             s.e2e_s / s.output_tokens
             for p in record.phases.values()
@@ -61,6 +68,23 @@ def previous_timing(settings: Settings, *, host: str, default_start_s: float) ->
         s_per_token=0.05,
         source=f"assumed: no stored run of this model on this host in {settings.reports_dir}",
     )
+
+
+def stored_prediction(settings: Settings, *, host: str) -> list[str]:
+    """The planned candidates predicted from the newest stored baseline with token ids."""
+    if not settings.candidates:
+        return []
+    for folder, record in stored_runs(settings, host=host):
+        if any(
+            m.token_ids is not None and m.token_ids.missing is None
+            for p in record.arm_phases(BASELINE)
+            for m in p.measurements.values()
+        ):
+            return prediction.dry_run_lines(settings, record, folder.name)
+    return [
+        "prediction: no stored baseline with token ids of this model on this host in "
+        f"{settings.reports_dir}"
+    ]
 
 
 def _ready_times(log: Path) -> list[float]:
@@ -105,8 +129,9 @@ def dry_run_lines(
     aba: bool,
     baseline_from: str | None,
     adopts_original: bool,
+    predicted: Sequence[str] = (),
 ) -> list[str]:
-    """The plan, as --spec-dry-run prints it."""
+    """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines."""
     t = settings.target
     baseline = baseline_from is None
     phases, requests = count_requests(settings, baseline=baseline, aba=aba)
@@ -146,4 +171,4 @@ def dry_run_lines(
         f"start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s, requests at up to "
         f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",
     ]
-    return lines
+    return lines + list(predicted)
