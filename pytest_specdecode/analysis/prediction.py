@@ -22,6 +22,8 @@ only (`ngram_replay.unsupported_reason`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import statistics
 from collections import Counter
@@ -204,14 +206,29 @@ class RunPrediction:
         }
 
 
+_MEMO: dict[str, RunPrediction] = {}  # by content: a live run analyses once per report piece
+
+
 def predict_run(
     record: RunRecord, *, configs: Mapping[str, Mapping[str, Any]] | None = None
 ) -> RunPrediction:
     """The replay, the comparisons and the cost model for one run (see the module docstring).
 
     `configs` are the candidates to predict (default: the run's own); the dry run passes the
-    planned ones to read a stored baseline with.
+    planned ones to read a stored baseline with. A pure function of its inputs, remembered by
+    their content (the replay of the grid is most of the analysis's time).
     """
+    text = json.dumps([record.to_json(), configs], sort_keys=True, default=str)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    found = _MEMO.get(key)
+    if found is None:
+        found = _MEMO[key] = _predict(record, configs)
+        while len(_MEMO) > 8:
+            _MEMO.pop(next(iter(_MEMO)))
+    return found
+
+
+def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None) -> RunPrediction:
     notes = {name: _note(name, values) for name, values in (configs or record.candidates).items()}
     measured = {name: _note(name, record.candidates[name]) for name in record.measured_candidates}
     settings = sorted(
@@ -290,7 +307,7 @@ def _requests(
     A prompt the server saw before is served partly from its prefix cache (whole blocks, never
     the last token); `cache` says how that server's cache was set (default: as `ids` says).
     """
-    cache = cache or ids
+    cache = cache if cache is not None and cache.missing is None else ids
     seen = set(earlier)
     out = []
     for prompt in prompts:
@@ -657,32 +674,31 @@ GRID_COLUMNS = (
 def _grid_json(
     replays: Mapping[NgramSettings, ReplayStats], predictions: Mapping[NgramSettings, Prediction]
 ) -> dict[str, Any]:
-    """Compact: one row per config, the columns named once."""
+    """Compact: one row per config, the columns named once, figures to 4 decimals."""
     rows = []
     for s, r in replays.items():
         p = predictions.get(s)
         band = p.tokens_per_s_band if p and p.tokens_per_s_band else (None, None)
         speed_band = p.speedup_band if p and p.speedup_band else (None, None)
-        rows.append(
-            [
-                s.label,
-                s.num_speculative_tokens,
-                s.prompt_lookup_min,
-                s.prompt_lookup_max,
-                r.drafts_per_step,
-                r.mean_acceptance_length,
-                r.draft_acceptance_rate,
-                r.tokens_per_step,
-                r.decode_tokens_per_step,
-                r.exact,
-                p.ceiling_speedup if p else None,
-                p.tokens_per_s if p else None,
-                *band,
-                p.speedup if p else None,
-                *speed_band,
-                p.p_faster if p else None,
-            ]
-        )
+        row = [
+            s.label,
+            s.num_speculative_tokens,
+            s.prompt_lookup_min,
+            s.prompt_lookup_max,
+            r.drafts_per_step,
+            r.mean_acceptance_length,
+            r.draft_acceptance_rate,
+            r.tokens_per_step,
+            r.decode_tokens_per_step,
+            r.exact,
+            p.ceiling_speedup if p else None,
+            p.tokens_per_s if p else None,
+            *band,
+            p.speedup if p else None,
+            *speed_band,
+            p.p_faster if p else None,
+        ]
+        rows.append([round(x, 4) if isinstance(x, float) else x for x in row])
     return {"columns": list(GRID_COLUMNS), "rows": rows}
 
 

@@ -14,6 +14,7 @@ a padded decode: the prediction must count those drafts too. The figures are pri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -104,17 +105,16 @@ class _Dir:
 
 
 def _show(prediction: dict[str, Any]) -> None:
-    print("\npredicted vs measured (drafts, draft tokens, accepted, per position):")
+    print("\npredicted | measured: drafts, draft tokens, accepted (+unverified), per position")
     for candidate, per in prediction["comparisons"].items():
         for name, c in per.items():
             p, m = c["predicted"], c["measured"]
             print(
                 f"  {candidate:<11} {c['effective']:<10} {name:<11} {c['status']:<14} "
-                f"pred {p['drafts']}, {p['draft_tokens']}, {p['accepted']}"
-                f"(+{p['unverified_tokens']}) {p['accepted_per_position']} len "
-                f"{p['mean_acceptance_length']:.2f}  meas {m['drafts']}, {m['draft_tokens']}, "
-                f"{m['accepted']} {m['per_position']} len "
-                f"{(m['mean_acceptance_length'] or 0):.2f}"
+                f"{p['drafts']}, {p['draft_tokens']}, {p['accepted']} (+{p['unverified_tokens']}) "
+                f"{p['accepted_per_position']} | {m['drafts']}, {m['draft_tokens']}, "
+                f"{m['accepted']} {m['per_position']}; length {p['mean_acceptance_length']} | "
+                f"{m['mean_acceptance_length']}, tokens per step {p['tokens_per_step']:.3f}"
             )
             if c["status"] != "exact":
                 print(f"      {c['detail']}")
@@ -162,6 +162,28 @@ def test_predicted_equals_measured_wherever_outputs_are_equal(run: Run) -> None:
         (c, n): x["status"] for c, per in prediction["comparisons"].items() for n, x in per.items()
     }
     assert not [w for w in run.data["analysis"]["warnings"] if " prediction (" in w]
+    print("\n".join(line for line in run.stdout.splitlines() if line.startswith("  ")
+                    and ("(k=" in line or "Cost model" in line or "Next:" in line)))  # fmt: skip
+
+
+def test_without_look_ahead_the_real_counters_lie_within_the_stated_bound(run: Run) -> None:
+    """The same run with its look-ahead dropped: the bound of the last step must hold."""
+    bare = RunRecord.from_json(run.record.to_json())
+    for m in bare.phases[BASELINE].measurements.values():
+        assert m.token_ids is not None
+        for prompt, ids in m.token_ids.prompts.items():
+            m.token_ids.prompts[prompt] = dataclasses.replace(ids, lookahead_ids=())
+    found = predict_run(bare).comparisons
+    print("\nwithout look-ahead:")
+    for candidate, per in found.items():
+        for name, c in per.items():
+            assert c.predicted is not None
+            print(f"  {candidate:<11} {name:<11} {c.status:<13} accepted {c.predicted.accepted}"
+                  f"..{c.predicted.accepted_max}, measured {c.measured.accepted}")  # fmt: skip
+            assert c.status in ("exact", "within bound"), c.detail
+            assert c.predicted.unverified_tokens <= SAMPLES * (
+                c.settings.num_speculative_tokens - 1
+            )
 
 
 def test_the_padded_prefill_of_a_prefix_cache_hit_is_counted(run: Run) -> None:
