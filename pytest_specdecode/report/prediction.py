@@ -26,8 +26,8 @@ HEATMAP_CAPTION = (
     "Predicted speedup over the baseline for every n-gram config of the grid, per prompt type "
     "(rows: prompt_lookup_min..max, columns: num_speculative_tokens), from the replay of the "
     "baseline's token ids and the fitted cost model; without a measured n-gram candidate, the "
-    "ceiling (a speculative step costing no more than a plain one). Boxes: measured candidates; "
-    "star: the recommendation."
+    "ceiling (a speculative step costing no more than a plain one). Colours saturate at x0.5 "
+    "and x2. Boxes: measured candidates; star: the recommendation."
 )
 HEADER = (
     "Prompt",
@@ -269,7 +269,7 @@ def write_heatmap(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> di
     prediction = analysis.prediction
     if prediction is None or not prediction.available:
         return {}
-    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
 
     names = list(prediction.replays)
@@ -279,9 +279,10 @@ def write_heatmap(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> di
         name: [[_value(prediction, name, NgramSettings(k, lo, hi)) for k in ks] for lo, hi in rows]
         for name in names
     }
-    flat = [v for grid in values.values() for row in grid for v in row if v is not None]
-    low, high = min([*flat, 0.95]), max([*flat, 1.05])
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(low, 0.99), vmax=max(high, 1.01))
+    flat = [v for grid in values.values() for row in grid for v in row if v]
+    # Symmetric in ratio around 1 (x0.8 as far as x1.25), saturating at x0.5 and x2.
+    reach = min(max([max(v, 1 / v) for v in flat] + [1.1]), 2.0)
+    norm = LogNorm(vmin=1 / reach, vmax=reach, clip=True)
     fig = Figure(figsize=(3.3 * len(names) + 1.2, 0.28 * len(rows) + 1.9), dpi=100,
                  layout="constrained")  # fmt: skip
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -298,8 +299,9 @@ def write_heatmap(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> di
         for i, row in enumerate(values[name]):
             for j, v in enumerate(row):
                 if v is not None:
+                    dark = max(v, 1 / v) > reach**0.6
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=5.5,
-                            color="#111")  # fmt: skip
+                            color="#fff" if dark else "#111")  # fmt: skip
         _mark(ax, rows, ks, measured, best)
         ax.set_xticks(range(len(ks)), [str(k) for k in ks], fontsize=8)
         ax.set_yticks(range(len(rows)), [f"{lo}..{hi}" for lo, hi in rows], fontsize=7)
@@ -307,7 +309,12 @@ def write_heatmap(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> di
         ax.set_title(name, fontsize=10)
     axes[0].set_ylabel("prompt_lookup_min..max", fontsize=8)
     if image is not None:
-        bar = fig.colorbar(image, ax=list(axes), shrink=0.8)
+        bar = fig.colorbar(image, ax=list(axes), shrink=0.8, extend="both")
+        ticks = [
+            t for t in (0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0) if 1 / reach <= t <= reach
+        ]
+        bar.set_ticks(ticks, labels=[f"x{t:g}" for t in ticks])
+        bar.minorticks_off()
         bar.set_label("predicted speedup" if prediction.fit else "ceiling speedup (cost unknown)")
     path = run_dir / HEATMAP_FILE
     fig.savefig(path, format="png")
