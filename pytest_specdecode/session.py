@@ -39,7 +39,7 @@ from .record.schema import BASELINE, BASELINE_AFTER, RunRecord, TargetInfo
 from .record.store import RunStore, stored_runs
 from .report import Written, write_reports
 from .report import terminal as terminal_report
-from .report.plan import RUN_LOG, dry_run_lines, previous_timing
+from .report.plan import RUN_LOG, dry_run_lines, previous_timing, stored_prediction
 from .report.text import noise_text
 from .targets.base import Service, Target
 from .targets.lifecycle import experiment_services
@@ -205,6 +205,7 @@ class SpecDecodeSession:
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
             noise=self._noise_plan(target.host_name),
+            predicted=stored_prediction(settings, host=target.host_name),
         )
         _write("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK

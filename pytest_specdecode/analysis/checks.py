@@ -39,6 +39,12 @@ def acceptance_cross_check(
     """
     if not server.present or num_speculative_tokens is None:
         return None
+    # k per request, not the replay's k - 1 (analysis.ngram_replay.ReplayStats): that bound is
+    # on draft tokens checked past the known output. vLLM 0.32 counts a step's accepted tokens
+    # before check_stop trims the step's tokens at max_tokens or EOS (Scheduler.
+    # update_from_output), so a last step that starts one token before max_tokens delivers
+    # that one token, the step's "one", and cuts all it accepted: k when every draft token was
+    # (reached in tests/unit/test_metrics.py).
     slack = requests * num_speculative_tokens
     if traffic.generation_tokens is not None and traffic.decode_steps is not None:
         delivered = traffic.generation_tokens - requests - traffic.decode_steps

@@ -320,7 +320,15 @@ def recommend(
 
     best = max(common, key=lambda s: (mean_of(s, "speedup"), mean_of(s, "p_faster")))
     speed, p = mean_of(best, "speedup"), mean_of(best, "p_faster")
-    change = f"{speed - 1:+.1%} on average over {len(names)} prompt type(s)"
+    by = {v: [n for n in names if predictions[n][best].verdict == v] for v in ("faster", "slower")}
+    split = "; ".join(
+        f"{v} on {len(found)} of {len(names)} ({', '.join(found)})"
+        for v, found in by.items()
+        if found
+    )
+    change = f"{speed - 1:+.1%} on average over {len(names)} prompt type(s)" + (
+        f", {split}" if split else ""
+    )
     if p >= 0.5 and speed > 1.0:
         reason = f"{best.label}: predicted {change}, mean P(faster) {p:.2f}: worth a reload"
         return Recommendation(best, speed, p, reason)

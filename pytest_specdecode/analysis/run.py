@@ -15,6 +15,7 @@ from ..targets.lifecycle import RestoreReport
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms
+from .prediction import RunPrediction, predict_run
 from .stats import RestartNoise, Verdict
 
 
@@ -83,6 +84,7 @@ class RunAnalysis:
     noise: dict[str, RestartNoise]  # what the candidates' verdicts assumed, per metric
     measured_noise: dict[str, RestartNoise]  # what this run measured, for the next runs
     warnings: list[str] = field(default_factory=list)
+    prediction: RunPrediction | None = None  # the n-gram replay; beside the verdicts, not in them
 
     @property
     def outcome(self) -> str:
@@ -124,6 +126,7 @@ class RunAnalysis:
                 for c, per in self.equivalence.items()
             },
             "warnings": self.warnings,
+            "prediction": self.prediction.to_json() if self.prediction else None,
         }
 
 
@@ -162,13 +165,16 @@ def analyze(record: RunRecord) -> RunAnalysis:
     checks = drift(record)
     outputs = equivalences(record)
     assumed = noise.for_comparison(record)
+    prediction = predict_run(record) if record.arm_phases(BASELINE) else None
     return RunAnalysis(
         verdicts=verdicts,
         drift=checks,
         equivalence=outputs,
         noise=assumed,
         measured_noise=noise.of_run(record),
-        warnings=_warnings(record, verdicts, checks, outputs, assumed),
+        warnings=_warnings(record, verdicts, checks, outputs, assumed)
+        + (prediction.warnings if prediction else []),
+        prediction=prediction,
     )
 
 

@@ -27,6 +27,7 @@ from .server_metrics import (
     parse_counters,
     traffic_between,
 )
+from .token_ids import record_token_ids
 from .traffic import foreign, quiet, rate_text
 
 
@@ -216,6 +217,22 @@ class Experiment:
                 f"{run.traffic_attempts}) once the server is quiet"
             )
             self.wait_for_quiet(service)
+        if phase.arm != BASELINE_AFTER:  # the n-gram replay's input, outside the timed window
+            last = measurement.samples[-1].text if measurement.samples else None
+            measurement.token_ids = record_token_ids(
+                request,
+                {prompt_type.prompt: last},  # distinct prompt -> a timed output of it
+                headers=self.headers,
+                transport=self._transports.sync,
+            )
+            self.store.flush()
+            ids = measurement.token_ids
+            self.progress(
+                f"[{phase.name}] {name}: token ids of {len(ids.prompts)} prompt(s) recorded "
+                "(untimed)"
+                if ids.missing is None
+                else f"[{phase.name}] {name}: no token ids ({ids.missing})"
+            )
         self.progress(
             f"[{phase.name}] {name}: median {measurement.median_tokens_per_s:.1f} tok/s, "
             f"TPOT {measurement.median_tpot_ms:.1f} ms" + _acceptance_text(measurement.acceptance)

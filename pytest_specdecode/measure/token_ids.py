@@ -17,21 +17,30 @@ What vLLM 0.32 offers (checked on the embedded CPU server, `/version` 0.32.0):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import RequestError
 from .loadgen import RequestSpec
 
 __all__ = [
+    "LOOKAHEAD",
     "CapturedTokens",
     "TokenIdSupport",
+    "TokenIds",
     "capture_token_ids",
     "detect_support",
     "ids_from_stream_events",
+    "record_token_ids",
 ]
+
+# Greedy tokens recorded past max_tokens. The last step of a request with k draft tokens checks
+# at most k - 1 of them (its first draft token is always an output token), so 8 make every
+# config of the grid (k <= 8) exact.
+LOOKAHEAD = 8
 
 OutputSource = Literal["return_token_ids", "logprobs"]
 PromptSource = Literal["return_token_ids", "tokenize"]
@@ -76,6 +85,88 @@ class CapturedTokens:
             "consistent": self.consistent,
             "check": self.check,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CapturedTokens:
+        source = data.get("source") or {}
+        return cls(
+            prompt_ids=tuple(int(t) for t in data["prompt_ids"]),
+            output_ids=tuple(int(t) for t in data["output_ids"]),
+            lookahead_ids=tuple(int(t) for t in data.get("lookahead_ids", ())),
+            finish_reason=data.get("finish_reason"),
+            support=TokenIdSupport(output=source.get("output"), prompt=source.get("prompt")),
+            consistent=bool(data.get("consistent", True)),
+            check=str(data.get("check", "")),
+        )
+
+
+@dataclass
+class TokenIds:
+    """One prompt type's token ids in one phase, or why there are none.
+
+    One capture per distinct prompt, keyed by the prompt's text (a prompt set sends several),
+    taken after the prompt type's timed requests. Beside them, what the replay needs to know
+    of the server: its max_model_len (the proposer's cap) and its prefix cache (a repeated
+    prompt can be scheduled as a padded decode; see analysis.ngram_replay).
+    """
+
+    prompts: dict[str, CapturedTokens] = field(default_factory=dict)
+    missing: str | None = None  # why no ids were captured
+    max_model_len: int | None = None
+    block_size: int | None = None
+    prefix_caching: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "missing": self.missing,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "prefix_caching": self.prefix_caching,
+            "prompts": [{"prompt": text, **ids.to_dict()} for text, ids in self.prompts.items()],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TokenIds:
+        return cls(
+            prompts={
+                str(entry["prompt"]): CapturedTokens.from_dict(entry)
+                for entry in data.get("prompts") or ()
+            },
+            missing=data.get("missing"),
+            max_model_len=data.get("max_model_len"),
+            block_size=data.get("block_size"),
+            prefix_caching=data.get("prefix_caching"),
+        )
+
+
+def record_token_ids(
+    spec: RequestSpec,
+    references: Mapping[str, str | None],
+    *,
+    lookahead: int = LOOKAHEAD,
+    headers: Mapping[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> TokenIds:
+    """The ids of each prompt in `references` (prompt text -> a timed output's text, to check
+    against), one untimed request each. A server that offers no ids gives the reason instead.
+    """
+    found = TokenIds()
+    try:
+        for prompt, reference in references.items():
+            found.prompts[prompt] = capture_token_ids(
+                replace(spec, prompt=prompt),
+                lookahead=lookahead,
+                reference_text=reference,
+                headers=headers,
+                transport=transport,
+            )
+    except Exception as exc:  # an extra: it never fails the measurement, it says why not
+        text = str(exc) if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}"
+        return TokenIds(missing=text)
+    with _client(spec, headers, transport) as client:
+        found.max_model_len = _max_model_len(client, spec)
+        found.block_size, found.prefix_caching = _cache_config(client, spec)
+    return found
 
 
 def detect_support(
@@ -251,6 +342,43 @@ def _tokenize(client: httpx.Client, spec: RequestSpec) -> list[int] | None:
     if response.status_code != 200:
         return None
     return _int_list(response.json().get("tokens"))
+
+
+def _max_model_len(client: httpx.Client, spec: RequestSpec) -> int | None:
+    """From /v1/models (vLLM's model card carries it); None when the server does not say."""
+    try:
+        response = client.get(f"{spec.api_base}/v1/models")
+        cards = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    for card in cards if isinstance(cards, list) else ():
+        if isinstance(card, Mapping) and card.get("id") == spec.model:
+            value = card.get("max_model_len")
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def _cache_config(client: httpx.Client, spec: RequestSpec) -> tuple[int | None, bool | None]:
+    """(KV block size, prefix caching on) from the `vllm:cache_config_info` gauge's labels."""
+    try:
+        response = client.get(f"{spec.api_base}/metrics")
+    except httpx.HTTPError:
+        return None, None
+    if response.status_code != 200:
+        return None, None
+    try:
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                if sample.name == "vllm:cache_config_info":
+                    size = sample.labels.get("block_size", "")
+                    caching = sample.labels.get("enable_prefix_caching")
+                    return (
+                        int(size) if size.isdigit() else None,
+                        {"True": True, "False": False}.get(caching or ""),
+                    )
+    except ValueError:
+        return None, None
+    return None, None
 
 
 def _ids_from_logprobs(choice: Mapping[str, Any]) -> list[int] | None:

@@ -17,6 +17,7 @@ from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
+from ..measure.token_ids import TokenIds
 
 SCHEMA = 2
 BASELINE = "baseline"
@@ -41,6 +42,7 @@ class Measurement:
     traffic: Traffic = field(default_factory=Traffic)  # the server's counts over the window
     foreign: str | None = None  # other clients' traffic in the window that was kept
     discarded: list[RequestSample] = field(default_factory=list)  # windows that had it
+    token_ids: TokenIds | None = None  # captured after the timed requests, for the replay
 
     @property
     def output_tokens(self) -> int:
@@ -98,6 +100,7 @@ class Measurement:
             "warmup": [_sample_json(s) for s in self.warmup],
             "samples": [_sample_json(s) for s in self.samples],
             "discarded": [_sample_json(s) for s in self.discarded],
+            "token_ids": self.token_ids.to_json() if self.token_ids is not None else None,
         }
 
     @classmethod
@@ -112,6 +115,7 @@ class Measurement:
             traffic=Traffic(**_known(Traffic, data.get("traffic") or {})),
             foreign=data.get("foreign"),
             discarded=[_sample(s) for s in data.get("discarded", [])],
+            token_ids=TokenIds.from_json(data["token_ids"]) if data.get("token_ids") else None,
         )
 
 

@@ -12,6 +12,7 @@ from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
 from . import markdown
 from .plots import write_plots
+from .prediction import write_heatmap
 
 SUMMARY_FILE = "summary.md"
 
@@ -36,6 +37,7 @@ def write_reports(
 ) -> Written:
     """summary.md and the plots in the run folder; summary.md also into $GITHUB_STEP_SUMMARY."""
     plots = write_plots(record, analysis, run_dir)
+    plots.update(write_heatmap(record, analysis, run_dir))  # the prediction's grid, if any
     text = markdown.summary(record, analysis, failed=failed, run_name=run_dir.name)
     summary = run_dir / SUMMARY_FILE
     summary.write_text(text)

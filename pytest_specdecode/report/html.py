@@ -16,6 +16,7 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.redaction import redact_text
 from ..record.schema import RunRecord
+from . import prediction
 from .plots import CAPTIONS
 from .rows import TABLE_HEADER, Row, checks, headline, rows
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
@@ -91,6 +92,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         )
         parts.append(table(rows(analysis, name)))
         parts.append(f"<p>{_e(acceptance_text(record.arm_phases(name)[0].acceptance))}</p>")
+    parts.append(prediction.html_section(record, analysis))
     found = checks(record, analysis)
     if found:
         items = "".join(

@@ -13,6 +13,7 @@ from ..config.specconfig import SpecConfig
 from ..measure.experiment import design_order
 from ..record.schema import BASELINE, BASELINE_AFTER
 from ..record.store import stored_runs
+from . import prediction
 from .text import fmt_duration
 
 RUN_LOG = "run.log"
@@ -50,6 +51,23 @@ def previous_timing(settings: Settings, *, host: str, default_start_s: float) ->
         s_per_token=0.05,
         source=f"assumed: no stored run of this model on this host in {settings.reports_dir}",
     )
+
+
+def stored_prediction(settings: Settings, *, host: str) -> list[str]:
+    """The planned candidates predicted from the newest stored baseline with token ids."""
+    if not settings.candidates:
+        return []
+    for folder, record in stored_runs(settings.reports_dir, host=host, model=settings.target.model):
+        if any(
+            m.token_ids is not None and m.token_ids.missing is None
+            for p in record.arm_phases(BASELINE)
+            for m in p.measurements.values()
+        ):
+            return prediction.dry_run_lines(settings, record, folder.name)
+    return [
+        "prediction: no stored baseline with token ids of this model on this host in "
+        f"{settings.reports_dir}"
+    ]
 
 
 def _ready_times(log: Path) -> list[float]:
@@ -119,8 +137,9 @@ def dry_run_lines(
     baseline_from: str | None,
     adopts_original: bool,
     noise: str = "",
+    predicted: Sequence[str] = (),
 ) -> list[str]:
-    """The plan, as --spec-dry-run prints it."""
+    """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines."""
     t = settings.target
     baseline = baseline_from is None
     phases, least, most = count_requests(settings, baseline=baseline, aba=aba)
@@ -169,4 +188,4 @@ def dry_run_lines(
         f"start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s, requests at up to "
         f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",
     ]
-    return lines
+    return lines + list(predicted)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis.run import RunAnalysis
 from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from .prediction import HEATMAP_CAPTION
 from .rows import rows
 from .text import finite, fmt_num
 
@@ -26,6 +27,7 @@ CAPTIONS = {
     "tpot": "TPOT distributions per prompt type: boxes are quartiles, dots are the requests.",
     "acceptance": "Per-position acceptance: the share of drafts whose k-th proposed token was "
     "accepted (from vLLM's spec-decode counters).",
+    "prediction": HEATMAP_CAPTION,  # written by report.prediction.write_heatmap
 }
 _BASE_COLOR = "#4c72b0"
 _AFTER_COLOR = "#9a9a9a"

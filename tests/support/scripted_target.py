@@ -47,6 +47,7 @@ class Script:
     crash_at_start: str | None = None  # the process exits with this in its log
     ready_after_s: float = 0.0  # math.inf: never ready
     restore_s: float = 0.0  # the original takes this long to come back at the restore
+    token_ids: bool = False  # answers untimed requests with vLLM 0.32's return_token_ids
 
     def speed(self, prompt: str) -> Speed:
         return self.speeds.get(prompt, Speed())
@@ -173,7 +174,25 @@ class ScriptedTarget:
                 self._add("requests", 1)
                 self._add("generation_tokens", 20)
             return httpx.Response(200, text=self._metrics(service))
+        if path == "/v1/chat/completions" and service.script.token_ids:
+            return self._token_ids(service, json.loads(request.content))
         return httpx.Response(404)
+
+    def _token_ids(self, service: ScriptedService, body: dict[str, Any]) -> httpx.Response:
+        """An untimed greedy request: the stream's text, one id per token (100 + word index)."""
+        prompt = body["messages"][0]["content"]
+        speed = service.script.speed(prompt)
+        n = min(speed.tokens, body["max_tokens"])
+        words = speed.text.split()
+        text = "".join(t for _, t in _chunks(speed))  # what the stream sends, as one text
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "length" if n == body["max_tokens"] else "stop",
+            "token_ids": [100 + i % len(words) for i in range(n)],
+        }
+        prompt_ids = [1, *(10 + i for i, _ in enumerate(prompt.split())), 2]
+        return httpx.Response(200, json={"choices": [choice], "prompt_token_ids": prompt_ids})
 
     async def _stream(self, request: httpx.Request) -> httpx.Response:
         service = self.serving
@@ -199,17 +218,14 @@ class ScriptedTarget:
 
         await asyncio.sleep(speed.ttft_s)  # vLLM sends the role with the first token's step
         yield event([{"index": 0, "delta": {"role": "assistant"}}], 0)
-        words = speed.text.split()
         done = 0
         steps = 0
-        while done < speed.tokens:
-            step = 1 if done == 0 else min(speed.tokens_per_chunk, speed.tokens - done)
+        for step, text in _chunks(speed):
             if done:
                 await asyncio.sleep(speed.gap_s)
                 steps += 1
                 self._count_step(service, step - 1)
             done += step
-            text = " ".join(words[(done - step) % len(words) : done % len(words) or None])
             yield event([{"index": 0, "delta": {"content": text}}], done)
         self._add("requests", 1)
         self._add("prompt_tokens", prompt_tokens)
@@ -259,6 +275,17 @@ class ScriptedTarget:
                 ),
             ]
         return "\n".join(lines) + "\n"
+
+
+def _chunks(speed: Speed) -> list[tuple[int, str]]:
+    """(tokens, text) of each chunk a service streams for one prompt."""
+    words = speed.text.split()
+    out, done = [], 0
+    while done < speed.tokens:
+        step = 1 if done == 0 else min(speed.tokens_per_chunk, speed.tokens - done)
+        done += step
+        out.append((step, " ".join(words[(done - step) % len(words) : done % len(words) or None])))
+    return out
 
 
 NEVER = math.inf

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.measure.loadgen import RequestSample
 from pytest_specdecode.measure.server_metrics import Acceptance
+from pytest_specdecode.measure.token_ids import CapturedTokens, TokenIds, TokenIdSupport
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 from pytest_specdecode.record.store import RunStore
 
@@ -133,3 +135,94 @@ def add_phase(
         phase.measurements[w] = m
     rec.phases[name] = phase
     return phase
+
+
+# --- runs with token ids (the n-gram prediction) ---------------------------------------------
+
+RECORDED_REPLAY = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-ngram-replay.json"
+PRESET = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
+OTHER_MIN = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+             "prompt_lookup_max": 3}  # fmt: skip
+RECORDED_TYPES = ("coding", "math", "structured", "explanatory")
+
+
+def captured(
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    lookahead_ids: Sequence[int] = (),
+    *,
+    consistent: bool = True,
+) -> CapturedTokens:
+    return CapturedTokens(
+        prompt_ids=tuple(prompt_ids),
+        output_ids=tuple(output_ids),
+        lookahead_ids=tuple(lookahead_ids),
+        finish_reason="length",
+        support=TokenIdSupport(output="return_token_ids", prompt="return_token_ids"),
+        consistent=consistent,
+        check="the timed output's text is a prefix of this request's text",
+    )
+
+
+def token_ids(
+    by_prompt: dict[str, CapturedTokens], *, block_size: int | None = 128, max_model_len=1024
+) -> TokenIds:
+    return TokenIds(
+        prompts=dict(by_prompt),
+        max_model_len=max_model_len,
+        block_size=block_size,
+        prefix_caching=block_size is not None,
+    )
+
+
+def acceptance_of(drafts: int, draft_tokens: int, accepted: int, per_position) -> Acceptance:
+    return Acceptance(
+        present=True,
+        drafts=float(drafts),
+        draft_tokens=float(draft_tokens),
+        accepted=float(accepted),
+        mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        draft_acceptance_rate=accepted / draft_tokens if draft_tokens else None,
+        per_position_rates=[n / drafts for n in per_position] if drafts else [],
+    )
+
+
+def recorded_run(tmp_path: Path, *, lookahead: bool = True) -> RunRecord:
+    """A run made of what the real CPU vLLM 0.32 gave (tests/data): the baseline's token ids,
+    and per candidate (the `ngram` preset, and k=3 n=2..3) the server's counters over one
+    greedy request of 96 tokens per prompt type. explanatory's candidate outputs differed."""
+    data = json.loads(RECORDED_REPLAY.read_text())
+    prompts = {w: f"the {w} prompt" for w in RECORDED_TYPES}
+    s = settings(
+        tmp_path,
+        prompt_types=RECORDED_TYPES,
+        candidates=("ngram", "ngram-min2"),
+        samples=1,
+        extra="[presets.ngram-min2]\n"
+        + "\n".join(f"{k} = {json.dumps(v)}" for k, v in OTHER_MIN.items()),
+    )
+    rec = record(s)
+    rates = {w: 20.0 for w in RECORDED_TYPES}
+    add_phase(rec, "baseline", rates, seed=1)
+    base_ids = {}
+    for w in RECORDED_TYPES:
+        b = data["baseline"][w]
+        ahead = b["lookahead_ids"] if lookahead else ()
+        base_ids[w] = captured(b["prompt_ids"], b["output_ids"], ahead)
+    for name, values in (("ngram", PRESET), ("ngram-min2", OTHER_MIN)):
+        counts = data["configs"][json.dumps(values, sort_keys=True)]
+        texts = {w: [TEXT if counts[w]["outputs_equal"] else TEXT + " (differs)"] for w in rates}
+        phase = add_phase(rec, name, rates, texts=texts, seed=2)
+        for w, m in phase.measurements.items():
+            c = counts[w]
+            m.acceptance = acceptance_of(
+                c["drafts"], c["draft_tokens"], c["accepted"], c["accepted_per_position"]
+            )
+            if c["outputs_equal"]:
+                m.token_ids = token_ids({prompts[w]: base_ids[w]})
+    for w, m in rec.phases["baseline"].measurements.items():
+        m.token_ids = token_ids({prompts[w]: base_ids[w]})
+    for phase in rec.phases.values():  # the counters cover one request, sent first: no warm-up
+        for m in phase.measurements.values():
+            m.warmup.clear()
+    return rec

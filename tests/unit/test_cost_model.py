@@ -153,10 +153,12 @@ def test_recommend_the_best_unmeasured_config_or_none():
     assert preds["coding"][meh].verdict == "slower"
     rec = recommend(preds, measured=[measured])
     assert rec.settings == good and "worth a reload" in rec.reason
+    assert f"faster on 4 of 4 ({', '.join(BASES)})" in rec.reason
     assert rec.mean_speedup is not None and rec.mean_speedup > 1
     only_bad = {n: {meh: preds[n][meh]} for n in preds}
     rec = recommend(only_bad)
     assert rec.settings is None and "not worth it" in rec.reason and "k=8 n=1..1" in rec.reason
+    assert "slower on 4 of 4" in rec.reason
     assert recommend({n: {measured: preds[n][measured]} for n in preds}, measured=[measured]).reason
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.checks import acceptance_cross_check
+from pytest_specdecode.analysis.ngram_replay import NgramSettings, replay
 from pytest_specdecode.measure.server_metrics import (
     Acceptance,
     ServerCounters,
@@ -155,3 +156,29 @@ def test_foreign_traffic_is_what_the_server_counted_beyond_this_runs_requests():
         "12.0 requests/min, 10.0 generated tok/s, 1 in flight"
     )
     assert rate_text(Traffic(), 10).startswith("unknown")
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_cross_check_slack_of_k_per_request_is_reached(k: int) -> None:
+    """Why the acceptance cross-check allows k cut tokens per request, not k - 1.
+
+    The server counts a step's accepted tokens before the stop check cuts them. A last step
+    that starts one token before max_tokens delivers that one token (the step's "one"), and
+    every token it accepted is cut: k when all are. The replay's own bound is k - 1, because it
+    only misses the drafts checked past the known tokens.
+    """
+    period = list(range(10, 10 + k + 1))  # every draft of n=1 is accepted
+    n_out = 2 + (k + 1)  # prefill, one full step, then the last step at max_tokens - 1
+    out = (period * 5)[:n_out]
+    ahead = (period * 5)[n_out : n_out + 8]
+    s = NgramSettings(k, 1, 1)
+    stats = replay(period * 2, out, s, lookahead_ids=ahead)
+    assert stats.exact and stats.decode_steps == 2 and stats.accepted == 2 * k
+    delivered = n_out - 1 - stats.decode_steps
+    assert stats.accepted - delivered == k  # all k accepted at the last step were cut
+    assert replay(period * 2, out, s).unverified_tokens == k - 1
+    acc = Acceptance(True, stats.drafts, stats.draft_tokens, stats.accepted)
+    traffic = Traffic(requests=1, generation_tokens=n_out, decode_steps=stats.decode_steps)
+    check = dict(requests=1, client_accepted=delivered)
+    assert acceptance_cross_check(acc, traffic, num_speculative_tokens=k, **check) is None
+    assert acceptance_cross_check(acc, traffic, num_speculative_tokens=k - 1, **check)

@@ -366,7 +366,7 @@ RECORDED = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-ngram-replay.json
 
 
 def test_replay_of_recorded_real_baseline_equals_the_recorded_counters():
-    """Token ids and counters that tests/test_ngram_replay_real.py recorded on vLLM 0.32."""
+    """Token ids and counters recorded on the real vLLM 0.32 (see the file's "source")."""
     data = json.loads(RECORDED.read_text())
     compared = 0
     for config, per_prompt in data["configs"].items():

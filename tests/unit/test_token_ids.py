@@ -1,7 +1,8 @@
 """Token-id capture against stand-in servers (httpx.MockTransport) shaped like vLLM 0.32's answers.
 
-The real server is exercised in tests/test_ngram_replay_real.py; these check the logic: what is
-sent, the fallbacks for older servers, the look-ahead split and the check against the timed run.
+The real server is exercised in tests/real_vllm/test_prediction_real.py; these check the logic:
+what is sent, the fallbacks for older servers, the look-ahead split and the check against the
+timed run.
 """
 
 from __future__ import annotations
