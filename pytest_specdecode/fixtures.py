@@ -1,7 +1,8 @@
 """Session fixtures: one experiment per pytest session, restored at teardown.
 
 Tests of a suite ask for these; the plugin parametrizes `specdecode_phase`,
-`specdecode_candidate` and `specdecode_prompt_type` from the configuration.
+`specdecode_candidate`, `specdecode_prompt_type` and, when several load levels are measured,
+`specdecode_level` from the configuration.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 from .analysis.compare import PromptTypeVerdict
 from .config.settings import PromptType, Settings
 from .measure.experiment import Experiment
-from .record.schema import Phase
+from .measure.levels import LoadLevel
+from .record.schema import Measurement, Phase, cell_key
 from .session import SpecDecodeSession, session_of
 
 
@@ -58,10 +60,34 @@ def specdecode_prompt_type(
 
 
 @pytest.fixture
+def specdecode_level(request: pytest.FixtureRequest, specdecode_settings: Settings) -> LoadLevel:
+    """The load level (parametrized only when a run measures several)."""
+    return getattr(request, "param", None) or specdecode_settings.run.levels[0]
+
+
+@pytest.fixture
+def specdecode_measurement(
+    specdecode_phase: Phase,
+    specdecode_prompt_type: PromptType,
+    specdecode_level: LoadLevel,
+    specdecode_settings: Settings,
+) -> Measurement:
+    """One arm's measurement of a prompt type at a level, over all its starts."""
+    several = len(specdecode_settings.run.levels) > 1
+    key = cell_key(specdecode_prompt_type.name, specdecode_level, several=several)
+    return specdecode_phase.measurements[key]
+
+
+@pytest.fixture
 def specdecode_verdict(
     specdecode_session: SpecDecodeSession,
     specdecode_candidate: Phase,
     specdecode_prompt_type: PromptType,
+    specdecode_level: LoadLevel,
+    specdecode_settings: Settings,
 ) -> PromptTypeVerdict:
-    """The candidate against the baseline on this prompt type (the one analysis path)."""
-    return specdecode_session.verdict(specdecode_candidate.arm, specdecode_prompt_type.name)
+    """The candidate against the baseline on this prompt type and level (the one analysis
+    path)."""
+    several = len(specdecode_settings.run.levels) > 1
+    key = cell_key(specdecode_prompt_type.name, specdecode_level, several=several)
+    return specdecode_session.verdict(specdecode_candidate.arm, key)

@@ -85,7 +85,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add("--spec-warmup", type=int, metavar="N", help="warm-up requests, not measured")
     add("--spec-max-tokens", type=int, metavar="N", help="max output tokens per request")
-    add("--spec-concurrency", type=int, metavar="N", help="requests in flight (default 1)")
+    add(
+        "--spec-concurrency",
+        metavar="N[,N...]",
+        help="load levels: requests in flight, each level measured in every phase, e.g. 1,4,8 "
+        "(default [run] concurrency, 1); with --spec-rate, the cap on requests in flight",
+    )
+    add(
+        "--spec-rate",
+        metavar="R[,R...]",
+        help="open-loop load levels: Poisson arrivals at R requests per second, e.g. 0.5,2",
+    )
     add("--spec-alpha", type=float, metavar="A", help="significance level (default [run] alpha)")
     add(
         "--spec-min-effect",
@@ -240,6 +250,7 @@ def pytest_collection_modifyitems(
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     wanted = {"specdecode_phase", "specdecode_candidate", "specdecode_prompt_type"}
+    wanted.add("specdecode_level")
     if not wanted & set(metafunc.fixturenames):
         return
     settings = session_of(metafunc.config).settings
@@ -252,6 +263,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("specdecode_candidate", candidates, indirect=True, scope="session")
     if "specdecode_prompt_type" in metafunc.fixturenames:
         metafunc.parametrize("specdecode_prompt_type", list(settings.prompt_types), indirect=True)
+    levels = settings.run.levels
+    if "specdecode_level" in metafunc.fixturenames and len(levels) > 1:
+        metafunc.parametrize(
+            "specdecode_level", levels, indirect=True, ids=[level.label for level in levels]
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -81,6 +81,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "warmup": opt("spec_warmup"),
             "max_tokens": opt("spec_max_tokens"),
             "concurrency": opt("spec_concurrency"),
+            "rate": opt("spec_rate"),
             "alpha": opt("spec_alpha"),
             "min_effect": opt("spec_min_effect"),
         },

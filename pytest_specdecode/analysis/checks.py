@@ -118,54 +118,65 @@ def common_prefix(a: str, b: str) -> int:
     return n
 
 
-def equivalence(baseline: Sequence[str], candidate: Sequence[str]) -> Equivalence | None:
+Output = tuple[int | None, str]  # (the prompt's index in its prompt type, the output text)
+
+
+def equivalence(baseline: Sequence[Output], candidate: Sequence[Output]) -> Equivalence | None:
     """With greedy decoding speculation should not change the text.
 
-    The reference is the baseline's most common output; each candidate output is compared with
-    it, exactly and by the length of the common prefix in characters. A difference is a warning,
-    not a failure: small numeric differences are real.
+    Each candidate output is compared with the baseline's most common output of the same
+    prompt, exactly and by the length of the common prefix in characters. A difference is a
+    warning, not a failure: small numeric differences are real (and batching at a higher
+    concurrency changes them). Outputs of prompts the baseline did not send are left out.
     """
-    if not baseline or not candidate:
+    references: dict[int | None, str] = {}
+    by_prompt: dict[int | None, list[str]] = {}
+    for prompt, text in baseline:
+        by_prompt.setdefault(prompt, []).append(text)
+    for prompt, texts in by_prompt.items():
+        references[prompt] = Counter(texts).most_common(1)[0][0]
+    pairs = [(references[p], text) for p, text in candidate if p in references]
+    if not pairs:
         return None
-    reference = Counter(baseline).most_common(1)[0][0]
-    first_diff = next((t for t in candidate if t != reference), None)
+    first_diff = next(((ref, t) for ref, t in pairs if t != ref), None)
     divergence = None
     if first_diff is not None:
-        at = common_prefix(reference, first_diff)
+        reference, text = first_diff
+        at = common_prefix(reference, text)
         divergence = {
             "at_char": at,
             "baseline": reference[max(0, at - 40) : at + 40],
-            "candidate": first_diff[max(0, at - 40) : at + 40],
+            "candidate": text[max(0, at - 40) : at + 40],
         }
+    worst = min(pairs, key=lambda pair: common_prefix(*pair))
     return Equivalence(
-        n=len(candidate),
-        identical=sum(t == reference for t in candidate),
-        min_common_prefix_chars=min(common_prefix(reference, t) for t in candidate),
-        reference_chars=len(reference),
-        baseline_consistent=len(set(baseline)) == 1,
+        n=len(pairs),
+        identical=sum(t == ref for ref, t in pairs),
+        min_common_prefix_chars=common_prefix(*worst),
+        reference_chars=len(worst[0]),
+        baseline_consistent=all(len(set(texts)) == 1 for texts in by_prompt.values()),
         divergence=divergence,
     )
 
 
-def output_texts(record: RunRecord, arm: str, prompt_type: str) -> list[str]:
+def output_texts(record: RunRecord, arm: str, key: str) -> list[Output]:
+    """An arm's outputs of one measurement key, each with the prompt it answered."""
     return [
-        s.text
+        (s.prompt_index, s.text)
         for p in record.arm_phases(arm)
-        if prompt_type in p.measurements
-        for s in p.measurements[prompt_type].samples
+        if key in p.measurements
+        for s in p.measurements[key].samples
     ]
 
 
 def equivalences(record: RunRecord) -> dict[str, dict[str, Equivalence]]:
-    """Per measured candidate and prompt type."""
+    """Per measured candidate and measurement key (prompt type, and level when several)."""
     out: dict[str, dict[str, Equivalence]] = {}
     for arm in record.measured_candidates:
-        for name in record.prompt_types:
-            entry = equivalence(
-                output_texts(record, BASELINE, name), output_texts(record, arm, name)
-            )
+        for key in record.keys:
+            entry = equivalence(output_texts(record, BASELINE, key), output_texts(record, arm, key))
             if entry is not None:
-                out.setdefault(arm, {})[name] = entry
+                out.setdefault(arm, {})[key] = entry
     return out
 
 
@@ -185,13 +196,13 @@ def facts(record: RunRecord, *, arm: str | None = None) -> dict[str, Any]:
         "vllm_version": versions[0] if versions else None,
         "gpus": record.environment.get("gpus"),
         "prompts": {
-            name: {"prompt": t.prompt, "max_tokens": t.max_tokens}
+            name: {"prompts": [q.text for q in t.prompts], "max_tokens": t.max_tokens}
             for name, t in record.prompt_types.items()
         },
         "decoding": {
             "endpoint": run.endpoint,
             "ignore_eos": run.ignore_eos,
-            "concurrency": run.concurrency,
+            "levels": [level.label for level in run.levels],
         },
         "git_commit": record.environment.get("git_commit"),
     }
@@ -214,8 +225,8 @@ def differences(
                 pa, pb = (va or {}).get(name), (vb or {}).get(name)
                 if pa is None or pb is None:
                     continue
-                if pa.get("prompt") != pb.get("prompt"):
-                    out.append(f"the prompt of {name!r} differs")
+                if pa.get("prompts") != pb.get("prompts"):
+                    out.append(f"the prompts of {name!r} differ")
                 if pa.get("max_tokens") != pb.get("max_tokens"):
                     out.append(
                         f"max_tokens of {name!r}: {pa.get('max_tokens')} vs {pb.get('max_tokens')}"

@@ -93,7 +93,18 @@ def arm_measurements(phases: Sequence[Phase], prompt_type: str) -> list[Measurem
 def starts(phases: Sequence[Phase], prompt_type: str, values: str) -> list[list[float]]:
     """Per server start of an arm, the values that enter the statistics (starts without any
     are left out)."""
-    groups = [getattr(m, values) for m in arm_measurements(phases, prompt_type)]
+    return [[v for v, _ in start] for start in _starts(phases, prompt_type, values)]
+
+
+def start_prompts(phases: Sequence[Phase], prompt_type: str, values: str) -> list[list[int | None]]:
+    """The prompt each value of `starts` was measured on, aligned with it."""
+    return [[i for _, i in start] for start in _starts(phases, prompt_type, values)]
+
+
+def _starts(
+    phases: Sequence[Phase], prompt_type: str, values: str
+) -> list[list[tuple[float, int | None]]]:
+    groups = [m.by_prompt(values) for m in arm_measurements(phases, prompt_type)]
     return [g for g in groups if g]
 
 
@@ -130,7 +141,13 @@ def compare_arms(
     names = compared_prompt_types(baseline, candidate)
     questions = [
         Question(
-            name, metric, higher, starts(baseline, name, values), starts(candidate, name, values)
+            name,
+            metric,
+            higher,
+            starts(baseline, name, values),
+            starts(candidate, name, values),
+            start_prompts(baseline, name, values),
+            start_prompts(candidate, name, values),
         )
         for name in names
         for metric, (values, higher) in METRICS.items()

@@ -46,7 +46,7 @@ def measured_in(record: RunRecord, arms: Sequence[str]) -> dict[str, RestartNois
         sets = [
             [s for arm in config for s in starts(record.arm_phases(arm), name, values)]
             for config in configurations
-            for name in record.prompt_types
+            for name in record.keys
         ]
         found = restart_noise_from_starts(sets, source=f"{count} server starts of this run")
         if found is not None:

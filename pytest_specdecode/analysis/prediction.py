@@ -31,9 +31,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance
 from ..measure.token_ids import TokenIds
-from ..record.schema import BASELINE, Measurement, RunRecord
+from ..record.schema import BASELINE, Measurement, RunRecord, cell_key
 from .cost_model import (
     BaselineTiming,
     CandidateTiming,
@@ -290,13 +291,25 @@ def _note(name: str, values: Mapping[str, Any]) -> CandidateNote:
 
 
 def timed_prompts(record: RunRecord, m: Measurement) -> list[str]:
-    """The prompt of each timed request, in order. Today a prompt type has one prompt."""
-    return [record.prompt_types[m.prompt_type].prompt] * len(m.samples)
+    """The prompt of each timed request, in order."""
+    return _sent_prompts(record, m, m.samples)
 
 
 def earlier_prompts(record: RunRecord, m: Measurement) -> list[str]:
     """Prompts the same server saw before the timed requests: the warm-up requests."""
-    return [record.prompt_types[m.prompt_type].prompt] * len(m.warmup)
+    return _sent_prompts(record, m, m.warmup)
+
+
+def _sent_prompts(record: RunRecord, m: Measurement, samples: Sequence[RequestSample]) -> list[str]:
+    prompts = record.prompt_types[m.prompt_type].prompts
+    return [prompts[s.prompt_index or 0].text for s in samples]
+
+
+def first_key(record: RunRecord, prompt_type: str) -> str:
+    """The measurement the prediction reads: the prompt type at the run's first load level
+    (one stream in the default design; the replay models requests one after another)."""
+    levels = record.run.levels
+    return cell_key(prompt_type, levels[0], several=len(levels) > 1)
 
 
 def _requests(
@@ -328,8 +341,9 @@ def _requests(
 
 def _first(record: RunRecord, arm: str, prompt_type: str) -> Measurement | None:
     for phase in record.arm_phases(arm):
-        if prompt_type in phase.measurements:
-            return phase.measurements[prompt_type]
+        key = first_key(record, prompt_type)
+        if key in phase.measurements:
+            return phase.measurements[key]
     return None
 
 
@@ -599,8 +613,8 @@ def _baseline_timing(record: RunRecord) -> dict[str, BaselineTiming]:
         samples = [
             s
             for p in record.arm_phases(BASELINE)
-            if name in p.measurements
-            for s in p.measurements[name].samples
+            if first_key(record, name) in p.measurements
+            for s in p.measurements[first_key(record, name)].samples
         ]
         tpots = _positive([s.tpot_s for s in samples])
         if not tpots:

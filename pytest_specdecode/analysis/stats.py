@@ -112,6 +112,26 @@ class Question:
     higher_is_better: bool
     baseline: Sequence[Sequence[float]]  # per start, the per-request values (> 0)
     candidate: Sequence[Sequence[float]]
+    # Per start, the prompt each request sent (aligned with the values); None: not recorded
+    baseline_prompts: Sequence[Sequence[int | None]] | None = None
+    candidate_prompts: Sequence[Sequence[int | None]] | None = None
+
+    @property
+    def prompts(self) -> tuple[list[list[int]], list[list[int]]] | None:
+        """The prompt indices of both sides when the requests pair by prompt: recorded for
+        every request, and more than one prompt shared by the two sides."""
+        sides = []
+        for values, prompts in (
+            (self.baseline, self.baseline_prompts),
+            (self.candidate, self.candidate_prompts),
+        ):
+            if prompts is None or [len(p) for p in prompts] != [len(v) for v in values]:
+                return None
+            if any(i is None for start in prompts for i in start):
+                return None
+            sides.append([[int(i) for i in start if i is not None] for start in prompts])
+        shared = {i for start in sides[0] for i in start} & {i for start in sides[1] for i in start}
+        return (sides[0], sides[1]) if len(shared) > 1 else None
 
 
 @dataclass(frozen=True)
@@ -256,6 +276,7 @@ def nested_interval(
     *,
     noise: RestartNoise,
     confidence: float,
+    prompts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
 ) -> Interval:
     """Interval of log(candidate / baseline), requests nested within server starts.
 
@@ -264,14 +285,24 @@ def nested_interval(
     started more than once, the spread of its start means measures that variance directly,
     pooled (weighted by degrees of freedom) with what the restart noise says when that was
     measured too; an assumed restart noise is used only where nothing was measured.
+
+    With `prompts` (per start, the prompt of each request, as `Question.prompts` gives them)
+    the design is paired: each start's summary is its effect in `log value = start + prompt +
+    residual`, so the differences between prompts leave the comparison, and the within-start
+    variance is the residual's (:func:`_paired_starts`).
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     b, c = _logs(baseline, "baseline"), _logs(candidate, "candidate")
-    means = [np.array([g.mean() for g in arm]) for arm in (b, c)]
+    paired = _paired_starts(b, c, prompts) if prompts else None
+    if paired is not None:
+        means, s_w2, df_w, contrast = paired
+        inv_k = contrast / (1.0 / len(b) + 1.0 / len(c))
+    else:
+        means = [np.array([g.mean() for g in arm]) for arm in (b, c)]
+        s_w2, df_w = _within([*b, *c])
+        inv_k = float(np.mean([1.0 / g.size for g in (*b, *c)]))
     estimate = float(means[1].mean() - means[0].mean())
-    s_w2, df_w = _within([*b, *c])
-    inv_k = float(np.mean([1.0 / g.size for g in (*b, *c)]))
     parts: list[tuple[float, float]] = []  # (variance of one start's mean, df)
     run_df = sum(m.size - 1 for m in means)
     if run_df:
@@ -297,6 +328,43 @@ def nested_interval(
         else float(_st.norm.ppf(0.5 + confidence / 2))
     )
     return Interval(estimate, estimate - t * se, estimate + t * se, se, df, confidence)
+
+
+def _paired_starts(
+    b: Sequence[np.ndarray],
+    c: Sequence[np.ndarray],
+    prompts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]],
+) -> tuple[list[np.ndarray], float, float, float] | None:
+    """The starts' effects with the prompts' own effects removed, by least squares on
+    `log value = start + prompt + residual` over both arms: (per arm, its starts' effects; the
+    residual variance; its df; the variance of the arms' contrast over the residual variance).
+    None where the prompts do not link every start to the others, or leave no residual."""
+    groups = [*b, *c]
+    per_start = [*prompts[0], *prompts[1]]
+    labels = sorted({i for start in per_start for i in start})
+    column = {label: j for j, label in enumerate(labels[1:])}  # the first prompt: the reference
+    n_starts, n_cols = len(groups), len(groups) + len(labels) - 1
+    rows = []
+    for s, start in enumerate(per_start):
+        for label in start:
+            row = np.zeros(n_cols)
+            row[s] = 1.0
+            if label in column:
+                row[n_starts + column[label]] = 1.0
+            rows.append(row)
+    x, y = np.array(rows), np.concatenate(groups)
+    rank = int(np.linalg.matrix_rank(x))
+    df = y.size - rank
+    if rank < n_cols or df <= 0:
+        return None
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residual = y - x @ beta
+    weights = np.zeros(n_cols)
+    weights[: len(b)] = -1.0 / len(b)
+    weights[len(b) : n_starts] = 1.0 / len(c)
+    contrast = float(weights @ np.linalg.pinv(x.T @ x) @ weights)
+    effects = [beta[: len(b)], beta[len(b) : n_starts]]
+    return effects, float(residual @ residual) / df, float(df), contrast
 
 
 def restart_noise_from_starts(
@@ -406,7 +474,9 @@ def compare_family(
     out = []
     for q, p, p_adj in zip(questions, raw, adjusted, strict=True):
         n_noise = noise[q.metric]
-        interval = nested_interval(q.baseline, q.candidate, noise=n_noise, confidence=confidence)
+        interval = nested_interval(
+            q.baseline, q.candidate, noise=n_noise, confidence=confidence, prompts=q.prompts
+        )
         verdict, reason = decide(
             interval,
             higher_is_better=q.higher_is_better,
@@ -438,10 +508,22 @@ def compare_family(
 
 
 def _rank_p(q: Question) -> float:
+    """Mann-Whitney over the requests; when they pair by prompt, over their aligned values
+    (each log value less its prompt's mean over both arms: Hodges-Lehmann alignment), so that
+    the spread between prompts does not hide a shift."""
     b = np.concatenate([np.asarray(s, dtype=float) for s in q.baseline])
     c = np.concatenate([np.asarray(s, dtype=float) for s in q.candidate])
     if b.size == 0 or c.size == 0:
         return 1.0
+    prompts = q.prompts
+    if prompts is not None:
+        b, c = np.log(b), np.log(c)
+        pb = np.concatenate([np.asarray(s, dtype=int) for s in prompts[0]])
+        pc = np.concatenate([np.asarray(s, dtype=int) for s in prompts[1]])
+        both, labels = np.concatenate([b, c]), np.concatenate([pb, pc])
+        centre = {label: both[labels == label].mean() for label in set(labels.tolist())}
+        b = b - np.array([centre[label] for label in pb.tolist()])
+        c = c - np.array([centre[label] for label in pc.tolist()])
     p = float(_st.mannwhitneyu(b, c, alternative="two-sided", method="auto").pvalue)
     return p if math.isfinite(p) else 1.0
 

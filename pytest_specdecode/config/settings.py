@@ -12,7 +12,16 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..measure.levels import LoadLevel
 from ..targets.vllm_argv import check_vllm_command
+from .load import (
+    SLOConfig,
+    check_slo_levels,
+    load_levels,
+    parse_float_list,
+    parse_int_list,
+    slo_config,
+)
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
 from .specconfig import SpecConfig, check_spec_shape, parse_spec_config
 
@@ -87,7 +96,8 @@ class RunConfig:
     max_samples: int | None = 16  # adaptive: up to this many, until the start is pinned down
     repeats: int = 1  # server starts per arm, in a balanced order (A B B A ...)
     warmup: int = 1
-    concurrency: int = 1
+    concurrency: tuple[int, ...] = (1,)  # closed-loop levels; with `rate`, the in-flight cap
+    rate: tuple[float, ...] = ()  # open-loop levels: Poisson arrivals, requests per second
     max_tokens: int = 128
     endpoint: Literal["chat", "completions"] = "chat"
     ignore_eos: bool = False
@@ -102,6 +112,29 @@ class RunConfig:
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
 
+    def __post_init__(self) -> None:  # a single value, or a list from results.json
+        for key in ("concurrency", "rate"):
+            value = getattr(self, key)
+            if not isinstance(value, tuple):
+                items = list(value) if isinstance(value, list) else [value]
+                object.__setattr__(self, key, tuple(items))
+
+    @property
+    def levels(self) -> tuple[LoadLevel, ...]:
+        """The load levels each phase measures, in order (config/load.py)."""
+        return load_levels(self.concurrency, self.rate or None)
+
+    def requests_at(self, level: LoadLevel) -> tuple[int, int]:
+        """The least and the most measured requests per prompt type at a level and start.
+
+        A closed-loop level of N sends at least 2·N, so that it spends most of its time with N
+        in flight rather than filling up and draining.
+        """
+        least = self.samples
+        if not level.open_loop and level.concurrency:
+            least = max(least, 2 * level.concurrency)
+        return least, max(least, self.max_samples or 0)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -111,9 +144,19 @@ class Settings:
     prompt_types: Mapping[str, PromptType]
     candidates: tuple[SpecConfig, ...] = ()
     reports_dir: Path = field(default=Path("reports"))
+    slo: SLOConfig = field(default_factory=SLOConfig)
 
 
-_TOP_KEYS = {"target", "run", "thresholds", "presets", "prompt_types", "workloads", "reports_dir"}
+_TOP_KEYS = {
+    "target",
+    "run",
+    "thresholds",
+    "presets",
+    "prompt_types",
+    "workloads",
+    "reports_dir",
+    "slo",
+}
 _TARGET_KEYS = {
     "backend",
     "host",
@@ -170,6 +213,8 @@ def load_settings(
             raise ConfigError(f"{where}: [presets] {name} must be a table of vLLM keys")
         check_spec_shape(values, source=f"{name} in {where}")
     run = _run_config(_table(raw, "run", where), run_overrides or {}, where)
+    slo = slo_config(_table(raw, "slo", where), where=where)
+    check_slo_levels(slo, run.levels, where=where)
     thresholds = _table(raw, "thresholds", where)
     _no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
     all_types = _prompt_types(
@@ -199,6 +244,7 @@ def load_settings(
         prompt_types=chosen,
         candidates=candidates,
         reports_dir=(reports if reports.is_absolute() else Path.cwd() / reports).resolve(),
+        slo=slo,
     )
 
 
@@ -235,14 +281,23 @@ def _no_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
 
 def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str) -> RunConfig:
     _no_unknown(table, _RUN_KEYS, f"{where} [run]")
-    merged = {**table, **{k: v for k, v in overrides.items() if v is not None}}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    merged = {**table, **given}
+    for key, parse in (("concurrency", parse_int_list), ("rate", parse_float_list)):
+        if key in merged:
+            source = f"--spec-{key}" if key in given else f"{where} [run] {key}"
+            merged[key] = parse(merged[key], source=source) if merged[key] else ()
+    if merged.get("rate") and "concurrency" not in (given if "rate" in given else merged):
+        merged["concurrency"] = ()  # open loop without a cap (the file's levels do not apply)
     run = replace(RunConfig(), **merged)
+    if not run.concurrency and not run.rate:
+        raise ConfigError(f"{where}: [run] concurrency needs at least one level, e.g. [1, 4, 8]")
+    load_levels(run.concurrency, run.rate)  # several concurrencies with rates: ConfigError
     _positive_int(run.samples, "samples", where, minimum=1)
     if run.max_samples is not None:  # at or below samples: a fixed design
         _positive_int(run.max_samples, "max_samples", where, minimum=1)
     _positive_int(run.repeats, "repeats", where, minimum=1)
     _positive_int(run.warmup, "warmup", where, minimum=0)
-    _positive_int(run.concurrency, "concurrency", where, minimum=1)
     _positive_int(run.max_tokens, "max_tokens", where, minimum=2)
     if run.endpoint not in ("chat", "completions"):
         raise ConfigError(

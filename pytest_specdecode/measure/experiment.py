@@ -11,13 +11,22 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 
+from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
-from ..record.schema import BASELINE, BASELINE_AFTER, Measurement, Phase, RunRecord
+from ..record.schema import (
+    BASELINE,
+    BASELINE_AFTER,
+    ClientLoad,
+    Measurement,
+    Phase,
+    RunRecord,
+    cell_key,
+)
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
-from .loadgen import RequestSpec, run_requests
+from .loadgen import RequestSample, RequestSpec, planned_specs, run_level
 from .server_metrics import (
     Acceptance,
     ServerCounters,
@@ -144,15 +153,14 @@ class Experiment:
         self.store.flush()
 
     def _measure_prompt_type(self, phase: Phase, prompt_type: PromptType, service: Service) -> None:
+        """Warm-up, then every load level in turn, each on its own prompts of the plan."""
         run = self.settings.run
-        name = prompt_type.name
-        self.progress(
-            f"[{phase.name}] {name}: {run.warmup} warm-up + {run.samples} requests of up to "
-            f"{prompt_type.max_tokens} tokens"
+        levels = run.levels
+        most = max(run.requests_at(level)[1] for level in levels)
+        plan = request_plan(
+            len(prompt_type.prompts), samples=most, warmup=run.warmup, levels=len(levels)
         )
-        measurement = Measurement(prompt_type=name, concurrency=run.concurrency)
-        phase.measurements[name] = measurement
-        request = RequestSpec(
+        base = RequestSpec(
             api_base=service.api_base,
             model=service.model,
             prompt=prompt_type.prompt,
@@ -162,80 +170,134 @@ class Experiment:
             timeout_s=run.request_timeout_s,
             read_timeout_s=run.read_timeout_s,
         )
-
-        def send(count: int, warmup: bool) -> float:
-            kept = measurement.warmup if warmup else measurement.samples
-
-            def keep(sample):  # as it comes: journalled at once
-                kept.append(sample)
-                self.store.add_sample(phase.name, sample)
-
-            _, wall = asyncio.run(
-                run_requests(
-                    request,
-                    prompt_type=name,
-                    phase=phase.name,
-                    count=count,
-                    warmup=warmup,
-                    concurrency=run.concurrency,
-                    headers=self.headers,
-                    on_sample=keep,
-                    transport=self._transports.async_,
-                )
+        self.progress(f"[{phase.name}] {prompt_type.name}: {plan.describe()}")
+        first: Measurement | None = None
+        for level, indices in zip(levels, plan.levels, strict=True):
+            key = cell_key(prompt_type.name, level, several=len(levels) > 1)
+            m = Measurement(
+                prompt_type=prompt_type.name,
+                level=level,
+                key=key,
+                slo=self.settings.slo.for_level(level),
             )
-            return wall
+            phase.measurements[key] = m
+            if first is None:
+                first = m
+                if plan.warmup:
+                    self._send(phase, m, base, prompt_type, plan.warmup, warmup=True)
+            self._measure_level(phase, m, base, prompt_type, indices, service)
+        if first is not None and phase.arm != BASELINE_AFTER:
+            self._record_token_ids(phase, first, base, prompt_type)
 
-        if run.warmup:
-            send(run.warmup, True)
+    def _measure_level(
+        self,
+        phase: Phase,
+        m: Measurement,
+        base: RequestSpec,
+        prompt_type: PromptType,
+        indices: Sequence[int],
+        service: Service,
+    ) -> None:
+        """One level's window: sent, checked for other clients' traffic, measured again."""
+        run = self.settings.run
+        least, most = run.requests_at(m.level)
+        where = f"[{phase.name}] {m.key}"
+        self.progress(
+            f"{where}: {least}{f'..{most}' if most > least else ''} requests at {m.level.label} "
+            f"of up to {prompt_type.max_tokens} tokens"
+        )
+        step = m.level.concurrency or 1
         for attempt in range(1, run.traffic_attempts + 1):
             before = self._counters(service)
-            wall = send(run.samples, False)
-            while len(measurement.samples) < (run.max_samples or 0) and not pinned(
-                measurement, target=self._target_se()
-            ):  # adaptive: only the spread decides, never the values themselves
-                more = min(run.concurrency, run.max_samples - len(measurement.samples))
-                wall += send(more, False)
+            wall = self._send(phase, m, base, prompt_type, indices[:least])
+            while len(m.samples) < most and not pinned(m, target=self._target_se()):
+                # adaptive: only the spread decides, never the values themselves
+                sent = len(m.samples)
+                wall += self._send(phase, m, base, prompt_type, indices[sent : sent + step])
             after = self._counters(service)
-            measurement.wall_s = wall
-            measurement.acceptance = acceptance_between(before, after)
-            measurement.traffic = traffic_between(before, after)
-            measurement.foreign = foreign(measurement.traffic, measurement.samples)
+            m.wall_s = wall
+            m.acceptance = acceptance_between(before, after)
+            m.traffic = traffic_between(before, after)
+            m.foreign = foreign(m.traffic, m.samples)
             self.store.flush()
-            if measurement.foreign is None:
+            if m.foreign is None:
                 break
-            self.progress(
-                f"[{phase.name}] {name}: other clients used the server during the window "
-                f"({measurement.foreign})"
-            )
+            self.progress(f"{where}: other clients used the server during the window ({m.foreign})")
             if run.on_traffic == "mark" or attempt == run.traffic_attempts:
-                self.progress(f"[{phase.name}] {name}: kept, marked contaminated")
+                self.progress(f"{where}: kept, marked contaminated")
                 break
-            measurement.discarded += measurement.samples  # kept in the record, not analysed
-            measurement.samples = []
+            m.discarded += m.samples  # kept in the record, not analysed
+            m.samples = []
+            m.client = ClientLoad()
             self.progress(
-                f"[{phase.name}] {name}: measuring again (attempt {attempt + 1} of "
-                f"{run.traffic_attempts}) once the server is quiet"
+                f"{where}: measuring again (attempt {attempt + 1} of {run.traffic_attempts}) once "
+                "the server is quiet"
             )
             self.wait_for_quiet(service)
-        if phase.arm != BASELINE_AFTER:  # the n-gram replay's input, outside the timed window
-            last = measurement.samples[-1].text if measurement.samples else None
-            measurement.token_ids = record_token_ids(
-                request,
-                {prompt_type.prompt: last},  # distinct prompt -> a timed output of it
-                headers=self.headers,
-                transport=self._transports.sync,
-            )
-            self.store.flush()
-            ids = measurement.token_ids
-            self.progress(
-                f"[{phase.name}] {name}: token ids of {len(ids.prompts)} prompt(s) recorded "
-                "(untimed)"
-                if ids.missing is None
-                else f"[{phase.name}] {name}: no token ids ({ids.missing})"
-            )
+        stats = m.stats
         self.progress(
-            f"[{phase.name}] {name}: median {measurement.median_tokens_per_s:.1f} tok/s, "
-            f"TPOT {measurement.median_tpot_ms:.1f} ms" + _acceptance_text(measurement.acceptance)
+            f"{where}: median {m.median_tokens_per_s:.1f} tok/s per request, "
+            f"{stats.output_tokens_per_s:.1f} tok/s in all, TPOT {m.median_tpot_ms:.1f} ms "
+            f"(p99 {stats.tpot_p99_ms:.1f})" + _acceptance_text(m.acceptance)
+        )
+        for warning in stats.warnings():
+            self.progress(f"{where}: warning: {warning}")
+
+    def _send(
+        self,
+        phase: Phase,
+        m: Measurement,
+        base: RequestSpec,
+        prompt_type: PromptType,
+        indices: Sequence[int],
+        *,
+        warmup: bool = False,
+    ) -> float:
+        """Requests for these prompts at the measurement's level; each journalled as it ends."""
+        kept = m.warmup if warmup else m.samples
+        offset = len(kept)
+
+        def keep(sample: RequestSample) -> None:
+            sample.index += offset  # the request's place in the window, over top-ups too
+            kept.append(sample)
+            self.store.add_sample(phase.name, sample)
+
+        result = asyncio.run(
+            run_level(
+                planned_specs(base, prompt_type.prompts, indices),
+                m.level,
+                prompt_type=prompt_type.name,
+                phase=phase.name,
+                prompt_indices=indices,
+                warmup=warmup,
+                slo=m.slo,
+                headers=self.headers,
+                transport=self._transports.async_,
+                on_sample=keep,
+            )
+        )
+        if not warmup:
+            m.client.add(result.stats)
+        return result.stats.wall_s
+
+    def _record_token_ids(
+        self, phase: Phase, m: Measurement, base: RequestSpec, prompt_type: PromptType
+    ) -> None:
+        """The n-gram replay's input (analysis/prediction.py), outside the timed windows: each
+        distinct prompt measured at the first level, with a timed output of it to check."""
+        references: dict[str, str | None] = {}
+        for sample in m.samples:
+            index = sample.prompt_index or 0
+            references.setdefault(prompt_type.prompts[index].text, sample.text)
+        m.token_ids = record_token_ids(
+            base, references, headers=self.headers, transport=self._transports.sync
+        )
+        self.store.flush()
+        ids = m.token_ids
+        self.progress(
+            f"[{phase.name}] {m.key}: token ids of {len(ids.prompts)} prompt(s) recorded (untimed)"
+            if ids.missing is None
+            else f"[{phase.name}] {m.key}: no token ids ({ids.missing})"
         )
 
     def watch(self, service: Service, seconds: float) -> Traffic:
@@ -319,8 +381,10 @@ def merged(phases: Sequence[Phase]) -> Phase:
     for name in first.measurements:
         parts = [p.measurements[name] for p in phases if name in p.measurements]
         out.measurements[name] = Measurement(
-            prompt_type=name,
-            concurrency=parts[0].concurrency,
+            prompt_type=parts[0].prompt_type,
+            level=parts[0].level,
+            key=name,
+            slo=parts[0].slo,
             samples=[s for m in parts for s in m.samples],
             warmup=[s for m in parts for s in m.warmup],
             wall_s=sum(m.wall_s or 0.0 for m in parts) or None,

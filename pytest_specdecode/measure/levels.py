@@ -70,6 +70,10 @@ class LoadLevel:
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "concurrency": self.concurrency, "rate": self.rate}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LoadLevel:
+        return cls(concurrency=data.get("concurrency"), rate=data.get("rate"))
+
 
 def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
     """Send times in seconds from the level's start: the first at 0, then exponential gaps."""
@@ -126,6 +130,15 @@ class SLO:
             "e2e_ms": self.e2e_ms,
             "percentiles": dict(self.percentiles),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SLO:
+        return cls(
+            ttft_ms=data.get("ttft_ms"),
+            tpot_ms=data.get("tpot_ms"),
+            e2e_ms=data.get("e2e_ms"),
+            percentiles=dict(data.get("percentiles") or {}),
+        )
 
 
 def _check_limit(key: str, value: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from ..analysis.checks import facts
 from ..config.settings import Settings
 from ..errors import ConfigError
-from .schema import BASELINE, Phase
+from .schema import BASELINE, Phase, design_keys
 from .store import load_run
 
 
@@ -27,20 +27,20 @@ def stored_baseline(path: str, settings: Settings) -> tuple[Phase, dict[str, Any
     if not phases:
         raise ConfigError(f"the stored run {path} has no {BASELINE!r} phase")
     phase = phases[0]
+    keys = design_keys(settings.prompt_types, settings.run.levels)
     missing = [
-        name
-        for name in settings.prompt_types
-        if name not in phase.measurements or not phase.measurements[name].samples
+        key for key in keys if key not in phase.measurements or not phase.measurements[key].samples
     ]
     if missing:
         raise ConfigError(
-            f"the stored run {path} has no measured {BASELINE!r} requests for the prompt "
-            f"type(s) {', '.join(missing)}; it has: {', '.join(phase.measurements) or 'none'}"
+            f"the stored run {path} has no measured {BASELINE!r} requests for "
+            f"{', '.join(missing)} (prompt type, and @level when several); it has: "
+            f"{', '.join(phase.measurements) or 'none'}"
         )
     source = str(Path(path).resolve())
     reused = dataclasses.replace(
         phase,
         reused_from=source,
-        measurements={name: phase.measurements[name] for name in settings.prompt_types},
+        measurements={key: phase.measurements[key] for key in keys},
     )
     return reused, {"path": source, "facts": facts(record, arm=BASELINE)}

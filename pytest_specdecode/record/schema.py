@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
+from ..measure.levels import SLO, LevelStats, LoadLevel, level_stats
 from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
 from ..measure.token_ids import TokenIds
@@ -24,9 +25,32 @@ BASELINE = "baseline"
 BASELINE_AFTER = "baseline-after"  # the original measured again, last (the ABA drift check)
 
 
-def _positive(values: list[float]) -> list[float]:
-    """The values that enter the statistics: finite and > 0."""
-    return [v for v in values if math.isfinite(v) and v > 0]
+def cell_key(prompt_type: str, level: LoadLevel, *, several: bool) -> str:
+    """A measurement's name in a phase: the prompt type, and `@level` when a run measures
+    several levels ("coding", or "coding@c4"). Verdicts and tests are keyed by it."""
+    return f"{prompt_type}@{level.label}" if several else prompt_type
+
+
+def design_keys(prompt_types: Iterable[str], levels: Sequence[LoadLevel]) -> list[str]:
+    """Every measurement key of a design, prompt type by prompt type, level by level."""
+    several = len(levels) > 1
+    return [cell_key(name, level, several=several) for name in prompt_types for level in levels]
+
+
+@dataclass
+class ClientLoad:
+    """The load generator's own figures over a measured window (measure/levels.py)."""
+
+    cpu_s: float = 0.0  # the client process's CPU time
+    peak_cpu_share: float = 0.0  # its busiest window's CPU time over wall time
+    peak_in_flight: int = 0
+    max_send_lag_s: float = 0.0  # open loop: the latest a request left after its arrival
+
+    def add(self, stats: LevelStats) -> None:
+        self.cpu_s += stats.client_cpu_share * stats.wall_s
+        self.peak_cpu_share = max(self.peak_cpu_share, stats.client_peak_cpu_share)
+        self.peak_in_flight = max(self.peak_in_flight, stats.peak_in_flight)
+        self.max_send_lag_s = max(self.max_send_lag_s, stats.max_send_lag_ms / 1000)
 
 
 @dataclass
@@ -34,7 +58,8 @@ class Measurement:
     """One prompt type in one phase: its requests, and the server's acceptance over them."""
 
     prompt_type: str
-    concurrency: int = 1
+    level: LoadLevel = field(default_factory=lambda: LoadLevel(concurrency=1))
+    key: str = ""  # its name in Phase.measurements: cell_key(prompt type, level); see there
     samples: list[RequestSample] = field(default_factory=list)  # measured
     warmup: list[RequestSample] = field(default_factory=list)  # sent first, never analysed
     wall_s: float | None = None  # of the measured requests; None until they all finished
@@ -43,20 +68,53 @@ class Measurement:
     foreign: str | None = None  # other clients' traffic in the window that was kept
     discarded: list[RequestSample] = field(default_factory=list)  # windows that had it
     token_ids: TokenIds | None = None  # captured after the timed requests, for the replay
+    slo: SLO = field(default_factory=SLO)  # the level's, as configured when it was measured
+    client: ClientLoad = field(default_factory=lambda: ClientLoad())
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.prompt_type
+
+    @property
+    def concurrency(self) -> int | None:
+        return self.level.concurrency
 
     @property
     def output_tokens(self) -> int:
         return sum(s.output_tokens for s in self.samples)
 
+    def by_prompt(self, values: str) -> list[tuple[float, int | None]]:
+        """The values of a metric (`tokens_per_s` or `tpot_ms`) that enter the statistics,
+        each with the index of the prompt its request sent (None where not recorded)."""
+        out = []
+        for s in self.samples:
+            tpot = s.tpot_s
+            value = s.tokens_per_s if values == "tokens_per_s" else tpot * 1000 if tpot else 0
+            if math.isfinite(value) and value > 0:
+                out.append((value, s.prompt_index))
+        return out
+
     @property
     def tokens_per_s(self) -> list[float]:
         """Per-request output tok/s that enter the statistics (finite and > 0)."""
-        return _positive([s.tokens_per_s for s in self.samples])
+        return [v for v, _ in self.by_prompt("tokens_per_s")]
 
     @property
     def tpot_ms(self) -> list[float]:
         """Per-request TPOT in ms that enter the statistics; requests of one token have none."""
-        return _positive([s.tpot_s * 1000 for s in self.samples if s.tpot_s is not None])
+        return [v for v, _ in self.by_prompt("tpot_ms")]
+
+    @property
+    def stats(self) -> LevelStats:
+        """The level's aggregates: aggregate tok/s, TTFT and TPOT percentiles, goodput."""
+        return level_stats(
+            self.samples,
+            wall_s=self.wall_s or 0.0,
+            slo=self.slo,
+            cpu_s=self.client.cpu_s,
+            peak_cpu_share=self.client.peak_cpu_share,
+            peak_in_flight=self.client.peak_in_flight,
+            send_lags_s=(self.client.max_send_lag_s,),
+        )
 
     @property
     def median_tokens_per_s(self) -> float:
@@ -85,7 +143,10 @@ class Measurement:
     def to_json(self) -> dict[str, Any]:
         return {
             "prompt_type": self.prompt_type,
-            "concurrency": self.concurrency,
+            "key": self.key,
+            "level": self.level.to_dict(),
+            "slo": self.slo.to_dict(),
+            "client": dataclasses.asdict(self.client),
             "wall_s": self.wall_s,
             "acceptance": self.acceptance.to_dict(),
             "traffic": self.traffic.to_dict(),
@@ -96,6 +157,7 @@ class Measurement:
                 "median_tpot_ms": self.median_tpot_ms,
                 "output_throughput": self.output_throughput,
                 "client_accepted_tokens": self.client_accepted,
+                "level": self.stats.to_dict() if self.samples else None,
             },
             "warmup": [_sample_json(s) for s in self.warmup],
             "samples": [_sample_json(s) for s in self.samples],
@@ -107,7 +169,10 @@ class Measurement:
     def from_json(cls, data: Mapping[str, Any]) -> Measurement:
         return cls(
             prompt_type=data["prompt_type"],
-            concurrency=int(data.get("concurrency", 1)),
+            key=data.get("key", ""),
+            level=LoadLevel.from_dict(data.get("level") or {"concurrency": 1}),
+            slo=SLO.from_dict(data.get("slo") or {}),
+            client=ClientLoad(**_known(ClientLoad, data.get("client") or {})),
             samples=[_sample(s) for s in data.get("samples", [])],
             warmup=[_sample(s) for s in data.get("warmup", [])],
             wall_s=data.get("wall_s"),
@@ -193,6 +258,11 @@ class RunRecord:
     restart_noise_prior: dict[str, dict[str, Any]] | None = None  # per metric, stored runs'
     traffic_watch: dict[str, Any] | None = None  # other clients seen before anything was touched
     schema: int = SCHEMA
+
+    @property
+    def keys(self) -> list[str]:
+        """The measurement keys of the design, prompt type by prompt type, level by level."""
+        return design_keys(self.prompt_types, self.run.levels)
 
     def arm_phases(self, arm: str) -> list[Phase]:
         """The phases that measured one arm, one per server start, in order (the ABA baseline

@@ -157,7 +157,7 @@ def _phase_table(record: RunRecord, phase: str, names: list[str]) -> str:
         m = record.phases[phase].measurements.get(name)
         if m is None:
             continue
-        spec = record.prompt_types.get(name)
+        spec = record.prompt_types.get(m.prompt_type)
         limits = [
             f"≥ {spec.min_tokens_per_s} tok/s" if spec and spec.min_tokens_per_s else "",
             f"≤ {spec.max_tpot_ms} ms TPOT" if spec and spec.max_tpot_ms else "",

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pytest_html import extras
 
+from ..record.schema import cell_key
 from ..session import PLUGIN_NAME, SpecDecodeSession
 from . import html
 from .text import title
@@ -111,7 +112,11 @@ def _extra(item: pytest.Item) -> str | None:
     try:
         analysis = found.analysis()
         assert analysis is not None
-        return html.extra(record, analysis, phase, params.get("specdecode_prompt_type"))
+        name = params.get("specdecode_prompt_type")
+        levels = record.run.levels
+        level = params.get("specdecode_level") or levels[0]
+        key = cell_key(name, level, several=len(levels) > 1) if name else None
+        return html.extra(record, analysis, phase, key)
     except Exception as exc:  # a report must not turn a test result into an internal error
         return (
             f"<p>pytest-specdecode could not render this test's data: {_html.escape(repr(exc))}</p>"

@@ -91,9 +91,11 @@ def count_requests(settings: Settings, *, baseline: bool, aba: bool) -> tuple[in
     """(phases measured, least requests, most requests) for this configuration."""
     run = settings.run
     phases = len(phase_order(settings, baseline=baseline, aba=aba))
-    most = max(run.samples, run.max_samples or 0)
+    sizes = [run.requests_at(level) for level in run.levels]
+    least = sum(low for low, _ in sizes) + run.warmup
+    most = sum(high for _, high in sizes) + run.warmup
     per_prompt = len(settings.prompt_types) * phases
-    return phases, per_prompt * (run.samples + run.warmup), per_prompt * (most + run.warmup)
+    return phases, per_prompt * least, per_prompt * most
 
 
 def count_starts(settings: Settings, *, baseline: bool, aba: bool, adopts_original: bool) -> int:
@@ -114,11 +116,12 @@ def estimate_seconds(
     starts = count_starts(settings, baseline=baseline, aba=aba, adopts_original=adopts_original)
     run = settings.run
     phases = len(phase_order(settings, baseline=baseline, aba=aba))
-    most = max(run.samples, run.max_samples or 0) + run.warmup
-    per_phase = sum(
-        most * t.max_tokens * timing.s_per_token for t in settings.prompt_types.values()
+    tokens = sum(t.max_tokens for t in settings.prompt_types.values())
+    # a level of N in flight sends its requests in about 1/N of the time one at a time takes
+    waves = run.warmup + sum(
+        run.requests_at(level)[1] / (level.concurrency or 1) for level in run.levels
     )
-    return starts * timing.start_s + phases * per_phase / run.concurrency, starts
+    return starts * timing.start_s + phases * waves * tokens * timing.s_per_token, starts
 
 
 def candidate_text(spec: SpecConfig) -> str:
@@ -177,13 +180,17 @@ def dry_run_lines(
         first, *rest = step.splitlines()
         lines.append(f"  {i}. {first}")
         lines += [f"     {line}" for line in rest]
-    most_samples = max(run.samples, run.max_samples or 0)
-    adaptive = most_samples > run.samples
-    counted = f"{least} to {most}" if adaptive else f"{least}"
-    per = f"{run.samples} to {most_samples}" if adaptive else f"{run.samples}"
+    counted = f"{least} to {most}" if most > least else f"{least}"
+    per_level = []
+    for level in run.levels:
+        low, high = run.requests_at(level)
+        at = f" at {level.label}" if len(run.levels) > 1 else ""
+        per_level.append(f"{low}{f' to {high}' if high > low else ''}{at}")
     lines += [
+        f"load levels: {', '.join(level.label for level in run.levels)}, each measured in "
+        "every phase (no extra restarts)",
         f"requests: {counted} = {phases} phases x {len(settings.prompt_types)} prompt types x "
-        f"({per} measured + {run.warmup} warm-up)",
+        f"({' + '.join(per_level)} measured + {run.warmup} warm-up)",
         f"estimated duration: about {fmt_duration(seconds)} ({starts} server "
         f"start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s, requests at up to "
         f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..analysis.ngram_replay import NGRAM_GRID_K, NgramSettings
-from ..analysis.prediction import RunPrediction, predict_run
+from ..analysis.prediction import RunPrediction, first_key, predict_run
 from ..analysis.run import RunAnalysis
 from ..config.settings import Settings
 from ..record.schema import RunRecord
@@ -79,8 +79,9 @@ def prediction_rows(record: RunRecord, prediction: RunPrediction) -> list[Predic
     for candidate, per in prediction.comparisons.items():
         for name, c in per.items():
             pred = prediction.predictions.get(name, {}).get(c.settings)
-            phase = next((p for p in record.arm_phases(candidate) if name in p.measurements), None)
-            values = phase.measurements[name].tokens_per_s if phase else []
+            key = first_key(record, name)
+            phase = next((p for p in record.arm_phases(candidate) if key in p.measurements), None)
+            values = phase.measurements[key].tokens_per_s if phase else []
             stats, counts = c.predicted, c.measured
             out.append(
                 PredictionRow(

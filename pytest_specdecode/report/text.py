@@ -52,10 +52,12 @@ def acceptance_text(acc: Acceptance) -> str:
 
 def design_text(run: RunConfig) -> str:
     samples = f"{run.samples}" + (f" to {run.max_samples}" if run.max_samples else "")
+    levels = ", ".join(level.label for level in run.levels)
     starts = f"{run.repeats} server start{'s' if run.repeats != 1 else ''} per arm"
     return (
-        f"{samples} measured + {run.warmup} warm-up requests per prompt type and start; "
-        f"{starts}; up to {run.max_tokens} tokens; concurrency {run.concurrency}; "
+        f"{samples} measured + {run.warmup} warm-up requests per prompt type, level and start "
+        f"(at least 2 x N at N in flight); {starts}; up to {run.max_tokens} tokens; "
+        f"load levels {levels}; "
         f"{run.endpoint} endpoint; alpha {run.alpha}, minimum effect {run.min_effect:.0%}"
     )
 

@@ -13,32 +13,36 @@ from ..analysis.compare import PromptTypeVerdict
 from ..analysis.noise import AA_ARM
 from ..analysis.stats import Verdict
 from ..config.settings import PromptType
-from ..record.schema import Phase
+from ..record.schema import Measurement, Phase
 from ..report.rows import Row
 from ..session import SpecDecodeSession
 
 pytestmark = pytest.mark.specdecode
 
 
-def test_throughput_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptType) -> None:
-    m = specdecode_phase.measurements[specdecode_prompt_type.name]
+def test_throughput_threshold(
+    specdecode_measurement: Measurement, specdecode_prompt_type: PromptType, specdecode_phase: Phase
+) -> None:
+    m = specdecode_measurement
     floor = specdecode_prompt_type.min_tokens_per_s
     if floor is None:
         pytest.skip("no min_tokens_per_s configured")
     assert m.median_tokens_per_s >= floor, (
-        f"[{specdecode_phase.name}] {m.prompt_type}: median {m.median_tokens_per_s:.1f} tok/s "
+        f"[{specdecode_phase.name}] {m.key}: median {m.median_tokens_per_s:.1f} tok/s "
         f"is below the threshold {floor:.1f} tok/s (samples: "
         f"{', '.join(f'{v:.1f}' for v in m.tokens_per_s)})"
     )
 
 
-def test_tpot_threshold(specdecode_phase: Phase, specdecode_prompt_type: PromptType) -> None:
-    m = specdecode_phase.measurements[specdecode_prompt_type.name]
+def test_tpot_threshold(
+    specdecode_measurement: Measurement, specdecode_prompt_type: PromptType, specdecode_phase: Phase
+) -> None:
+    m = specdecode_measurement
     ceiling = specdecode_prompt_type.max_tpot_ms
     if ceiling is None:
         pytest.skip("no max_tpot_ms configured")
     assert m.median_tpot_ms <= ceiling, (
-        f"[{specdecode_phase.name}] {m.prompt_type}: median TPOT {m.median_tpot_ms:.1f} ms "
+        f"[{specdecode_phase.name}] {m.key}: median TPOT {m.median_tpot_ms:.1f} ms "
         f"is above the threshold {ceiling:.1f} ms"
     )
 

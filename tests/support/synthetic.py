@@ -123,7 +123,7 @@ def add_phase(
     )
     for w, rate in tokens_per_s.items():
         choices = (texts or {}).get(w, [TEXT])
-        m = Measurement(prompt_type=w, concurrency=rec.run.concurrency)
+        m = Measurement(prompt_type=w)
         m.warmup.append(sample(w, name, -1, rate, text=choices[0], tokens=tokens))
         for i in range(rec.run.samples):
             value = rate * (1 + rng.normal(0, spread))

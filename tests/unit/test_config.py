@@ -32,7 +32,7 @@ def test_the_shipped_suite_config_loads_with_the_seed_presets_and_prompts():
     assert settings.candidates[0].to_json() == (
         '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}'
     )
-    assert settings.run.concurrency == 1
+    assert settings.run.concurrency == (1,)
     assert settings.target.workdir == SUITE.parent.parent.resolve()
 
 

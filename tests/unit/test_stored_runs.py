@@ -64,7 +64,7 @@ def test_stored_baseline_needs_candidates_and_every_prompt_type(tmp_path: Path) 
     assert source["facts"]["vllm_version"] == "0.32.0"
     with pytest.raises(ConfigError, match="pass --spec-config"):
         stored_baseline(str(path), settings(tmp_path, candidates=()))
-    with pytest.raises(ConfigError, match=r"prompt type\(s\) math"):
+    with pytest.raises(ConfigError, match=r"requests for math \(prompt type"):
         stored_baseline(str(path), settings(tmp_path, prompt_types=("coding", "math")))
 
 
@@ -86,7 +86,7 @@ def test_reused_baseline_is_compared_and_its_differences_named(tmp_path: Path) -
     assert [w for w in analysis.warnings if "stored baseline" in w] == [
         "the stored baseline differs: vLLM version: 0.32.0 vs 0.33.0",
         "the stored baseline differs: GPU: none vs 0: NVIDIA L4, 23034 MiB, driver 550",
-        "the stored baseline differs: the prompt of 'math' differs",
+        "the stored baseline differs: the prompts of 'math' differ",
     ]
     md = markdown.summary(rec, analysis)
     assert "- ⚠ the stored baseline differs: vLLM version: 0.32.0 vs 0.33.0" in md
