@@ -29,6 +29,20 @@ from typing import Any
 
 from ..config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "Crossover",
+    "CrossoverKind",
+    "DynamicK",
+    "LevelChoice",
+    "LevelPoint",
+    "batch_boundaries",
+    "crossover",
+    "k_families",
+    "log_crossing",
+    "recommend_dynamic_k",
+]
+
 REGRESSED = "regressed"
 NO_VERDICT = frozenset({"insufficient samples", "contaminated"})  # cannot win a level
 TABLE_KEY = BATCH_TABLE_KEY
