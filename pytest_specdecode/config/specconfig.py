@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -99,7 +100,9 @@ _STR_KEYS = {
     "rejection_sample_method",
     "draft_sample_method",
 }
-_LIST_KEYS = {"synthetic_acceptance_rates", "num_speculative_tokens_per_batch_size"}
+# vLLM's dynamic speculative decoding: [start, end, k] batch-size ranges (_check_batch_table)
+BATCH_TABLE_KEY = "num_speculative_tokens_per_batch_size"
+_LIST_KEYS = {"synthetic_acceptance_rates", BATCH_TABLE_KEY}
 KNOWN_KEYS = _INT_KEYS | _FLOAT_KEYS | _BOOL_KEYS | _STR_KEYS | _LIST_KEYS
 
 # Model names and paths: letters, digits and a few separators; nothing a shell would read.
@@ -243,6 +246,8 @@ def check_spec_shape(values: Mapping[str, Any], *, source: str) -> dict[str, Any
         _check_plain(where, key, value)
         if key in OFFLINE_FACTS.keys:
             _check_kind(where, key, value, OFFLINE_FACTS.keys[key])
+        if key == BATCH_TABLE_KEY:
+            _check_batch_table(where, value)
     _check_rules(where, values, OFFLINE_FACTS, membership=False)
     return dict(values)
 
@@ -307,6 +312,44 @@ def _check_rules(
         )
 
 
+def _check_batch_table(where: str, value: Any) -> None:
+    """vLLM 0.32's own checks (v1/spec_decode/dynamic/utils.py), on JSON integers only.
+
+    A non-empty list of [start, end, k]: inclusive batch-size ranges, 1 <= start <= end,
+    k >= 0 (0: no drafts). In start order they must not overlap, and the first starts at 1.
+    Gaps, any order and k above num_speculative_tokens are accepted, as vLLM does: it sorts the
+    ranges, carries the previous k through a gap and the last past the end, and caps k at
+    num_speculative_tokens.
+    """
+    key = BATCH_TABLE_KEY
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: {key} must be a non-empty list of [start, end, k] ranges")
+    rows: list[tuple[int, int, str]] = []
+    for i, entry in enumerate(value):
+        name = f"{key} entry {i} {json.dumps(entry)}"
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ConfigError(f"{where}: {name} must be [start, end, k], three integers")
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in entry):
+            raise ConfigError(f"{where}: {name}: start, end and k must be integers")
+        start, end, k = entry
+        if start < 1 or end < 1:
+            raise ConfigError(f"{where}: {name}: batch sizes must be >= 1")
+        if start > end:
+            raise ConfigError(f"{where}: {name}: start {start} is above end {end}")
+        if k < 0:
+            raise ConfigError(f"{where}: {name}: k must be >= 0 (0: no drafts)")
+        rows.append((start, end, name))
+    rows.sort(key=lambda row: row[0])
+    for (_, prev_end, prev), (start, _, name) in itertools.pairwise(rows):
+        if start <= prev_end:
+            raise ConfigError(f"{where}: {name} overlaps {prev}")
+    if rows[0][0] != 1:
+        raise ConfigError(
+            f"{where}: {key} must cover batch size 1: its lowest range, {rows[0][2]}, "
+            f"starts at {rows[0][0]}"
+        )
+
+
 def _check_plain(where: str, key: str, value: Any, depth: int = 0) -> None:
     """A value that could reach a unit file: plain names, numbers, booleans, lists, tables."""
     if value is None or isinstance(value, bool | int | float):
@@ -350,4 +393,6 @@ def _derive_name(values: Mapping[str, Any]) -> str:
     method = str(values.get("method", "custom"))
     k = values.get("num_speculative_tokens")
     name = f"{method}-k{k}" if isinstance(k, int) else method
+    if BATCH_TABLE_KEY in values:
+        name += "-dynamic"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)

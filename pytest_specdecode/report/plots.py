@@ -3,13 +3,15 @@ and written as PNG files into the run folder."""
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
 from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
 from .prediction import HEATMAP_CAPTION
@@ -251,5 +253,94 @@ def _acceptance(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
     else:
         _empty(ax, "no per-position acceptance: no candidate exported spec-decode counters")
     ax.set_title("Per-position acceptance rate", fontsize=11)
+    fig.savefig(path, format="png")
+    return path
+
+
+def speedup_vs_load(
+    series: Mapping[str, Sequence[LevelPoint]],
+    crossovers: Mapping[str, Crossover],
+    path: Path,
+    *,
+    title: str,
+) -> Path | None:
+    """Speedup (candidate/baseline tok/s) with its interval against load, one line per prompt
+    type, both axes logarithmic (the crossover is interpolated in log-log, so it lies on the
+    drawn line); a line at 1.0, and each crossover marked with its uncertainty.
+
+    None, and no file, when no prompt type has a measured level.
+    """
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    drawn = {
+        name: sorted((p for p in points if p.measured), key=lambda p: p.load)
+        for name, points in series.items()
+    }
+    drawn = {name: points for name, points in drawn.items() if points}
+    if not drawn:
+        return None
+    fig = _figure(8.5, 4.6)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="#444", lw=1.0, ls="--", zorder=1)
+    loads = sorted({p.load for points in drawn.values() for p in points})
+    span = math.log(loads[-1] / loads[0]) if len(loads) > 1 else 1.0
+    left, right = loads[0] / math.exp(0.08 * span), loads[-1] * math.exp(0.08 * span)
+    ys: list[float] = [1.0]
+    for i, (name, points) in enumerate(drawn.items()):
+        color = _CANDIDATE_COLORS[i % len(_CANDIDATE_COLORS)]
+        x = [p.load for p in points]
+        y = [p.ratio for p in points]
+        lows = [p.low if math.isfinite(p.low) and p.low > 0 else p.ratio for p in points]
+        highs = [p.high if math.isfinite(p.high) and p.high > 0 else p.ratio for p in points]
+        ys += lows + highs
+        ax.errorbar(
+            x,
+            y,
+            yerr=[
+                [r - lo for r, lo in zip(y, lows, strict=True)],
+                [hi - r for r, hi in zip(y, highs, strict=True)],
+            ],
+            color=color,
+            marker="o",
+            ms=5,
+            lw=1.8,
+            capsize=4,
+            zorder=3,
+            label=name,
+        )
+        cross = crossovers.get(name)
+        if cross is not None and cross.kind is CrossoverKind.CROSSING and cross.load:
+            lo = cross.low if cross.low is not None else left  # open: to the edge
+            hi = cross.high if cross.high is not None else right
+            ax.plot([lo, hi], [1.0, 1.0], color=color, lw=6, alpha=0.3, solid_capstyle="butt")
+            ax.plot([cross.load], [1.0], marker="D", ms=8, color=color, mec="#111", zorder=4)
+            ax.annotate(
+                cross.fmt(cross.load),
+                (cross.load, 1.0),
+                textcoords="offset points",
+                xytext=(0, 8 + 12 * i),
+                ha="center",
+                fontsize=8,
+                color=color,
+                fontweight="bold",
+            )
+    labels = {p.load: p.level for points in drawn.values() for p in points}
+    ax.xaxis.set_major_locator(FixedLocator(loads))
+    ax.xaxis.set_major_formatter(lambda v, _pos: labels.get(v, ""))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(left, right)
+    bottom, top = min(ys), max(ys)
+    ax.set_ylim(bottom / 1.08, top * 1.08)
+    ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:.2g}")
+    ax.yaxis.set_minor_formatter(lambda v, _pos: f"{v:.2g}")
+    rate = any(p.level.startswith("r") for points in drawn.values() for p in points)
+    ax.set_xlabel("request rate, requests/s" if rate else "concurrency (requests in flight)")
+    ax.set_ylabel("speedup, candidate / baseline tok/s")
+    ax.grid(alpha=0.3, which="both")
+    _legend(ax, fontsize=9, title="prompt type")
+    ax.set_title(title, fontsize=11)
     fig.savefig(path, format="png")
     return path
