@@ -78,6 +78,7 @@ def specdecode_experiment(
         restore_timeout_s=t.restore_timeout_s,
         progress=progress,
         headers=headers,
+        record_ending=lambda ending: results.set("ending", ending.to_dict()),  # how it ended
     ) as board:
         experiment = Experiment(settings, board, results, progress=progress, headers=headers)
         use_stored_baseline(experiment, pytestconfig.getoption("spec_baseline_from"))

@@ -118,9 +118,11 @@ def make_progress(config: pytest.Config, log_path: Path) -> Progress:
 
 
 def _write(line: str) -> None:
+    """To the terminal, if there still is one: a closed or broken one (EPIPE, EIO) is ignored."""
     stream = sys.__stderr__ or sys.stderr
-    stream.write(line + "\n")
-    stream.flush()
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(line + "\n")
+        stream.flush()
 
 
 def api_headers(settings: Settings) -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..targets.vllm_argv import check_vllm_command
+from ..targets.vllm_argv import check_image_names, check_vllm_command
 from .specconfig import SpecConfig, parse_spec_config, validate_spec_values
 
 
@@ -46,6 +46,7 @@ class TargetConfig:
     known_hosts: Path | None = None
     accept_unknown_host_key: bool = False
     watchdog_s: float = 1800.0
+    vllm_images: tuple[str, ...] = ()  # systemd: container images whose entrypoint is vLLM's
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ _TARGET_KEYS = {
     "env",
     "startup_timeout_s",
     "api_key_env",
+    "vllm_images",
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
@@ -306,7 +308,14 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         known_hosts=_path(table.get("known_hosts"), base),
         accept_unknown_host_key=bool(table.get("accept_unknown_host_key", False)),
         watchdog_s=_positive_number(table.get("watchdog_s", 1800), "watchdog_s", here),
+        vllm_images=_images(table.get("vllm_images", []), here),
     )
+
+
+def _images(value: Any, here: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{here}: vllm_images must be a list of image names")
+    return check_image_names(value, where=here)
 
 
 def _systemd_keys(table: Mapping[str, Any], here: str) -> None:

@@ -442,6 +442,9 @@ def warnings_of(doc: Doc) -> list[str]:
 def restore_text(restore: Mapping[str, Any]) -> str:
     state = "active and serving" if restore.get("is_active") else "stopped"
     text = f"{restore.get('original')} restored to {state} in {restore.get('seconds', 0):.0f}s"
+    if restore.get("observed") is False:  # handed to the host; the controller stopped watching
+        text = f"{restore.get('original')}: the host restores it; not watched to the end"
+    text += "".join(f"; {note}" for note in restore.get("notes") or [])
     if restore.get("errors"):
         text += "; problems on the way: " + "; ".join(restore["errors"])
     return text

@@ -49,4 +49,5 @@ def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
         model=config.model,
         watchdog_s=config.watchdog_s,
         heartbeat_host=SSHHost(spec),
+        vllm_images=config.vllm_images,
     )

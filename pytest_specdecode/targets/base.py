@@ -57,6 +57,23 @@ class Target(Protocol):
         """The steps the experiment would take, readable before anything is touched."""
         ...
 
+    def hand_over(self, reason: str) -> str | None:
+        """On the first interrupt, from a thread: start putting the original back at once, in a
+        way that completes without this controller. Says what it started, or None."""
+        ...
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        """After hand_over: block until what it started has finished."""
+        ...
+
+    def reachable(self) -> bool:
+        """Whether the host answers at all (a restore waits out a reboot)."""
+        ...
+
+    def after_restore(self) -> list[str]:
+        """Once the original serves again: what else to put back; notes for the report."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError, ServiceError
 from ..record.store import redact_text
-from .base import port_answers
+from .base import Progress, port_answers
 from .vllm_argv import with_speculative_config
 
 # Variables of the plugin's own venv that must not leak into the server's.
@@ -77,6 +77,11 @@ class LocalProcessService:
                     "nothing is running (did scripts/setup-embedded run?)"
                 ) from None
         self.label = f"local vLLM process '{self.name}' (pid {self._proc.pid})"
+
+    def terminate(self) -> None:
+        """SIGTERM to the server's process group, without waiting (safe from a signal handler)."""
+        if self._proc is not None and self._proc.poll() is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
 
     def stop(self) -> None:
         proc = self._proc
@@ -141,6 +146,7 @@ class LocalProcessTarget:
         self.env = dict(env)
         self.log_dir = log_dir
         self._original: LocalProcessService | None = None
+        self._services: list[LocalProcessService] = []
 
     def preflight(self) -> None:
         """Refuse a port that something else already serves: this backend only runs its own."""
@@ -177,11 +183,33 @@ class LocalProcessTarget:
         steps.append("stop the last server (the original was not running before)")
         return steps
 
+    def hand_over(self, reason: str) -> str | None:
+        """The original was not running before the run: stop every server now, from the signal.
+
+        Should this controller then die, PR_SET_PDEATHSIG covers the server it started last.
+        """
+        running = [s for s in self._services if s.is_active()]
+        for service in running:
+            service.terminate()
+        if not running:
+            return None
+        return "SIGTERM at once to " + ", ".join(s.label for s in running)
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        for service in self._services:
+            service.stop()  # waits for the SIGTERM, then makes sure the whole group is gone
+
+    def reachable(self) -> bool:
+        return True
+
+    def after_restore(self) -> list[str]:
+        return []
+
     def close(self) -> None:
         return None
 
     def _service(self, name: str, argv: Sequence[str]) -> LocalProcessService:
-        return LocalProcessService(
+        service = LocalProcessService(
             name=name,
             argv=argv,
             api_base=self.api_base,
@@ -190,6 +218,8 @@ class LocalProcessTarget:
             env=self.env,
             log_path=self.log_dir / f"server-{name}.log",
         )
+        self._services.append(service)
+        return service
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
