@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 
@@ -191,7 +192,23 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
     time.sleep(5)
     cancelled = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    time.sleep(7.5)
+    time.sleep(2)
+    # Meanwhile a second controller is refused by the lock, and told why.
+    second = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *suite_args(pytester, testbed, config, "--spec-config", "ngram"),
+            "--spec-reports",
+            str(pytester.path / "second"),
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(max(0.0, 7.5 - (time.monotonic() - cancelled)))
     proc.send_signal(signal.SIGTERM)
     time.sleep(2.5)
     proc.kill()
@@ -199,6 +216,10 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
     testbed.wait_serving(timeout_s=start_s + 240, poll_s=1)
     took = time.monotonic() - cancelled
     assert took <= start_s + RESTORE_MARGIN_S, (took, start_s)
+    refused, _ = second.communicate(timeout=120)
+    assert second.returncode == pytest.ExitCode.USAGE_ERROR, refused
+    assert "is locked by another experiment (run " in refused, refused
+    assert "restore in progress since" in refused and "handed to the host by run" in refused
     # The controller recorded the handover at once, and the second signal, which ended its
     # watching; it did not live to see the restore end (SIGKILL).
     ending = results_of(pytester)["ending"]

@@ -50,4 +50,5 @@ def open_target(config: TargetConfig, *, log_dir: Path) -> Target:
         watchdog_s=config.watchdog_s,
         heartbeat_host=SSHHost(spec),
         vllm_images=config.vllm_images,
+        restore_timeout_s=config.restore_timeout_s,
     )

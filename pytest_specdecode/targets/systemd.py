@@ -211,6 +211,7 @@ class SystemdTarget:
         watchdog_s: float = 1800.0,
         heartbeat_host: Host | None = None,
         vllm_images: Sequence[str] = (),
+        restore_timeout_s: float = 3600.0,
     ) -> None:
         self.host = host
         self.host_name = host.name
@@ -219,6 +220,7 @@ class SystemdTarget:
         self.api_base = api_base
         self.model = model
         self.watchdog_s = watchdog_s
+        self.restore_timeout_s = restore_timeout_s  # bounds the host-side wait for the port
         self.vllm_images = tuple(vllm_images)
         # It goes into the restore script and the lock: nothing a shell could misread.
         machine = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
@@ -239,6 +241,7 @@ class SystemdTarget:
 
     # -- Target -------------------------------------------------------------------------------
     def preflight(self) -> None:
+        self._refuse_if_locked()  # first: another run's lock explains every other state
         text = self.unit_text()
         self._refuse_own_dropin(text)
         render_dropin(self.unit, text, _PROBE_SPEC, run_id=self.run_id, images=self.vllm_images)
@@ -484,18 +487,11 @@ class SystemdTarget:
         if not found:
             return
         path, body = found[0]
-        held = self._lock_text()
         raise ConfigError(
             f"unit {self.unit} on {self.host_name} has pytest-specdecode's drop-in {path} (run "
-            f"{dropin_run_id(body) or 'unknown'}): it may be running a candidate, not the "
-            "original. "
-            + (
-                f"The host is locked ({held}). "
-                if held
-                else f"Remove it, run `systemctl daemon-reload` and restart {self.unit} (or "
-                "reboot the host). "
-            )
-            + "Nothing was touched"
+            f"{dropin_run_id(body) or 'unknown'}), and no run holds the host's lock: it may be "
+            f"running a candidate, not the original. Remove it, run `systemctl daemon-reload` "
+            f"and restart {self.unit} (or reboot the host). Nothing was touched"
         )
 
     # -- dependents -----------------------------------------------------------------------------
@@ -550,21 +546,34 @@ class SystemdTarget:
         self.host.check(["mkdir", "-p", "-m", "0700", STATE_DIR], timeout=30)
         got = self.host.run(["mkdir", LOCK_DIR], timeout=30)
         if not got.ok:
-            held = self._lock_text()
+            self._refuse_if_locked()
+            raise ConfigError(f"{self.host_name}: cannot create {LOCK_DIR}: {got.describe()}")
+        self._locked = True
+        self.write_file(f"{LOCK_DIR}/owner.txt", owner + "\n")
+
+    def _refuse_if_locked(self) -> None:
+        held = self._lock_text()
+        if held is not None:
             raise ConfigError(
                 f"{self.host_name} is locked by another experiment ({held or 'owner unknown'}); "
                 f"nothing was touched. If that run is dead and its watchdog gone, remove "
                 f"{LOCK_DIR} on the host"
             )
-        self._locked = True
-        self.write_file(f"{LOCK_DIR}/owner.txt", owner + "\n")
 
-    def _lock_text(self) -> str:
-        """Who holds the lock, and whether a host-side restore is running for it."""
+    def _lock_text(self) -> str | None:
+        """Who holds the lock, and whether a host-side restore runs for it; None: no lock."""
         result = self.host.run(
-            ["sh", "-c", 'cat "$1/owner.txt" "$1/restoring" 2>/dev/null', "sh", LOCK_DIR],
+            [
+                "sh",
+                "-c",
+                '[ -d "$1" ] || exit 3; cat "$1/owner.txt" "$1/restoring" 2>/dev/null; exit 0',
+                "sh",
+                LOCK_DIR,
+            ],
             timeout=30,
         )
+        if result.exit_status == 3:
+            return None
         return "; ".join(line.strip() for line in result.stdout.splitlines() if line.strip())
 
     def _lock_is_ours(self, host: Host | None = None) -> bool:
@@ -612,7 +621,11 @@ class SystemdTarget:
                 "# units that the stop also stopped, and that were active when the run began"
             )
             lines.append("systemctl start " + " ".join(q(u) for u in dependents))
+        port = urlsplit(self.api_base).port or 80
         lines += [
+            "# The lock says a restore is in progress until the original listens again.",
+            f"i=0; while [ $i -lt {int(self.restore_timeout_s)} ] && command -v ss >/dev/null "
+            f"&& ! ss -Htln 'sport = :{port}' | grep -q .; do sleep 2; i=$((i + 2)); done",
             f"{mine} && rm -rf {q(LOCK_DIR)}",
             f"rm -f {q(RESTORE_SCRIPT)}",
             f'echo "restored {self.unit} for run {self.run_id}"',
