@@ -197,3 +197,44 @@ def test_a_bare_template_is_refused_and_an_instance_accepted():
     with pytest.raises(ConfigError, match=r"vllm@MODEL\.service"):
         check_unit_name("vllm@.service")
     assert check_unit_name("vllm@smol-2.service") == "vllm@smol-2.service"
+
+
+class NoHost:
+    """A stand-in host for rendering only: any command is a test failure."""
+
+    name = "root@gpu-box:22"
+
+    def run(self, argv, **kw):
+        raise AssertionError(f"ran {argv}")
+
+    check = run
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_host_side_restore_script():
+    from pytest_specdecode.targets.systemd import SystemdTarget
+
+    target = SystemdTarget(
+        NoHost(), "vllm@smol.service", api_base="http://gpu-box:8000", model="smol"
+    )
+    target.dependents = {"vllm-proxy.service": True, "vllm-monitor.service": False}
+    lines = target.restore_script().splitlines()
+    run = f"'run {target.run_id} '"
+    # It acts only while the lock is this run's: a stale timer cannot restore another run.
+    assert lines[4].startswith(f"grep -qsF {run} /run/pytest-specdecode/lock/owner.txt ||")
+    body = "\n".join(lines)
+    order = [
+        "systemctl stop pytest-specdecode-watchdog.timer",
+        "  systemctl stop vllm@smol.service",
+        f"  rm -f /run/systemd/system/vllm@smol.service.d/{DROPIN_NAME}",
+        "  systemctl daemon-reload",
+        "systemctl start vllm@smol.service",
+        "systemctl start vllm-proxy.service",  # active at the start; the monitor was not
+        "ss -Htln 'sport = :8000'",
+        f"grep -qsF {run} /run/pytest-specdecode/lock/owner.txt && rm -rf",
+    ]
+    positions = [body.index(step) for step in order]
+    assert positions == sorted(positions), body
+    assert "vllm-monitor" not in body and "/etc/systemd" not in body
