@@ -384,9 +384,10 @@ class SystemdTarget:
             states = self._active_states(wanted)
             back = [u for u in stopped if states.get(u) == "active"]
             if back:
+                depend = "it depends" if len(back) == 1 else "they depend"
                 notes.append(
-                    f"started again {', '.join(back)}: the stop of {self.unit} had stopped them "
-                    "(they depend on it) and they were active when the run began"
+                    f"started again {', '.join(back)} (stopped with {self.unit}, which {depend} "
+                    "on; active when the run began)"
                 )
             still = [f"{u} is {states.get(u)}" for u in stopped if u not in back]
             if still:
