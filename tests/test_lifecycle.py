@@ -162,7 +162,7 @@ def test_the_first_signal_hands_over_and_the_controller_only_watches():
     assert first.handed_over == "the stand-in host restores" and first.restore_observed is None
     assert last.signals == ["SIGINT"] and last.how == "interrupted"
     assert last.restore_observed is True and last.restore_s is not None
-    assert any("run ending: interrupted by SIGINT; the restore was handed" in x for x in lines)
+    assert any("run ending: interrupted by SIGINT; the restore was handed over" in x for x in lines)
 
 
 def test_a_second_signal_ends_the_watching_without_claiming_a_failure():

@@ -157,7 +157,7 @@ def test_signal_mid_candidate_measurement_restores(pytester, testbed, sig):
     assert ending["handover_s"] < 5 and ending["restore_observed"] is True, ending
     assert 0 < ending["restore_s"] < 300, ending
     log = (results_path(pytester).parent / "run.log").read_text()
-    assert f"run ending: interrupted by {sig.name}; the restore was handed to the host" in log
+    assert f"run ending: interrupted by {sig.name}; the restore was handed over" in log
 
 
 def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed):
@@ -178,7 +178,7 @@ def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed)
     # The host put the original back at once, without the watchdog (900 s here).
     assert waited <= start_s + RESTORE_MARGIN_S, (waited, start_s, term.output)
     run_log = (results_path(pytester).parent / "run.log").read_text()
-    assert "interrupted by SIGINT: the restore was handed to the host at once" in run_log
+    assert "interrupted by SIGINT: the restore was handed over at once" in run_log
 
 
 def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, testbed):

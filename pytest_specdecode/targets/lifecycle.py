@@ -1,8 +1,9 @@
 """Swapping services for an experiment. The context manager's teardown is the restore.
 
-On the first interrupt of any kind (Ctrl-C, SIGTERM, SIGHUP), the restore is handed to the host
-at once, from the signal handler, before anything unwinds: the host-side restore then completes
-even if this controller is killed a second later. From then on the controller only observes.
+On the first interrupt of any kind (Ctrl-C, SIGTERM, SIGHUP), the restore is handed over at once,
+from the signal handler, before anything unwinds: the systemd backend starts its host-side
+restore, which completes even if this controller is killed a second later; the local backend
+sends SIGTERM to its server at once. From then on the controller only observes.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class RunEnding:
         else:
             text = f"interrupted by {', then '.join(self.signals) or 'KeyboardInterrupt'}"
         if self.handed_over:
-            text += f"; the restore was handed to the host after {self.handover_s or 0:.1f}s"
+            text += f"; the restore was handed over after {self.handover_s or 0:.1f}s"
             text += f" ({self.handed_over})"
         if self.restore_s is not None:
             text += f"; the original served again {self.restore_s:.0f}s after"
@@ -123,7 +124,7 @@ class Interrupts:
             if done:
                 self.handed_over = done
                 self.handover_s = time.monotonic() - (self.first_at or time.monotonic())
-                _say(progress, f"{reason}: the restore was handed to the host at once: {done}")
+                _say(progress, f"{reason}: the restore was handed over at once: {done}")
 
 
 INTERRUPTS = Interrupts()
@@ -253,7 +254,7 @@ class Switchboard:
 
     def _watch_host_restore(self, errors: list[str]) -> None:
         """The host restores by itself; wait until it is done and the original serves."""
-        self._progress(f"restore: the host is restoring {self.original.label}; watching")
+        self._progress(f"restore: handed over ({self.ending.handed_over}); watching it finish")
         try:
             self.target.await_host_restore(self._restore_timeout_s, self._progress)
             if self.was_active:
