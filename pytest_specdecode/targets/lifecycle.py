@@ -52,7 +52,7 @@ class RunEnding:
     signals: list[str] = field(default_factory=list)  # every signal, in order
     handed_over: str | None = None  # what the host was told to do at the first signal
     handover_s: float | None = None  # from the first signal until the host had it
-    restore_s: float | None = None  # from the first signal (or the restore's start) to serving
+    restore_s: float | None = None  # first signal (or restore start) until the original is as found
     restore_observed: bool | None = None  # None: no restore yet
     note: str | None = None
 
@@ -65,7 +65,7 @@ class RunEnding:
             text += f"; the restore was handed over after {self.handover_s or 0:.1f}s"
             text += f" ({self.handed_over})"
         if self.restore_s is not None:
-            text += f"; the original served again {self.restore_s:.0f}s after"
+            text += f"; the original was back as found {self.restore_s:.0f}s after"
             text += " the signal" if self.signals else " the restore began"
         elif self.restore_observed is False:
             text += "; the controller did not see the restore end"
