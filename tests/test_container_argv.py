@@ -128,3 +128,26 @@ def test_a_containers_proxy_may_hold_the_port_only_for_a_container_unit():
     assert not port_held_by_unit(proxy, unit, container=False)
     assert port_held_by_unit(f"{own}\n{proxy}", unit, container=True)
     assert not port_held_by_unit(other, unit, container=True)
+
+
+def test_vllm_images_in_the_config(tmp_path):
+    from pytest_specdecode.config.settings import load_settings
+
+    config = tmp_path / "exp.toml"
+    text = """
+[target]
+api_base = "http://127.0.0.1:8011"
+model = "m"
+command = "vllm serve m --port 8011"
+vllm_images = {images}
+[workloads.coding]
+prompt = "Write a binary search tree."
+"""
+    config.write_text(text.format(images='["registry.example.com/team/vllm"]'))
+    assert load_settings(config).target.vllm_images == ("registry.example.com/team/vllm",)
+    config.write_text(text.format(images='"registry.example.com/team/vllm"'))
+    with pytest.raises(ConfigError, match="vllm_images must be a list of image names"):
+        load_settings(config)
+    config.write_text(text.format(images='["x; rm -rf /"]'))
+    with pytest.raises(ConfigError, match="is not an image name"):
+        load_settings(config)
