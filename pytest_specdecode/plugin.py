@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from .errors import ConfigError
 from .session import PLUGIN_NAME, SpecDecodeSession, session_of, settings_from_options
 from .targets import open_target
 from .targets.base import Target
+from .targets.lifecycle import note_signal
 
 GROUP = "specdecode"
 _EXPERIMENT_OPTIONS = (
@@ -274,19 +276,27 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     found = terminalreporter.config.pluginmanager.get_plugin(PLUGIN_NAME)
     lines = found.terminal_lines() if found is not None else []
     if lines:
-        terminalreporter.section("speculative decoding: baseline vs candidates")
-        for line in lines:
-            terminalreporter.write_line(line)
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal or a broken pipe
+            terminalreporter.section("speculative decoding: baseline vs candidates")
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 def _sigterm_as_interrupt() -> None:
-    """A cancelled CI job sends SIGTERM: unwind like Ctrl-C, so the restore runs."""
+    """SIGTERM (a cancelled CI job), SIGHUP (a closed terminal) and Ctrl-C all unwind like
+    Ctrl-C, so the restore runs; the first of them first hands the restore to the host."""
 
     def interrupt(signum: int, frame: object) -> None:
+        note_signal(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    try:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread
-        pass
+    for sig, default in (
+        (signal.SIGTERM, signal.SIG_DFL),
+        (signal.SIGHUP, signal.SIG_DFL),
+        (signal.SIGINT, signal.default_int_handler),
+    ):
+        try:
+            if signal.getsignal(sig) in (default, None):
+                signal.signal(sig, interrupt)
+        except ValueError:  # not the main thread
+            pass

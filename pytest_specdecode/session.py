@@ -42,7 +42,7 @@ from .report import terminal as terminal_report
 from .report.plan import RUN_LOG, dry_run_lines, previous_timing, stored_prediction
 from .report.text import noise_text
 from .targets.base import Service, Target
-from .targets.lifecycle import experiment_services
+from .targets.lifecycle import RunEnding, experiment_services
 from .targets.vllm_facts import validated_against_target
 
 PLUGIN_NAME = "specdecode-session"
@@ -234,6 +234,12 @@ class SpecDecodeSession:
         self.progress(f"run folder {self.run_dir}")
         store: RunStore | None = None
         board = None
+
+        def record_ending(ending: RunEnding) -> None:  # as soon as each part of it is known
+            if store is not None:
+                store.record.ending = ending.to_dict()
+                store.flush()
+
         try:
             with experiment_services(
                 target,
@@ -242,6 +248,7 @@ class SpecDecodeSession:
                 progress=self.progress,
                 headers=headers,
                 transport=transports.sync,
+                record_ending=record_ending,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
                 known = noise.from_stored(self._stored(), version=None)
@@ -475,10 +482,12 @@ class ProgressLog:
             _write(line, self._stream)
 
 
-def _write(text: str, stream=None) -> None:
+def _write(text: str, stream: TextIO | None = None) -> None:
+    """To the terminal, if there still is one: a closed or broken one (EPIPE, EIO) is ignored."""
     stream = stream or sys.__stderr__ or sys.stderr
-    stream.write(text + "\n")
-    stream.flush()
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(text + "\n")
+        stream.flush()
 
 
 def _api_headers(settings: Settings) -> dict[str, str]:

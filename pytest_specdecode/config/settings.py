@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..measure.levels import LoadLevel
-from ..targets.vllm_argv import check_vllm_command
+from ..targets.vllm_argv import check_image_names, check_vllm_command
 from .load import (
     SLOConfig,
     check_slo_levels,
@@ -86,6 +86,7 @@ class TargetConfig:
     ssh_config: Path | None = None  # systemd: where an alias is looked up (else ~/.ssh/config)
     sudo: bool | None = None  # systemd: run commands under `sudo -n`; None: when not root
     api_via: Literal["auto", "direct", "ssh"] = "auto"  # systemd: how the API is reached
+    vllm_images: tuple[str, ...] = ()  # systemd: container images whose entrypoint is vLLM's
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ _TARGET_KEYS = {
     "ssh_config",
     "sudo",
     "api_via",
+    "vllm_images",
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
@@ -456,7 +458,14 @@ def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfi
         ssh_config=_path(table.get("ssh_config"), base),
         sudo=table.get("sudo"),
         api_via=table.get("api_via", "auto"),
+        vllm_images=_images(table.get("vllm_images", []), here),
     )
+
+
+def _images(value: Any, here: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{here}: vllm_images must be a list of image names")
+    return check_image_names(value, where=here)
 
 
 def _systemd_keys(table: Mapping[str, Any], base: Path, here: str) -> None:

@@ -257,6 +257,7 @@ class RunRecord:
     restore: dict[str, Any] | None = None  # lifecycle.RestoreReport, as a dict
     restart_noise_prior: dict[str, dict[str, Any]] | None = None  # per metric, stored runs'
     traffic_watch: dict[str, Any] | None = None  # other clients seen before anything was touched
+    ending: dict[str, Any] | None = None  # lifecycle.RunEnding: finished or interrupted, and how
     schema: int = SCHEMA
 
     @property
@@ -290,6 +291,7 @@ class RunRecord:
                 "restore": self.restore,
                 "restart_noise_prior": self.restart_noise_prior,
                 "traffic_watch": self.traffic_watch,
+                "ending": self.ending,
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -317,6 +319,7 @@ class RunRecord:
                 restore=data.get("restore"),
                 restart_noise_prior=data.get("restart_noise_prior"),
                 traffic_watch=data.get("traffic_watch"),
+                ending=data.get("ending"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

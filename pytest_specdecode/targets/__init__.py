@@ -57,6 +57,8 @@ def open_target(config: TargetConfig, *, log_dir: Path, progress: Progress | Non
         watchdog_s=config.watchdog_s,
         heartbeat_host=SSHHost(spec),
         progress=progress,
+        vllm_images=config.vllm_images,
+        restore_timeout_s=config.restore_timeout_s,
     )
     if api_through_ssh(config, spec):
         # Its own connection, opened at the first request: the dry run never opens it.

@@ -84,6 +84,23 @@ class Target(Protocol):
         """How to reach the API: real connections, unless a test's seam says otherwise."""
         ...
 
+    def hand_over(self, reason: str) -> str | None:
+        """On the first interrupt, from a thread: start putting the original back at once, in a
+        way that completes without this controller. Says what it started, or None."""
+        ...
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        """After hand_over: block until what it started has finished."""
+        ...
+
+    def reachable(self) -> bool:
+        """Whether the host answers at all (a restore waits out a reboot)."""
+        ...
+
+    def after_restore(self) -> list[str]:
+        """Once the original serves again: what else to put back; notes for the report."""
+        ...
+
     def close(self) -> None:
         """Undo what this run did on the host (nothing else), then let go of it."""
         ...

@@ -1,18 +1,29 @@
-"""Swapping services for an experiment. The context manager's teardown is the restore."""
+"""Swapping services for an experiment. The context manager's teardown is the restore.
+
+On the first interrupt of any kind (Ctrl-C, SIGTERM, SIGHUP), the restore is handed over at once,
+from the signal handler, before anything unwinds: the systemd backend starts its host-side
+restore, which completes even if this controller is killed a second later; the local backend
+sends SIGTERM to its server at once. From then on the controller only observes.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
 from ..config.specconfig import SpecConfig
-from ..errors import ServiceError
+from ..errors import HostError, ServiceError
 from .base import Progress, Service, Target, wait_until_ready
+
+HANDOVER_WAIT_S = 20.0  # how long the unwinding waits for the handover to reach the host
 
 
 @dataclass
@@ -21,24 +32,33 @@ class RestoreReport:
 
     original: str
     was_active: bool
-    is_active: bool
+    is_active: bool | None  # None: the controller did not live to see the end
     seconds: float
     errors: list[str]
     serving: bool = False  # it answered /health and /v1/models with its model again
+    observed: bool = True  # False: the host restores; the controller stopped watching
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
-        """Not as it was found: a serving original must be active and serving again."""
+        """Not as it was found: a serving original must be active and serving again. A restore
+        handed to the host and not watched to the end is not known to have failed."""
+        if not self.observed:
+            return False
         if self.was_active:
             return not (self.is_active and self.serving)
-        return self.is_active
+        return bool(self.is_active)
 
     def describe(self) -> str:
-        if self.is_active:
-            state = "active and serving" if self.serving else "active but NOT serving"
+        if not self.observed:
+            text = f"{self.original}: the host restores it; not watched to the end"
         else:
-            state = "stopped"
-        text = f"{self.original} restored to {state} in {self.seconds:.0f}s"
+            if self.is_active:
+                state = "active and serving" if self.serving else "active but NOT serving"
+            else:
+                state = "stopped"
+            text = f"{self.original} restored to {state} in {self.seconds:.0f}s"
+        text += "".join(f"; {note}" for note in self.notes)
         return text + ("; problems on the way: " + "; ".join(self.errors) if self.errors else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,7 +69,101 @@ class RestoreReport:
         return cls(
             **{k: data[k] for k in ("original", "was_active", "is_active", "seconds")},
             errors=list(data.get("errors", [])),
+            serving=bool(data.get("serving", False)),
+            observed=bool(data.get("observed", True)),
+            notes=list(data.get("notes", [])),
         )
+
+
+@dataclass
+class RunEnding:
+    """How the run ended: for results.json ("ending") and run.log."""
+
+    how: str = "finished"  # "finished", or "interrupted" by a signal
+    signals: list[str] = field(default_factory=list)  # every signal, in order
+    handed_over: str | None = None  # what the host was told to do at the first signal
+    handover_s: float | None = None  # from the first signal until the host had it
+    restore_s: float | None = None  # first signal (or restore start) until the original is as found
+    restore_observed: bool | None = None  # None: no restore yet
+    note: str | None = None
+
+    def describe(self) -> str:
+        if self.how == "finished":
+            text = "the run finished"
+        else:
+            text = f"interrupted by {', then '.join(self.signals) or 'KeyboardInterrupt'}"
+        if self.handed_over:
+            text += f"; the restore was handed over after {self.handover_s or 0:.1f}s"
+            text += f" ({self.handed_over})"
+        if self.restore_s is not None:
+            text += f"; the original was back as found {self.restore_s:.0f}s after"
+            text += " the signal" if self.signals else " the restore began"
+        elif self.restore_observed is False:
+            text += "; the controller did not see the restore end"
+        return text + (f"; {self.note}" if self.note else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Interrupts:
+    """Signals this controller received. The first hands every watched target's restore over."""
+
+    def __init__(self) -> None:
+        self.signals: list[str] = []
+        self.first_at: float | None = None
+        self._watched: list[tuple[Target, Progress]] = []
+        self._thread: threading.Thread | None = None
+        self.handed_over: str | None = None
+        self.handover_s: float | None = None
+
+    def watch(self, target: Target, progress: Progress) -> None:
+        if not self._watched:  # a new experiment: forget an earlier one's signals
+            self.__init__()  # type: ignore[misc]
+        self._watched.append((target, progress))
+
+    def unwatch(self, target: Target) -> None:
+        self._watched = [(t, p) for t, p in self._watched if t is not target]
+
+    def signalled(self, signum: int) -> None:
+        """Called from the signal handler, before it raises KeyboardInterrupt."""
+        self.signals.append(_signal_name(signum))
+        if len(self.signals) > 1 or not self._watched:
+            return
+        self.first_at = time.monotonic()
+        # A thread of its own: a second signal raising in the main thread cannot cut it short,
+        # and interpreter exit waits for it (non-daemon).
+        self._thread = threading.Thread(
+            target=self._hand_over, args=(list(self._watched),), name="specdecode-handover"
+        )
+        self._thread.start()
+
+    def handover(self, target: Target, timeout_s: float = HANDOVER_WAIT_S) -> str | None:
+        """Wait (bounded) for the handover started by the first signal; what it did, or None."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return self.handed_over if any(t is target for t, _ in self._watched) else None
+
+    def _hand_over(self, watched: list[tuple[Target, Progress]]) -> None:
+        for target, progress in watched:
+            reason = f"interrupted by {self.signals[0]}"
+            try:
+                done = target.hand_over(reason)
+            except Exception as exc:  # the controller restores itself, as without a handover
+                _say(progress, f"{reason}: handing the restore to the host failed: {exc}")
+                continue
+            if done:
+                self.handed_over = done
+                self.handover_s = time.monotonic() - (self.first_at or time.monotonic())
+                _say(progress, f"{reason}: the restore was handed over at once: {done}")
+
+
+INTERRUPTS = Interrupts()
+
+
+def note_signal(signum: int) -> None:
+    """For the plugin's signal handlers: record the signal and, the first time, hand over."""
+    INTERRUPTS.signalled(signum)
 
 
 class Switchboard:
@@ -64,6 +178,7 @@ class Switchboard:
         progress: Progress,
         headers: dict[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
+        interrupts: Interrupts | None = None,
     ) -> None:
         self.target = target
         self.original = target.original()
@@ -71,9 +186,12 @@ class Switchboard:
         self.active: Service | None = self.original if self.was_active else None
         self.active_spec: SpecConfig | None = None
         self.restore_report: RestoreReport | None = None
+        self.ending = RunEnding()
+        self.interrupts = interrupts or INTERRUPTS
         self._ready_timeout_s = ready_timeout_s
         self._restore_timeout_s = restore_timeout_s
         self._checked_running_original = False
+        self._serving = False
         self._headers = headers
         self._transport = transport
         self._progress = progress
@@ -110,40 +228,132 @@ class Switchboard:
             transport=self._transport,
         )
 
-    def restore(self) -> RestoreReport:
-        """Stop any candidate and put the original back as it was found."""
+    def restore(self, record: Callable[[RunEnding], None] | None = None) -> RestoreReport:
+        """Put the original back as it was found: here, or by watching the host do it."""
         start = time.monotonic()
         errors: list[str] = []
-        serving = False
-        if self.active is not None and self.active is not self.original:
+        observed = True
+        self._serving = False
+        while True:
             try:
-                self._progress(f"restore: stopping {self.active.label}")
-                self.active.stop()
-            except Exception as exc:  # keep going: the original matters more
-                errors.append(f"stopping {self.active.label}: {exc}")
-            self.active = None
-        try:
-            if self.was_active:
-                if not self.original.is_active():
-                    self._progress(f"restore: starting {self.original.label}")
-                    self.original.start()
-                self._wait(self.original, self._restore_timeout_s)
-                serving = True
-            elif self.original.is_active():
-                self._progress(f"restore: stopping {self.original.label} (it was not running)")
-                self.original.stop()
-        except Exception as exc:
-            errors.append(str(exc))
-        self.active = self.original if self.original.is_active() else None
+                handed = self.interrupts.handover(self.target)
+                self._note_ending(handed, record)
+                if handed:
+                    self._watch_host_restore(errors)
+                else:
+                    self._restore_here(errors, deadline=start + self._restore_timeout_s)
+                break
+            except KeyboardInterrupt:
+                if self.interrupts.handover(self.target) and not self.ending.handed_over:
+                    continue  # the first signal came during our own restore: watch the host's
+                observed = False
+                again = self.interrupts.signals[-1] if self.interrupts.signals else "an interrupt"
+                self._progress(
+                    f"stopped watching the restore on {again}; the host goes on by itself"
+                    if self.ending.handed_over
+                    else f"the restore was interrupted by {again} before it ended"
+                )
+                break
+        is_active: bool | None = None
+        notes: list[str] = []
+        if observed:
+            try:
+                is_active = self.original.is_active()
+                if is_active and self.was_active:
+                    notes = self.target.after_restore()
+            except Exception as exc:
+                errors.append(str(exc))
+            self.active = self.original if is_active else None
         self.restore_report = RestoreReport(
             original=self.original.label,
             was_active=self.was_active,
-            is_active=self.original.is_active(),
+            is_active=is_active,
             seconds=time.monotonic() - start,
             errors=errors,
-            serving=serving,
+            serving=self._serving,
+            observed=observed,
+            notes=notes,
         )
+        self.ending.signals = list(self.interrupts.signals)  # a second one may have come
+        began = self.interrupts.first_at if self.ending.signals else start
+        self.ending.restore_observed = observed
+        if observed and is_active == self.was_active:
+            self.ending.restore_s = time.monotonic() - (began or start)
+        self._progress(f"run ending: {self.ending.describe()}")
+        if record is not None:
+            record(self.ending)
         return self.restore_report
+
+    def _note_ending(self, handed: str | None, record: Callable[[RunEnding], None] | None) -> None:
+        """What is known before the restore: written at once, in case nothing more is."""
+        self.ending.signals = list(self.interrupts.signals)
+        if self.ending.signals:
+            self.ending.how = "interrupted"
+        if handed and not self.ending.handed_over:
+            self.ending.handed_over = handed
+            self.ending.handover_s = self.interrupts.handover_s
+            if record is not None:
+                record(self.ending)
+
+    def _watch_host_restore(self, errors: list[str]) -> None:
+        """The host restores by itself; wait until it is done and the original serves."""
+        self._progress(f"restore: handed over ({self.ending.handed_over}); watching it finish")
+        try:
+            self.target.await_host_restore(self._restore_timeout_s, self._progress)
+            if self.was_active:
+                self._wait(self.original, self._restore_timeout_s)
+                self._serving = True
+        except (HostError, ServiceError) as exc:
+            errors.append(str(exc))
+        self.active = None
+
+    def _restore_here(self, errors: list[str], *, deadline: float) -> None:
+        """Stop any candidate and start the original, waiting out an unreachable host."""
+        if self.active is not None and self.active is not self.original:
+            active = self.active
+            self._progress(f"restore: stopping {active.label}")
+            self._step(f"stopping {active.label}", active.stop, errors, deadline)
+            self.active = None
+        if self.was_active:
+            self._step("starting the original", self._ensure_original, errors, deadline)
+        else:
+            self._step("stopping the original", self._stop_original, errors, deadline)
+
+    def _ensure_original(self) -> None:
+        if not self.original.is_active():
+            self._progress(f"restore: starting {self.original.label}")
+            self.original.start()
+        self._wait(self.original, self._restore_timeout_s)
+        self._serving = True
+
+    def _stop_original(self) -> None:
+        if self.original.is_active():
+            self._progress(f"restore: stopping {self.original.label} (it was not running)")
+            self.original.stop()
+
+    def _step(
+        self, what: str, action: Callable[[], None], errors: list[str], deadline: float
+    ) -> None:
+        """Run one restore step. A host that is away (a reboot, a dropped link) is waited for
+        until the deadline; a step that fails on a reachable host is retried twice."""
+        failures = 0
+        while True:
+            try:
+                action()
+                return
+            except HostError as exc:
+                failures += 1
+                away = not self.target.reachable()
+                if time.monotonic() < deadline and (away or failures < 3):
+                    why = "the host is unreachable" if away else "trying again"
+                    self._progress(f"restore: {what}: {exc}; {why}, retrying")
+                    time.sleep(5)
+                    continue
+                errors.append(f"{what}: {exc}")
+                return
+            except Exception as exc:  # keep going: the original matters more
+                errors.append(f"{what}: {exc}")
+                return
 
 
 @contextmanager
@@ -155,10 +365,12 @@ def experiment_services(
     progress: Progress,
     headers: dict[str, str] | None = None,
     transport: httpx.BaseTransport | None = None,
+    record_ending: Callable[[RunEnding], None] | None = None,
 ) -> Iterator[Switchboard]:
     """Yield a Switchboard; on any exit, restore the original service and check it.
 
     Call `target.preflight()` first: it refuses, before anything is touched, what is unsafe.
+    `record_ending` receives how the run ended, as soon as each part of it is known.
     """
     board = Switchboard(
         target,
@@ -168,14 +380,30 @@ def experiment_services(
         headers=headers,
         transport=transport,
     )
+    board.interrupts.watch(target, progress)
     try:
         yield board
     finally:
-        report = board.restore()
-        progress(report.describe())
-        target.close()
+        try:
+            report = board.restore(record_ending)
+            progress(report.describe())
+            target.close()
+        finally:
+            board.interrupts.unwatch(target)
         if report.failed:
             raise ServiceError(
                 f"restore failed on {target.host_name}: {report.describe()}. "
                 f"The original was {'active' if report.was_active else 'stopped'} before the run"
             )
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _say(progress: Progress, message: str) -> None:
+    with contextlib.suppress(Exception):  # a progress line must never cost the handover
+        progress(message)

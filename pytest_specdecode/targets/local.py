@@ -79,6 +79,11 @@ class LocalProcessService:
                 ) from None
         self.label = f"local vLLM process '{self.name}' (pid {self._proc.pid})"
 
+    def terminate(self) -> None:
+        """SIGTERM to the server's process group, without waiting (safe from a signal handler)."""
+        if self._proc is not None and self._proc.poll() is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         proc = self._proc
         if proc is None or proc.poll() is not None:
@@ -145,6 +150,7 @@ class LocalProcessTarget:
         self.log_dir = log_dir
         self.host = LocalHost()
         self._original: LocalProcessService | None = None
+        self._services: list[LocalProcessService] = []
 
     def preflight(self) -> None:
         """Refuse a port that something else already serves: this backend only runs its own."""
@@ -192,11 +198,33 @@ class LocalProcessTarget:
     def transports(self) -> Transports:
         return Transports()
 
+    def hand_over(self, reason: str) -> str | None:
+        """The original was not running before the run: stop every server now, from the signal.
+
+        Should this controller then die, PR_SET_PDEATHSIG covers the server it started last.
+        """
+        running = [s for s in self._services if s.is_active()]
+        for service in running:
+            service.terminate()
+        if not running:
+            return None
+        return "SIGTERM at once to " + ", ".join(s.label for s in running)
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        for service in self._services:
+            service.stop()  # waits for the SIGTERM, then makes sure the whole group is gone
+
+    def reachable(self) -> bool:
+        return True
+
+    def after_restore(self) -> list[str]:
+        return []
+
     def close(self) -> None:
         return None
 
     def _service(self, name: str, argv: Sequence[str]) -> LocalProcessService:
-        return LocalProcessService(
+        service = LocalProcessService(
             name=name,
             argv=argv,
             api_base=self.api_base,
@@ -205,6 +233,8 @@ class LocalProcessTarget:
             env=self.env,
             log_path=self.log_dir / f"server-{name}.log",
         )
+        self._services.append(service)
+        return service
 
 
 def server_env(extra: Mapping[str, str]) -> dict[str, str]:

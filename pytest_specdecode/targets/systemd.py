@@ -1,9 +1,14 @@
-"""The GPU host's vLLM as systemd units over a Host: the original, candidates, a watchdog, a lock.
+"""The GPU host's vLLM unit over a Host: the original, candidates as drop-ins, a watchdog, a lock.
 
-What it writes on the host, and where:
-- /etc/systemd/system/<unit>-specdecode.service: the candidate, removed at restore;
-- /run/pytest-specdecode/: the lock (owner.txt) and the watchdog's restore.sh, removed at restore;
-- transient units pytest-specdecode-watchdog.{timer,service} (systemd-run), stopped at restore.
+A candidate is the production unit itself with a runtime drop-in (see unitfile.py). What this
+writes on the host, and where:
+- /run/systemd/system/<unit>.d/zz-pytest-specdecode.conf: the candidate's drop-in. It exists only
+  while a candidate is configured; /run is cleared at boot, so a reboot restores the original;
+- /run/pytest-specdecode/: the lock (owner.txt, and `restoring` while a host-side restore runs)
+  and restore.sh, the host-side restore;
+- transient units pytest-specdecode-watchdog.{timer,service} (systemd-run). The timer runs
+  restore.sh when the controller stops renewing; an interrupted controller starts the service
+  at once. Nothing is ever written to /etc/systemd/system.
 
 It runs only the programs in HOST_PROGRAMS (no shell), so that a non-root user can be given
 exactly those in a sudo rule; the Host wraps each command in `sudo -n` where needed.
@@ -30,10 +35,16 @@ from . import gpu
 from .base import Progress, Transports, port_answers
 from .hosts import CommandResult, Host
 from .unitfile import (
-    candidate_unit_name,
+    ANY_UNIT_NAME,
+    DROPIN_NAME,
+    RUNTIME_UNIT_DIR,
+    candidate_exec_start,
     check_unit_name,
+    dropin_path,
+    dropin_run_id,
     effective_exec_start,
-    render_candidate_unit,
+    own_dropins,
+    render_dropin,
 )
 from .vllm_argv import option_value
 from .vllm_facts import ask_vllm
@@ -43,9 +54,10 @@ if TYPE_CHECKING:
 
 STATE_DIR = "/run/pytest-specdecode"
 LOCK_DIR = f"{STATE_DIR}/lock"
+RESTORING = f"{LOCK_DIR}/restoring"  # says a host-side restore runs, and since when
 RESTORE_SCRIPT = f"{STATE_DIR}/restore.sh"
-UNIT_DIR = "/etc/systemd/system"
 WATCHDOG = "pytest-specdecode-watchdog"
+HANDOVER_UNIT = "pytest-specdecode-restore"  # only if the watchdog's service cannot be started
 # Journal lines that mean the engine is dead although the unit may still look active.
 ENGINE_DEATH = re.compile(
     r"EngineCore failed|Engine core initialization failed|EngineDeadError|InvalidCxxCompiler"
@@ -62,33 +74,39 @@ HOST_PROGRAMS: dict[str, tuple[str, ...]] = {
     "mv": ("mv", "--version"),
     "rm": ("rm", "--version"),
     "mkdir": ("mkdir", "--version"),
+    "rmdir": ("rmdir", "--version"),
     "cat": ("cat", "--version"),
     "test": ("test", "-d", "/"),
     "ss": ("ss", "-V"),
 }
 _INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
+# Reverse dependencies along which a stop of the unit propagates (Requires=, Requisite=,
+# BindsTo=, PartOf=): those units stop with it and nothing starts them again by itself.
+_STOPPED_WITH = ("RequiredBy", "RequisiteOf", "BoundBy", "ConsistsOf")
+# Listeners of a container's published port that belong to the container engine, not the unit.
+_CONTAINER_PROXIES = ("docker-proxy", "rootlessport", "slirp4netns", "pasta", "conmon")
 
 
 class SystemdUnit:
-    """One unit on a host, seen as a Service."""
+    """The production unit on a host, seen as one Service: the original, or one candidate.
 
-    def __init__(
-        self,
-        host: Host,
-        unit: str,
-        *,
-        api_base: str,
-        model: str,
-        progress: Progress | None = None,
-    ) -> None:
-        self.host = host
-        self.unit = check_unit_name(unit)
-        self.api_base = api_base
-        self.model = model
-        self.label = f"unit {unit} on {host.name}"
+    Both are the same systemd unit. Which one runs is told by the candidate's drop-in: it is
+    written only while the unit is stopped and removed only after it stopped, so the unit runs
+    a candidate exactly when it is active with the drop-in present.
+    """
+
+    def __init__(self, target: SystemdTarget, spec: SpecConfig | None = None) -> None:
+        self.target = target
+        self.host = target.host
+        self.unit = target.unit
+        self.spec = spec
+        self.api_base = target.api_base
+        self.model = target.model
+        where = f"unit {self.unit} on {target.host_name}"
+        self.label = where if spec is None else f"candidate {spec.name}: {where} with {DROPIN_NAME}"
+        self.progress = target.progress
         self._started_at: float | None = None
         self._restarts_at_start = 0
-        self.progress = progress
         self.gpu_notes: list[str] = []  # what the last stop saw on the GPUs besides the unit
 
     def show(self) -> dict[str, str]:
@@ -99,20 +117,38 @@ class SystemdUnit:
 
     def state(self) -> str:
         s = self.show()
-        return f"{s.get('ActiveState')}/{s.get('SubState')} (NRestarts={s.get('NRestarts')})"
+        dropin = "present" if self.target.dropin_present() else "absent"
+        return (
+            f"{s.get('ActiveState')}/{s.get('SubState')} (NRestarts={s.get('NRestarts')}, "
+            f"candidate drop-in {dropin})"
+        )
 
     def is_active(self) -> bool:
-        return self.show().get("ActiveState") in ("active", "activating", "reloading")
+        if self.show().get("ActiveState") not in ("active", "activating", "reloading"):
+            return False
+        return self.target.dropin_present() == (self.spec is not None)
 
     def start(self) -> None:
-        self._restarts_at_start = int(self.show().get("NRestarts") or 0)
+        if self.spec is None and self.target.dropin_present():
+            # A candidate is configured (a restore that stopped half-way): stop it, drop it.
+            self._systemctl("stop", timeout=180)
+            self.target.remove_dropin()
+        before = int(self.show().get("NRestarts") or 0)
         self._started_at = time.time()
         self._systemctl("start", timeout=120)
+        # A manual start may reset NRestarts: a crash loop counts from the lower of the two.
+        self._restarts_at_start = min(before, int(self.show().get("NRestarts") or 0))
 
     def stop(self) -> None:
+        if self.spec is not None and not self.target.dropin_present():
+            # The drop-in is gone: the host rebooted, or its watchdog restored the original.
+            # The unit now runs the original, which is not this candidate's to stop.
+            return
         before = gpu.snapshot_unit(self.host, self.unit)  # its PIDs, while they still run
         self._systemctl("stop", timeout=180)
         self._check_stopped(before)
+        if self.spec is not None:
+            self.target.remove_dropin()
 
     def failure(self) -> str | None:
         s = self.show()
@@ -198,7 +234,7 @@ class SystemdUnit:
 
 
 class SystemdTarget:
-    """A production unit on a host, and candidate units derived from it."""
+    """A production unit on a host, and candidates as runtime drop-ins of that same unit."""
 
     adopts_running_original = True  # the running unit is the baseline, measured as it runs
     typical_start_s = 300.0
@@ -213,25 +249,34 @@ class SystemdTarget:
         watchdog_s: float = 1800.0,
         heartbeat_host: Host | None = None,
         progress: Progress | None = None,
+        vllm_images: Sequence[str] = (),
+        restore_timeout_s: float = 3600.0,
     ) -> None:
         self.host = host
         self.progress = progress
         self.host_name = host.name
         self.unit = check_unit_name(unit)
-        self.candidate_unit = candidate_unit_name(unit)
+        self.dropin = dropin_path(unit)
         self.api_base = api_base
         self.model = model
         self.watchdog_s = watchdog_s
-        self.run_id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        self.restore_timeout_s = restore_timeout_s  # bounds the host-side wait for the port
+        self.vllm_images = tuple(vllm_images)
+        # It goes into the restore script and the lock: nothing a shell could misread.
+        machine = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
+        self.run_id = f"{machine}-{os.getpid()}-{int(time.time())}"
+        self.dependents: dict[str, bool] = {}  # units a stop of ours also stops -> active then
         self._heartbeat_host = heartbeat_host
         self._heartbeat: threading.Thread | None = None
         self._stop_heartbeat = threading.Event()
         self._original: SystemdUnit | None = None
         self._unit_text: str | None = None
+        self._boot_id: str | None = None
         self._locked = False
         self._armed = False
-        self.watchdog_fired = False
-        self._wrote_candidate = False
+        self._handed_over = False
+        self._closing = False
+        self._wrote_dropin = False
         self.tunnel: ApiTunnel | None = None
 
     def use_tunnel(self, tunnel: ApiTunnel) -> None:
@@ -242,8 +287,10 @@ class SystemdTarget:
 
     def api_address(self) -> tuple[str, int]:
         """Where the unit's API listens, as the host sees it: its ExecStart's --host/--port."""
-        _, tokens = effective_exec_start(self.unit_text(), where=f"unit {self.unit}")
-        argv = [t.value for t in tokens]
+        exec_start = effective_exec_start(
+            self.unit_text(), where=f"unit {self.unit}", images=self.vllm_images
+        )
+        argv = exec_start.argv[exec_start.server.server_args :]  # a container's: inside it
         host = option_value(argv, "--host") or "127.0.0.1"
         port_text = option_value(argv, "--port") or "8000"  # vLLM's defaults
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
@@ -259,9 +306,11 @@ class SystemdTarget:
 
     # -- Target -------------------------------------------------------------------------------
     def preflight(self) -> None:
+        self._refuse_if_locked()  # first: another run's lock explains every other state
         self._check_programs()
         text = self.unit_text()
-        render_candidate_unit(self.unit, text, _PROBE_SPEC, run_id=self.run_id)  # parses or refuses
+        self._refuse_own_dropin(text)
+        render_dropin(self.unit, text, _PROBE_SPEC, run_id=self.run_id, images=self.vllm_images)
         state = self.original().show()
         if state.get("ActiveState") != "active":
             raise ConfigError(
@@ -272,14 +321,21 @@ class SystemdTarget:
         self._check_port_owner()
         if self.tunnel is not None:
             self.tunnel.remote_answers()  # refuses an sshd that forbids forwarding
-        writable = self.host.run(["test", "-w", UNIT_DIR], timeout=30)
+        writable = self.host.run(["test", "-w", RUNTIME_UNIT_DIR], timeout=30)
         if not writable.ok:
             raise ConfigError(
-                f"{self.host_name}: {UNIT_DIR} is not writable by {self.host.name.split('@')[0]}; "
-                "the candidate unit cannot be written (connect as root, or as a user with the "
-                "sudo rule of the README)"
+                f"{self.host_name}: {RUNTIME_UNIT_DIR} is not writable by "
+                f"{self.host.name.split('@')[0]}; the candidate's drop-in cannot be written "
+                "(connect as root, or as a user with the sudo rule of docs/remote-host.md)"
             )
+        self.dependents = self._find_dependents()
+        self._boot_id = self._read_boot_id()
         self._lock()
+        try:
+            self._arm_watchdog()  # from now on a silent controller is restored after
+        except BaseException:
+            self.close()
+            raise
 
     def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
         """Asked of the Python in the unit's ExecStart, over SSH; reads, never changes."""
@@ -289,62 +345,158 @@ class SystemdTarget:
 
     def original(self) -> SystemdUnit:
         if self._original is None:
-            self._original = SystemdUnit(
-                self.host,
-                self.unit,
-                api_base=self.api_base,
-                model=self.model,
-                progress=self.progress,
-            )
+            self._original = SystemdUnit(self)
         return self._original
 
     def before_swap(self) -> None:
         self._arm_watchdog()
 
     def candidate(self, spec: SpecConfig) -> SystemdUnit:
+        """Configure the (stopped) unit as the candidate: write its drop-in, reload, check it."""
         self._arm_watchdog()
         self._check_port_free()
-        content = render_candidate_unit(self.unit, self.unit_text(), spec, run_id=self.run_id)
-        self._wrote_candidate = True
-        self.write_file(f"{UNIT_DIR}/{self.candidate_unit}", content)
-        self.host.check(["systemctl", "daemon-reload"], timeout=60)
-        return SystemdUnit(
-            self.host,
-            self.candidate_unit,
-            api_base=self.api_base,
-            model=self.model,
-            progress=self.progress,
+        content = render_dropin(
+            self.unit, self.unit_text(), spec, run_id=self.run_id, images=self.vllm_images
         )
+        self._wrote_dropin = True
+        self.write_file(self.dropin, content)
+        self.host.check(["systemctl", "daemon-reload"], timeout=60)
+        self._check_dropin_took_effect(spec)
+        return SystemdUnit(self, spec)
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
-        steps = [f"on {self.host_name}: lock {LOCK_DIR}; measure {self.unit} as it runs"]
+        steps = [
+            f"on {self.host_name}: lock {LOCK_DIR}; arm the watchdog: systemd-run --unit "
+            f"{WATCHDOG} --on-active={self.watchdog_s:.0f}s /bin/sh {RESTORE_SCRIPT} (renewed "
+            f"while this controller runs); measure {self.unit} as it runs"
+        ]
         if self.tunnel is not None:
             steps.append(f"reach the API through SSH: {self.tunnel.describe()}")
         for spec in specs:
-            unit_file = render_candidate_unit(self.unit, self.unit_text(), spec, run_id=self.run_id)
+            text = render_dropin(
+                self.unit, self.unit_text(), spec, run_id=self.run_id, images=self.vllm_images
+            )
             steps += [
-                f"arm the watchdog: systemd-run --unit {WATCHDOG} --on-active="
-                f"{self.watchdog_s:.0f}s /bin/sh {RESTORE_SCRIPT} (renewed while running)",
-                f"systemctl stop {self.unit} (or the previous candidate)",
-                f"write {UNIT_DIR}/{self.candidate_unit}:\n" + _indent(unit_file),
-                f"systemctl daemon-reload; systemctl start {self.candidate_unit}",
+                f"systemctl stop {self.unit} (the original or the previous candidate); check "
+                "that its process is gone and the port free",
+                f"write {self.dropin} (runtime only: /run is cleared at boot, so a reboot brings "
+                "back the original by itself):\n" + _indent(text),
+                f"systemctl daemon-reload; systemctl start {self.unit} (now candidate {spec.name})",
             ]
         steps += [
-            f"restore: systemctl stop {self.candidate_unit}; rm {UNIT_DIR}/"
-            f"{self.candidate_unit}; systemctl daemon-reload; systemctl start {self.unit}; wait "
-            f"until healthy; disarm the watchdog; unlock",
+            f"restore: systemctl stop {self.unit}; rm {self.dropin}; systemctl daemon-reload; "
+            f"systemctl start {self.unit}; wait until healthy; start again the units that its "
+            "stop also stopped (BindsTo=/Requires=/PartOf=) and that were active; disarm the "
+            "watchdog; unlock. On Ctrl-C, SIGTERM or SIGHUP the host runs this restore itself at "
+            f"once ({WATCHDOG}.service runs {RESTORE_SCRIPT})",
         ]
         return steps
 
     def transports(self) -> Transports:
         return Transports()
 
-    def close(self) -> None:
-        """Called after the restore: remove every trace, then let go of the host."""
+    def hand_over(self, reason: str) -> str | None:
+        """Start the host-side restore now; it completes even if this controller dies next.
+
+        Runs on a thread of its own, from the first signal, over the heartbeat's connection.
+        """
+        if not (self._locked and self._armed) or self._handed_over or self._closing:
+            return None
+        host = self._heartbeat_host or self.host
+        if not self._lock_is_ours(host):
+            return None  # rebooted, or restored already: another run may hold the host now
+        status = (
+            f"restore in progress since {_now()}: handed to the host by run {self.run_id} "
+            f"({reason})"
+        )
+        self.write_file(RESTORING, status + "\n", host=host)
+        started = host.run(["systemctl", "start", "--no-block", f"{WATCHDOG}.service"], timeout=15)
+        unit = f"{WATCHDOG}.service"
+        if not started.ok:  # the watchdog's units are gone: run the same script on its own
+            host.check(
+                ["systemd-run", f"--unit={HANDOVER_UNIT}", "--collect", "/bin/sh", RESTORE_SCRIPT],
+                timeout=15,
+            )
+            unit = f"{HANDOVER_UNIT}.service"
+        self._handed_over = True
+        self._stop_heartbeat.set()
+        return f"{unit} on {self.host_name} runs {RESTORE_SCRIPT}"
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        """Wait until the host-side restore script has run to its end."""
+        start = time.monotonic()
+        last = start
+        while self.host.run(["test", "-e", RESTORE_SCRIPT], timeout=30).ok:
+            if time.monotonic() - start > timeout_s:
+                raise ServiceError(
+                    f"the host-side restore on {self.host_name} did not finish within "
+                    f"{timeout_s:.0f}s; the unit is {self.original().state()}"
+                    + self._watchdog_journal()
+                )
+            if time.monotonic() - last >= 15:
+                last = time.monotonic()
+                progress(f"  … the host is restoring {self.unit}: {self.original().state()}")
+            time.sleep(1)
+
+    def reachable(self) -> bool:
         try:
-            self._remove_candidate()
-            self._disarm_watchdog()
-            self._unlock()
+            return self.host.run(["true"], timeout=15).ok
+        except HostError:
+            return False
+
+    def after_restore(self) -> list[str]:
+        """Start again the dependents that were active at the start; say what was done."""
+        notes: list[str] = []
+        boot = self._read_boot_id()
+        if self._boot_id and boot and boot != self._boot_id:
+            notes.append(
+                f"{self.host_name} rebooted during the run: the candidate's runtime drop-in went "
+                "with /run, and the original came back by itself"
+            )
+        wanted = [u for u, active in self.dependents.items() if active]
+        if not wanted:
+            return notes
+        states = self._active_states(wanted)
+        stopped = [u for u in wanted if states.get(u) != "active"]
+        if stopped:
+            self.host.run(["systemctl", "start", *stopped], timeout=180)
+            states = self._active_states(wanted)
+            back = [u for u in stopped if states.get(u) == "active"]
+            if back:
+                depend = "it depends" if len(back) == 1 else "they depend"
+                notes.append(
+                    f"started again {', '.join(back)} (stopped with {self.unit}, which {depend} "
+                    "on; active when the run began)"
+                )
+            still = [f"{u} is {states.get(u)}" for u in stopped if u not in back]
+            if still:
+                raise ServiceError(
+                    f"units that depend on {self.unit} on {self.host_name} did not start again: "
+                    + "; ".join(still)
+                )
+        if len(stopped) < len(wanted):
+            notes.append(
+                "active again: "
+                + ", ".join(u for u in wanted if u not in stopped)
+                + f" (they depend on {self.unit})"
+            )
+        return notes
+
+    def close(self) -> None:
+        """Called after the restore: remove this run's traces, then let go of the host."""
+        self._closing = True
+        try:
+            if self._handed_over:
+                self._stop_heartbeat.set()  # the host's restore removes the rest itself
+            elif self._locked and not self._lock_is_ours():
+                # Rebooted, or restored by the watchdog and perhaps locked by another run since:
+                # nothing on the host is this run's any more.
+                self._stop_heartbeat.set()
+                self._locked = self._armed = False
+            else:
+                self._remove_dropin_if_written()
+                self._disarm_watchdog()
+                self._unlock()
         finally:
             self.host.close()
             if self._heartbeat_host is not None:
@@ -352,7 +504,7 @@ class SystemdTarget:
             if self.tunnel is not None:
                 self.tunnel.close()
 
-    # -- host files -----------------------------------------------------------------------------
+    # -- host files: every write and every removal goes through these two -------------------
     def unit_text(self) -> str:
         if self._unit_text is None:
             result = self.host.run(["systemctl", "cat", self.unit], timeout=30)
@@ -366,7 +518,9 @@ class SystemdTarget:
             self._unit_text = result.stdout
         return self._unit_text
 
-    def write_file(self, path: str, content: str, mode: str = "0644") -> None:
+    def write_file(
+        self, path: str, content: str, mode: str = "0644", *, host: Host | None = None
+    ) -> None:
         """Atomically: a temporary file beside it, then rename. Content goes by stdin only.
 
         `install -D` creates missing parent directories (0755), e.g. a drop-in's `<unit>.d/`.
@@ -374,47 +528,190 @@ class SystemdTarget:
         if not re.fullmatch(r"0[0-7]{3}", mode) or not path.startswith("/") or ".." in path:
             raise ValueError(f"write_file: refusing path {path!r} or mode {mode!r}")
         tmp = f"{path}.tmp"
-        self.host.check(["install", "-m", mode, "-D", "/dev/stdin", tmp], stdin=content, timeout=60)
-        self.host.check(["mv", "-f", tmp, path], timeout=30)
+        on = host or self.host
+        on.check(["install", "-m", mode, "-D", "/dev/stdin", tmp], stdin=content, timeout=60)
+        on.check(["mv", "-f", tmp, path], timeout=30)
+
+    def remove_files(self, *paths: str, empty_dir: str | None = None) -> None:
+        """rm -rf the paths; then rmdir `empty_dir` if nothing else is in it."""
+        self.host.check(["rm", "-rf", "--", *paths], timeout=30)
+        if empty_dir:
+            self.host.run(["rmdir", "--ignore-fail-on-non-empty", "--", empty_dir], timeout=30)
+
+    # -- the candidate's drop-in ---------------------------------------------------------------
+    def dropin_present(self) -> bool:
+        return self.host.run(["test", "-e", self.dropin], timeout=30).ok
+
+    def remove_dropin(self) -> None:
+        """Remove the drop-in (the unit is stopped) and reload: the original is configured."""
+        self.remove_files(self.dropin, empty_dir=self.dropin.rsplit("/", 1)[0])
+        self.host.check(["systemctl", "daemon-reload"], timeout=60)
+
+    def _remove_dropin_if_written(self) -> None:
+        if self._wrote_dropin and self.dropin_present():
+            self.host.run(["systemctl", "stop", self.unit], timeout=180)
+            self.remove_dropin()
+
+    def _check_dropin_took_effect(self, spec: SpecConfig) -> None:
+        """After the reload, `systemctl cat` must show our command as the one systemd runs."""
+        text = self.host.check(["systemctl", "cat", self.unit], timeout=30).stdout
+        where = f"unit {self.unit} on {self.host_name}"
+        want = candidate_exec_start(self.unit_text(), spec, where=where, images=self.vllm_images)
+        try:
+            got = effective_exec_start(text, where=where, images=self.vllm_images)
+            ok = got.prefix + " ".join(t.raw for t in got.tokens) == want
+        except ConfigError:
+            ok = False
+        if not ok:
+            self.remove_dropin()
+            raise ServiceError(
+                f"{where}: after writing {self.dropin} and daemon-reload, the unit's ExecStart "
+                "is not the candidate's (another drop-in overrides it?); the drop-in was removed"
+            )
+
+    def _refuse_own_dropin(self, text: str) -> None:
+        """A drop-in of this tool already in place means a candidate may be what runs now."""
+        found = own_dropins(text)
+        if not found:
+            return
+        path, body = found[0]
+        raise ConfigError(
+            f"unit {self.unit} on {self.host_name} has pytest-specdecode's drop-in {path} (run "
+            f"{dropin_run_id(body) or 'unknown'}), and no run holds the host's lock: it may be "
+            f"running a candidate, not the original. Remove it, run `systemctl daemon-reload` "
+            f"and restart {self.unit} (or reboot the host). Nothing was touched"
+        )
+
+    # -- dependents -----------------------------------------------------------------------------
+    def _find_dependents(self) -> dict[str, bool]:
+        """Units that a stop of ours also stops, recursively, and whether each is active now."""
+        found: dict[str, bool] = {}
+        frontier = [self.unit]
+        while frontier and len(found) < 200:
+            props = ["Id", "ActiveState", *_STOPPED_WITH]
+            result = self.host.run(
+                ["systemctl", "show", *(f"--property={p}" for p in props), *frontier], timeout=30
+            )
+            if not result.ok:
+                break
+            next_frontier: list[str] = []
+            for block in result.stdout.split("\n\n"):
+                values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+                if values.get("Id") and values["Id"] != self.unit:
+                    found[values["Id"]] = values.get("ActiveState") == "active"
+                for prop in _STOPPED_WITH:
+                    for name in values.get(prop, "").split():
+                        if name not in found and name != self.unit and ANY_UNIT_NAME.match(name):
+                            found.setdefault(name, False)
+                            next_frontier.append(name)
+            frontier = next_frontier
+        return found
+
+    def _active_states(self, units: Sequence[str]) -> dict[str, str]:
+        result = self.host.run(
+            ["systemctl", "show", "--property=Id", "--property=ActiveState", *units], timeout=30
+        )
+        out: dict[str, str] = {}
+        for block in result.stdout.split("\n\n"):
+            values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+            if "Id" in values:
+                out[values["Id"]] = values.get("ActiveState", "")
+        return out
+
+    def _read_boot_id(self) -> str | None:
+        try:
+            result = self.host.run(["cat", "/proc/sys/kernel/random/boot_id"], timeout=15)
+        except HostError:
+            return None
+        return result.stdout.strip() if result.ok else None
 
     # -- lock -------------------------------------------------------------------------------------
     def _lock(self) -> None:
         owner = (
             f"run {self.run_id} by {getpass.getuser()} on {socket.gethostname()} since "
-            f"{datetime.now(UTC).isoformat(timespec='seconds')}, unit {self.unit}"
+            f"{_now()}, unit {self.unit}"
         )
         self.host.check(["mkdir", "-p", "-m", "0700", STATE_DIR], timeout=30)
         got = self.host.run(["mkdir", LOCK_DIR], timeout=30)
         if not got.ok:
-            held = self.host.run(["cat", f"{LOCK_DIR}/owner.txt"], timeout=30).stdout.strip()
+            self._refuse_if_locked()
+            raise ConfigError(f"{self.host_name}: cannot create {LOCK_DIR}: {got.describe()}")
+        self._locked = True
+        self.write_file(f"{LOCK_DIR}/owner.txt", owner + "\n")
+
+    def _refuse_if_locked(self) -> None:
+        held = self._lock_text()
+        if held is not None:
             raise ConfigError(
                 f"{self.host_name} is locked by another experiment ({held or 'owner unknown'}); "
                 f"nothing was touched. If that run is dead and its watchdog gone, remove "
                 f"{LOCK_DIR} on the host"
             )
-        self._locked = True
-        self.write_file(f"{LOCK_DIR}/owner.txt", owner + "\n")
+
+    def _lock_text(self) -> str | None:
+        """Who holds the lock, and whether a host-side restore runs for it; None: no lock."""
+        if not self.host.run(["test", "-d", LOCK_DIR], timeout=30).ok:
+            return None
+        # either file may be missing: cat then fails, but prints the other
+        result = self.host.run(["cat", f"{LOCK_DIR}/owner.txt", RESTORING], timeout=30)
+        return "; ".join(line.strip() for line in result.stdout.splitlines() if line.strip())
+
+    def _lock_is_ours(self, host: Host | None = None) -> bool:
+        try:
+            result = (host or self.host).run(["cat", f"{LOCK_DIR}/owner.txt"], timeout=30)
+        except HostError:
+            return False
+        return result.ok and result.stdout.startswith(f"run {self.run_id} ")
 
     def _unlock(self) -> None:
         if self._locked:
-            self.host.run(["rm", "-rf", LOCK_DIR], timeout=30)
+            if self._lock_is_ours():
+                self.remove_files(LOCK_DIR)
             self._locked = False
 
     # -- watchdog -----------------------------------------------------------------------------
     def restore_script(self) -> str:
-        cand, orig = shlex.quote(self.candidate_unit), shlex.quote(self.unit)
-        return "\n".join(
-            [
-                "#!/bin/sh",
-                f"# pytest-specdecode run {self.run_id}: the controller stopped renewing; restore.",
-                f"systemctl stop {cand}",
-                f"rm -f {shlex.quote(f'{UNIT_DIR}/{self.candidate_unit}')}",
-                "systemctl daemon-reload",
-                f"systemctl start {orig}",
-                f"rm -rf {shlex.quote(LOCK_DIR)} {shlex.quote(RESTORE_SCRIPT)}",
-                "",
-            ]
-        )
+        """The host-side restore: what the watchdog runs, and what a signal hands over."""
+        q = shlex.quote
+        unit, dropin = q(self.unit), q(self.dropin)
+        owner = q(f"{LOCK_DIR}/owner.txt")
+        mine = f"grep -qsF {q(f'run {self.run_id} ')} {owner}"
+        dependents = [u for u, active in self.dependents.items() if active]
+        lines = [
+            "#!/bin/sh",
+            f"# pytest-specdecode run {self.run_id}: put {self.unit} back as it was found.",
+            "# Run by the watchdog's timer when the controller stops renewing, or at once when",
+            "# the controller is interrupted. Each step is idempotent.",
+            f'{mine} || {{ echo "lock not held by run {self.run_id}: nothing to restore"; '
+            "exit 0; }",
+            f'[ -e {q(RESTORING)} ] || echo "restore in progress since $(date -u +%FT%TZ): the '
+            f'watchdog fired (run {self.run_id} was silent for {self.watchdog_s:.0f}s)" > '
+            f"{q(RESTORING)}",
+            f"systemctl stop {q(WATCHDOG + '.timer')}",
+            f"if [ -e {dropin} ]; then",
+            f"  systemctl stop {unit}",
+            f"  rm -f {dropin}",
+            f"  rmdir --ignore-fail-on-non-empty {q(self.dropin.rsplit('/', 1)[0])}",
+            "  systemctl daemon-reload",
+            "fi",
+            f"systemctl start {unit}",
+        ]
+        if dependents:
+            lines.append(
+                "# units that the stop also stopped, and that were active when the run began"
+            )
+            lines.append("systemctl start " + " ".join(q(u) for u in dependents))
+        port = urlsplit(self.api_base).port or 80
+        lines += [
+            "# The lock says a restore is in progress until the original listens again.",
+            f"i=0; while [ $i -lt {int(self.restore_timeout_s)} ] && command -v ss >/dev/null "
+            f"&& ! ss -Htln 'sport = :{port}' | grep -q .; do sleep 2; i=$((i + 2)); done",
+            f"{mine} && rm -rf {q(LOCK_DIR)}",
+            f"rm -f {q(RESTORE_SCRIPT)}",
+            f'echo "restored {self.unit} for run {self.run_id}"',
+            "",
+        ]
+        return "\n".join(lines)
 
     def _arm_watchdog(self) -> None:
         if self._armed:
@@ -463,9 +760,11 @@ class SystemdTarget:
                     timeout=30,
                 ).stdout.strip()
                 if fired not in ("", "0"):
-                    self.watchdog_fired = True  # the host restored on its own: stop renewing
+                    return  # the host restores on its own: stop renewing
+                # Restarting the timer re-arms --on-active from now; never once a restore runs
+                # (this controller's own handover sets _stop_heartbeat before it writes RESTORING).
+                if host.run(["test", "-e", RESTORING], timeout=30).ok:
                     return
-                # Restarting the timer re-arms --on-active from now.
                 host.run(["systemctl", "restart", f"{WATCHDOG}.timer"], timeout=30)
             except Exception:  # the next beat retries; the timer itself is the safety net
                 continue
@@ -477,19 +776,18 @@ class SystemdTarget:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=30)
         self.host.run(["systemctl", "stop", f"{WATCHDOG}.timer", f"{WATCHDOG}.service"], timeout=30)
-        self.host.run(["rm", "-f", RESTORE_SCRIPT], timeout=30)
+        self.remove_files(RESTORE_SCRIPT)
         self._armed = False
 
-    # -- candidate ----------------------------------------------------------------------------
-    def _remove_candidate(self) -> None:
-        if not self._wrote_candidate:
-            return
-        path = f"{UNIT_DIR}/{self.candidate_unit}"
-        if self.host.run(["test", "-e", path], timeout=30).ok:
-            self.host.run(["systemctl", "stop", self.candidate_unit], timeout=180)
-            self.host.check(["rm", "-f", path], timeout=30)
-            self.host.check(["systemctl", "daemon-reload"], timeout=60)
+    def _watchdog_journal(self) -> str:
+        result = self.host.run(
+            ["journalctl", "-u", f"{WATCHDOG}.service", "-n", "20", "-o", "cat", "--no-pager"],
+            timeout=30,
+        )
+        lines = [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
+        return ("\n--- the host-side restore's journal ---\n" + "\n".join(lines)) if lines else ""
 
+    # -- ports ----------------------------------------------------------------------------------
     def _check_port_owner(self) -> None:
         """The API port must be the unit's: else we would measure, or collide with, another."""
         port = self._api_port()
@@ -501,7 +799,10 @@ class SystemdTarget:
         for pid in pids:
             seen = self.host.run(["cat", f"/proc/{pid}/comm", f"/proc/{pid}/cgroup"], timeout=30)
             owners += f"{pid} {' '.join(seen.stdout.split())}\n"
-        if f"/{self.unit}" not in owners:
+        container = effective_exec_start(
+            self.unit_text(), where=f"unit {self.unit}", images=self.vllm_images
+        ).server.image
+        if not port_held_by_unit(owners, self.unit, container=container is not None):
             holder = " ".join(owners.split()[:2]) or pids[0]
             raise ConfigError(
                 f"port {port} on {self.host_name} is held by pid {holder}, which is not part of "
@@ -516,8 +817,9 @@ class SystemdTarget:
             if time.monotonic() > deadline:
                 raise ServiceError(
                     f"port {self._api_port()} on {self.host_name} still answers 30s "
-                    f"after {self.unit} stopped: something else holds it, so the candidate could "
-                    "not bind it"
+                    f"after {self.unit} stopped: something else holds it (a container that "
+                    "outlived its unit? give the unit ExecStop=docker stop NAME), so the "
+                    "candidate could not bind it"
                 )
             time.sleep(1)
 
@@ -556,7 +858,27 @@ def _sudo_refused(result: CommandResult) -> bool:
     return result.argv[:2] == ("sudo", "-n") and result.stderr.lstrip().startswith("sudo:")
 
 
+def port_held_by_unit(owners: str, unit: str, *, container: bool) -> bool:
+    """Whether the listeners ("pid comm cgroups…", a line each) are the unit's, or its
+    container's."""
+    for line in owners.splitlines():
+        if f"/{unit}" in line:
+            continue
+        parts = line.split()
+        comm = parts[1] if len(parts) > 1 else ""
+        if container and (
+            comm in _CONTAINER_PROXIES or re.search(r"/(docker|libpod)-[0-9a-f]{12,}", line)
+        ):
+            continue
+        return False
+    return True
+
+
 _PROBE_SPEC = SpecConfig("probe", {"method": "ngram", "num_speculative_tokens": 1})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _indent(text: str) -> str:

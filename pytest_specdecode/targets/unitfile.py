@@ -1,36 +1,77 @@
-"""systemd unit files: read the original's ExecStart, render the candidate's. Pure functions."""
+"""systemd unit files: read the original's ExecStart, render a candidate's drop-in. Pure functions.
+
+A candidate runs as the production unit itself, changed only by a runtime drop-in:
+
+    /run/systemd/system/<unit>.d/zz-pytest-specdecode.conf
+    [Service]
+    ExecStart=
+    ExecStart=<the original's command, its raw words reused verbatim> --speculative-config "<JSON>"
+
+Specifiers (%i, %n, …), ${VAR}, EnvironmentFile=, User=, ExecStartPre=, the dependencies and the
+unit's name all stay the unit's own: nothing is copied. /run is cleared at boot, so a reboot
+brings back the original by itself. Nothing is ever written to /etc/systemd/system.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
-from .vllm_argv import SPEC_FLAG, check_vllm_command
+from .vllm_argv import SPEC_FLAG, ServerCommand, parse_server_command, spec_flag_positions
 
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
-CANDIDATE_SUFFIX = "-specdecode"
+ANY_UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}\.[a-z]{3,9}$")
+RUNTIME_UNIT_DIR = "/run/systemd/system"
+PERSISTENT_UNIT_DIR = "/etc/systemd/system"  # never written by this tool
+# systemd applies drop-ins in the order of their file names, across directories: ours sorts after
+# the usual override.conf and NN-name.conf, and the preflight refuses any that would follow it.
+DROPIN_NAME = "zz-pytest-specdecode.conf"
+DROPIN_MARK = "# Written by pytest-specdecode"
+# An ExecStart prefix that changes how the words are read ("@" takes argv[0] apart, ":" turns off
+# $VAR expansion, "|" runs a shell) is refused; these only change privileges or failure handling.
+_KEPT_PREFIX = set("-+!")
 
 
 def check_unit_name(unit: str) -> str:
-    """A plain .service name: nothing a shell or a path could misread."""
+    """A plain .service name: nothing a shell or a path could misread; not a bare template."""
     if not UNIT_NAME.match(unit) or ".." in unit:
         raise ConfigError(
             f"unit {unit!r} is not a plain systemd service name (letters, digits, ':_.@-', "
             "ending in .service)"
         )
+    if unit.endswith("@.service"):
+        raise ConfigError(
+            f"unit {unit!r} is a template, which never runs itself: name the instance that "
+            f"serves, such as {unit.removesuffix('@.service')}@MODEL.service"
+        )
     return unit
 
 
-def candidate_unit_name(unit: str) -> str:
-    return unit.removesuffix(".service") + CANDIDATE_SUFFIX + ".service"
+def dropin_path(unit: str) -> str:
+    """Where a candidate's drop-in goes: runtime only, for this unit (or instance) alone."""
+    return f"{RUNTIME_UNIT_DIR}/{check_unit_name(unit)}.d/{DROPIN_NAME}"
 
 
 @dataclass(frozen=True)
 class Token:
     raw: str  # as written in the unit file, quotes and all
     value: str  # what the process receives (before systemd's $VAR and % expansion)
+
+
+@dataclass(frozen=True)
+class ExecStart:
+    """The command systemd runs for the unit, as its raw words and as what they mean."""
+
+    prefix: str
+    tokens: tuple[Token, ...]
+    server: ServerCommand
+
+    @property
+    def argv(self) -> list[str]:
+        return [t.value for t in self.tokens]
 
 
 def split_exec(value: str) -> list[Token]:
@@ -73,10 +114,35 @@ def quote_arg(arg: str) -> str:
     return '"' + escaped.replace("$", "$$").replace("%", "%%") + '"'
 
 
-def effective_exec_start(unit_text: str, *, where: str) -> tuple[str, list[Token]]:
+def unit_files(unit_text: str) -> list[tuple[str, str]]:
+    """`systemctl cat` output as (path, text) per file, in the order systemd applies them."""
+    files: list[tuple[str, list[str]]] = []
+    for line in unit_text.splitlines():
+        if line.startswith("# /") and (not files or _looks_like_header(line)):
+            files.append((line[2:].strip(), []))
+        elif files:
+            files[-1][1].append(line)
+        else:
+            files.append(("", [line]))
+    return [(path, "\n".join(lines)) for path, lines in files]
+
+
+def _looks_like_header(line: str) -> bool:
+    path = line[2:].strip()
+    return path.endswith((".service", ".conf")) and " " not in path
+
+
+def own_dropins(unit_text: str) -> list[tuple[str, str]]:
+    """Drop-ins of this tool in `systemctl cat` output: a candidate may be configured."""
+    return [(p, t) for p, t in unit_files(unit_text) if p.endswith("/" + DROPIN_NAME)]
+
+
+def effective_exec_start(
+    unit_text: str, *, where: str, images: Sequence[str] | None = ()
+) -> ExecStart:
     """The ExecStart that systemd will run, from `systemctl cat` output (drop-ins included).
 
-    Returns its prefix (such as "-") and its tokens. Refuses what it cannot safely rewrite.
+    Refuses what it cannot safely rewrite.
     """
     section = ""
     commands: list[str] = []
@@ -93,63 +159,79 @@ def effective_exec_start(unit_text: str, *, where: str) -> tuple[str, list[Token
         raise ConfigError(f"{where}: {len(commands)} ExecStart= lines; expected one command")
     value = commands[0]
     prefix = re.match(r"^[-@:+!|]*", value).group(0)  # type: ignore[union-attr]
-    if set(prefix) - {"-"}:
+    if set(prefix) - _KEPT_PREFIX:
         raise ConfigError(
-            f"{where}: ExecStart prefix {prefix!r} changes how systemd runs the command; "
-            "only '-' is supported"
+            f"{where}: ExecStart prefix {prefix!r} changes how systemd reads the command; only "
+            "'-', '+' and '!' are supported"
         )
     tokens = split_exec(value[len(prefix) :])
-    check_vllm_command([t.value for t in tokens], where=where)
-    return prefix, tokens
+    if any(t.raw == ";" for t in tokens):
+        raise ConfigError(f"{where}: ExecStart holds several commands (';'); expected one")
+    server = parse_server_command([t.value for t in tokens], where=where, images=images)
+    return ExecStart(prefix, tuple(tokens), server)
 
 
-def candidate_exec_start(unit_text: str, spec: SpecConfig, *, where: str) -> str:
+def candidate_exec_start(
+    unit_text: str, spec: SpecConfig, *, where: str, images: Sequence[str] | None = ()
+) -> str:
     """The original's ExecStart plus `--speculative-config JSON`, replacing any it had.
 
-    The A/A candidate keeps the original's ExecStart as it is.
+    The original's words are reused as written (they are the unit's own: its specifiers and
+    variables keep their meaning); only the JSON is quoted here. The A/A candidate keeps the
+    original's ExecStart as it is.
     """
-    prefix, tokens = effective_exec_start(unit_text, where=where)
-    if spec.is_original:
-        return prefix + " ".join(t.raw for t in tokens)
-    kept: list[str] = []
-    skip = False
-    for token in tokens:
-        if skip:
-            skip = False
-        elif token.value == SPEC_FLAG:
-            skip = True
-        elif not token.value.startswith(SPEC_FLAG + "="):
-            kept.append(token.raw)
-    return prefix + " ".join([*kept, SPEC_FLAG, quote_arg(spec.to_json())])
+    exec_start = effective_exec_start(unit_text, where=where, images=images)
+    if spec.is_original:  # the A/A candidate: the original's command as it is
+        return exec_start.prefix + " ".join(t.raw for t in exec_start.tokens)
+    drop = spec_flag_positions(exec_start.argv, exec_start.server.server_args)
+    kept = [t.raw for i, t in enumerate(exec_start.tokens) if i not in drop]
+    return exec_start.prefix + " ".join([*kept, SPEC_FLAG, quote_arg(spec.to_json())])
 
 
-def render_candidate_unit(unit: str, unit_text: str, spec: SpecConfig, *, run_id: str) -> str:
-    """The candidate unit file: the original's settings, its ExecStart, no [Install]."""
+def render_dropin(
+    unit: str,
+    unit_text: str,
+    spec: SpecConfig,
+    *,
+    run_id: str,
+    images: Sequence[str] | None = (),
+) -> str:
+    """The candidate's drop-in: reset ExecStart, then the original's plus the speculative config."""
     where = f"unit {unit}"
-    exec_start = candidate_exec_start(unit_text, spec, where=where)
-    body: list[str] = [
-        f"# Written by pytest-specdecode (run {run_id}): candidate {spec.name!r} for {unit}.",
-        "# Removed when the run restores the original, or by its watchdog.",
-    ]
-    section = ""
-    for line in _logical_lines(unit_text):
-        stripped = line.strip()
-        if stripped.startswith("# /"):  # systemctl cat's file headers
-            continue
-        if stripped.startswith("[") and stripped.endswith("]"):
-            section = stripped
-            if section != "[Install]":
-                body.append(stripped)
-            continue
-        if section == "[Install]":
-            continue
-        if section == "[Service]" and re.match(r"ExecStart\s*=", stripped):
-            continue
-        if section == "[Unit]" and re.match(r"Description\s*=", stripped):
-            line = f"{stripped} (pytest-specdecode candidate {spec.name})"
-        body.append(line)
-    body += ["", "[Service]", f"ExecStart={exec_start}", ""]
-    return "\n".join(body)
+    check_dropin_wins(unit_text, where=where)
+    exec_start = candidate_exec_start(unit_text, spec, where=where, images=images)
+    return "\n".join(
+        [
+            f"{DROPIN_MARK} (run {run_id}): candidate {spec.name!r} for {unit}.",
+            "# Runtime only: /run is cleared at boot, so a reboot brings back the original.",
+            "# Removed when the run restores the original, or by its watchdog.",
+            "[Service]",
+            "ExecStart=",
+            f"ExecStart={exec_start}",
+            "",
+        ]
+    )
+
+
+def check_dropin_wins(unit_text: str, *, where: str) -> None:
+    """Refuse when a drop-in applied after ours would set ExecStart again."""
+    for path, text in unit_files(unit_text)[1:]:
+        name = path.rsplit("/", 1)[-1]
+        if name > DROPIN_NAME and any(
+            re.match(r"\s*ExecStart\s*=", line) for line in _logical_lines(text)
+        ):
+            raise ConfigError(
+                f"{where}: drop-in {path} sets ExecStart= and is applied after this tool's "
+                f"{DROPIN_NAME} (systemd orders drop-ins by file name), so a candidate's "
+                "command could not take effect; rename it to sort before "
+                f"{DROPIN_NAME}. Nothing was touched"
+            )
+
+
+def dropin_run_id(text: str) -> str | None:
+    """The run that wrote a drop-in of this tool, from its first line."""
+    match = re.search(r"\(run ([^)\s]+)\)", text)
+    return match.group(1) if match else None
 
 
 def _logical_lines(text: str) -> list[str]:

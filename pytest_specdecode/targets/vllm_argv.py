@@ -1,56 +1,142 @@
-"""vLLM server command lines: recognise one, and derive the candidate's from it."""
+"""vLLM server command lines: recognise one, and derive the candidate's from it.
+
+Three shapes are understood: `vllm serve MODEL …`, `python -m vllm.entrypoints.openai.api_server
+…`, and (for systemd units) `docker run`/`podman run` with their own options, then an image whose
+entrypoint is vLLM's server, then the server's arguments. Everything else is refused, with a
+message that says how to put the server's flags where this tool can edit them.
+"""
 
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 
 SPEC_FLAG = "--speculative-config"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Images whose entrypoint is vLLM's OpenAI server (`vllm serve`, or the api_server module in older
+# tags). Others count only when the user names them: [target] vllm_images.
+VLLM_IMAGES = ("vllm/vllm-openai",)
+_DOCKER_HUB = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
+IMAGE_NAME = re.compile(
+    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?"  # registry[:port]/
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # path
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$"  # :tag
+)
 
 
-def check_vllm_command(argv: Sequence[str], *, where: str) -> None:
-    """Accept `vllm serve MODEL …` or `python -m vllm.entrypoints.openai.api_server …`."""
-    if len(argv) >= 3 and posixpath.basename(argv[0]) == "vllm" and argv[1] == "serve":
-        return
-    if (
-        len(argv) >= 3
-        and posixpath.basename(argv[0]).startswith("python")
-        and argv[1] == "-m"
-        and argv[2] == API_SERVER_MODULE
-    ):
-        return
-    shown = " ".join(argv[:4]) + (" …" if len(argv) > 4 else "")
-    raise ConfigError(
-        f"{where}: cannot derive a candidate from `{shown}`: expected `vllm serve MODEL …` or "
-        f"`python -m {API_SERVER_MODULE} …` (a wrapper script hides the flags this tool must edit)"
-    )
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
 
 
-def with_speculative_config(argv: Sequence[str], spec: SpecConfig, *, where: str) -> list[str]:
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "busybox"}
+
+# `docker run` / `podman run` options that take a value (the next argument, unless written as
+# --opt=value). Options absent from both tables are refused unless written as --opt=value.
+_VALUE_OPTIONS = _words(
+    """
+    add-host annotation arch attach authfile blkio-weight blkio-weight-device cap-add cap-drop
+    cgroup-conf cgroup-parent cgroupns cgroups chrootdirs cidfile conmon-pidfile cpu-period
+    cpu-quota cpu-rt-period cpu-rt-runtime cpu-shares cpus cpuset-cpus cpuset-mems
+    decryption-key detach-keys device device-cgroup-rule device-read-bps device-read-iops
+    device-write-bps device-write-iops dns dns-opt dns-option dns-search domainname entrypoint
+    env env-file env-merge expose gidmap gpus group-add group-entry health-cmd health-interval
+    health-log-destination health-max-log-count health-max-log-size health-on-failure
+    health-retries health-start-interval health-start-period health-startup-cmd
+    health-startup-interval health-startup-retries health-startup-success
+    health-startup-timeout health-timeout hostname hosts-file hostuser image-volume init-path
+    ip ip6 ipc isolation kernel-memory label label-file link link-local-ip log-driver log-opt
+    mac-address memory memory-reservation memory-swap memory-swappiness mount name network
+    net network-alias net-alias oom-score-adj os passwd-entry personality pid pidfile
+    pids-limit platform pod pod-id-file preserve-fd publish pull rdt-class requires restart
+    retry retry-delay runtime sdnotify seccomp-policy secret security-opt shm-size
+    shm-size-systemd stop-signal stop-timeout storage-opt subgidname subuidname sysctl
+    systemd timeout tmpfs uidmap ulimit umask unsetenv user userns uts variant volume
+    volume-driver volumes-from workdir
+    """
+)
+_FLAG_OPTIONS = _words(
+    """
+    detach disable-content-trust env-host http-proxy init interactive no-healthcheck no-hosts
+    oom-kill-disable privileged publish-all quiet read-only read-only-tmpfs replace rm rmi
+    rootfs sig-proxy tls-verify tty use-api-socket
+    """
+)
+_SHORT_VALUE = {"a", "c", "e", "h", "l", "m", "p", "u", "v", "w"}
+_SHORT_FLAG = {"d", "i", "P", "q", "t"}
+# Options of the engine itself, before `run`.
+_ENGINE_VALUE_OPTIONS = _words(
+    "host context config log-level root runroot cgroup-manager connection url identity"
+)
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """What runs vLLM's server in a command line, and where the server's own arguments start."""
+
+    kind: str  # "vllm serve", "python -m api_server", "docker run", "podman run"
+    server_args: int  # index of the first argument that the server itself receives
+    image: str | None = None
+    container_name: str | None = None
+
+
+def parse_server_command(
+    argv: Sequence[str], *, where: str, images: Sequence[str] | None = None
+) -> ServerCommand:
+    """Recognise a vLLM server command. `images` None: a container is refused (local backend)."""
+    found = _direct_server(argv)
+    if found is not None:
+        return found
+    if argv and posixpath.basename(argv[0]) in ("docker", "podman"):
+        if images is None:
+            raise ConfigError(
+                f"{where}: `{_shown(argv)}` runs the server in a container; the local backend "
+                "runs the server as its own child process. Give [target] command as "
+                "`vllm serve MODEL …` or `python -m "
+                f"{API_SERVER_MODULE} …`, or use the systemd backend for a container unit"
+            )
+        return _container(argv, where=where, images=images)
+    raise ConfigError(_refusal(argv, where))
+
+
+def check_vllm_command(
+    argv: Sequence[str], *, where: str, images: Sequence[str] | None = None
+) -> ServerCommand:
+    """Accept what `parse_server_command` recognises, or raise a ConfigError saying why not."""
+    return parse_server_command(argv, where=where, images=images)
+
+
+def with_speculative_config(
+    argv: Sequence[str], spec: SpecConfig, *, where: str, images: Sequence[str] | None = None
+) -> list[str]:
     """The same command with `--speculative-config JSON`, replacing any that was there.
 
     The A/A candidate is the original's command unchanged.
     """
-    check_vllm_command(argv, where=where)
+    start = parse_server_command(argv, where=where, images=images).server_args
     if spec.is_original:
         return list(argv)
-    out: list[str] = []
-    skip_next = False
-    for arg in argv:
-        if skip_next:
-            skip_next = False
+    kept = [a for i, a in enumerate(argv) if i < start or i not in spec_flag_positions(argv, start)]
+    return [*kept, SPEC_FLAG, spec.to_json()]
+
+
+def spec_flag_positions(argv: Sequence[str], start: int) -> set[int]:
+    """Indices of an existing `--speculative-config [JSON]` among the server's arguments."""
+    out: set[int] = set()
+    i = start
+    while i < len(argv):
+        if argv[i] == SPEC_FLAG:
+            out |= {i, i + 1}
+            i += 2
             continue
-        if arg == SPEC_FLAG:
-            skip_next = True
-            continue
-        if arg.startswith(SPEC_FLAG + "="):
-            continue
-        out.append(arg)
-    return [*out, SPEC_FLAG, spec.to_json()]
+        if argv[i].startswith(SPEC_FLAG + "="):
+            out.add(i)
+        i += 1
+    return {i for i in out if i < len(argv)}
 
 
 def option_value(argv: Sequence[str], flag: str) -> str | None:
@@ -62,3 +148,217 @@ def option_value(argv: Sequence[str], flag: str) -> str | None:
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def check_image_names(names: Sequence[str], *, where: str) -> tuple[str, ...]:
+    """[target] vllm_images: image names, with or without a tag, nothing a shell could misread."""
+    out = []
+    for name in names:
+        if not isinstance(name, str) or not IMAGE_NAME.match(name) or len(name) > 255:
+            raise ConfigError(
+                f"{where}: vllm_images entry {name!r} is not an image name such as "
+                "'registry.example.com/team/vllm' or 'my-vllm:v1'"
+            )
+        out.append(name)
+    return tuple(out)
+
+
+def image_is_vllm(image: str, images: Sequence[str]) -> bool:
+    """Whether `image` (a reference, perhaps with ${VAR} in its tag) is a known vLLM server."""
+    ref = _without_hub(image.split("@", 1)[0])
+    repo = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+    for known in (*VLLM_IMAGES, *images):
+        known = _without_hub(known)
+        if ":" in known.rsplit("/", 1)[-1]:  # a name with its tag: only that tag
+            if ref == known:
+                return True
+        elif repo == known:
+            return True
+    return False
+
+
+def _without_hub(name: str) -> str:
+    for prefix in _DOCKER_HUB:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name.removeprefix("library/")
+
+
+def _direct_server(argv: Sequence[str]) -> ServerCommand | None:
+    if len(argv) >= 3 and posixpath.basename(argv[0]) == "vllm" and argv[1] == "serve":
+        return ServerCommand("vllm serve", 2)
+    if (
+        len(argv) >= 3
+        and posixpath.basename(argv[0]).startswith("python")
+        and argv[1] == "-m"
+        and argv[2] == API_SERVER_MODULE
+    ):
+        return ServerCommand("python -m api_server", 3)
+    return None
+
+
+def _container(argv: Sequence[str], *, where: str, images: Sequence[str]) -> ServerCommand:
+    engine = posixpath.basename(argv[0])
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):  # the engine's own options
+        name = argv[i].lstrip("-").split("=", 1)[0]
+        if "=" in argv[i]:
+            i += 1
+        elif name in _ENGINE_VALUE_OPTIONS or argv[i] in ("-H", "-c", "-l"):
+            i += 2
+        else:
+            raise ConfigError(
+                f"{where}: `{engine} {argv[i]}` before `run` is an option this tool does not "
+                f"know; write it as {argv[i]}=VALUE if it takes one"
+            )
+    if argv[i : i + 2] == ["container", "run"]:
+        i += 1
+    if i >= len(argv) or argv[i] != "run":
+        raise ConfigError(
+            f"{where}: `{_shown(argv)}` is not `{engine} run …`: only a container run in the "
+            "foreground can be a vLLM unit's ExecStart"
+        )
+    i += 1
+    options: dict[str, str] = {}
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg.startswith("$") and not arg.startswith("${"):  # systemd splits $VAR into words
+            raise ConfigError(
+                f"{where}: `{arg}` among the `{engine} run` options expands to words this tool "
+                "cannot see; write the options out in ExecStart="
+            )
+        if not arg.startswith("-") or arg == "-":
+            break
+        i = _container_option(argv, i, options, engine=engine, where=where)
+    if i >= len(argv):
+        raise ConfigError(f"{where}: `{engine} run` without an image")
+    image = argv[i]
+    after = list(argv[i + 1 :])
+    if "detach" in options and engine == "docker":
+        raise ConfigError(
+            f"{where}: `docker run -d` returns at once and leaves the container to dockerd, so "
+            "the unit cannot stop it or see it die. Run it in the foreground (drop -d/--detach)"
+        )
+    entrypoint = options.get("entrypoint")
+    if entrypoint:  # one executable; the words after the image are its arguments
+        if posixpath.basename(entrypoint) in _SHELLS:
+            raise ConfigError(_shell_refusal([entrypoint, *after], where))
+        direct = _direct_server([entrypoint, *after])
+        if direct is None:
+            raise ConfigError(
+                f"{where}: the container's --entrypoint {entrypoint!r} with `{_shown(after)}` is "
+                f"not `vllm serve …` or `python -m {API_SERVER_MODULE} …`"
+            )
+        start = i + direct.server_args  # argv[i] is the image, in the entrypoint's place
+        return ServerCommand(f"{engine} run", start, image, options.get("name"))
+    if after and (posixpath.basename(after[0]) in _SHELLS or after[0].endswith(".sh")):
+        raise ConfigError(_shell_refusal(argv, where))
+    if not image_is_vllm(image, images):
+        raise ConfigError(
+            f"{where}: cannot tell whether image {image!r} runs vLLM's OpenAI server: known are "
+            f"{', '.join((*VLLM_IMAGES, *images))}. If its entrypoint is `vllm serve` (or the "
+            f"api_server module), so that the arguments after the image are the server's, name "
+            f'it in the config: [target] vllm_images = ["{_repo_of(image)}"]'
+        )
+    return ServerCommand(f"{engine} run", i + 1, image, options.get("name"))
+
+
+def _container_option(
+    argv: Sequence[str], i: int, options: dict[str, str], *, engine: str, where: str
+) -> int:
+    """Read one option at argv[i] into `options`; returns the index after it."""
+    arg = argv[i]
+    if arg.startswith("--"):
+        name, eq, value = arg[2:].partition("=")
+        if eq:
+            options[name] = value
+            return i + 1
+        if name in _FLAG_OPTIONS:
+            options[name] = "true"
+            return i + 1
+        if name in _VALUE_OPTIONS:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{where}: `{engine} run --{name}` lacks its value")
+            options[name] = argv[i + 1]
+            return i + 2
+        raise ConfigError(
+            f"{where}: `{engine} run --{name}` is an option this tool does not know, so it "
+            f"cannot tell whether the next word is its value or the image; write it as "
+            f"--{name}=VALUE (or --{name}=true for a flag)"
+        )
+    letters = arg[1:]
+    for k, letter in enumerate(letters):
+        long = _SHORT_LONG.get(letter, letter)
+        if letter in _SHORT_FLAG:
+            options[long] = "true"
+            continue
+        if letter in _SHORT_VALUE:
+            rest = letters[k + 1 :].removeprefix("=")
+            if rest:
+                options[long] = rest
+                return i + 1
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{where}: `{engine} run -{letter}` lacks its value")
+            options[long] = argv[i + 1]
+            return i + 2
+        raise ConfigError(
+            f"{where}: `{engine} run -{letter}` is an option this tool does not know; write it "
+            "in its long form as --OPTION=VALUE"
+        )
+    return i + 1
+
+
+_SHORT_LONG = {
+    "a": "attach",
+    "c": "cpu-shares",
+    "d": "detach",
+    "e": "env",
+    "h": "hostname",
+    "i": "interactive",
+    "l": "label",
+    "m": "memory",
+    "p": "publish",
+    "P": "publish-all",
+    "q": "quiet",
+    "t": "tty",
+    "u": "user",
+    "v": "volume",
+    "w": "workdir",
+}
+
+
+def _repo_of(image: str) -> str:
+    ref = image.split("@", 1)[0]
+    return ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+
+
+def _shown(argv: Sequence[str]) -> str:
+    return " ".join(argv[:4]) + (" …" if len(argv) > 4 else "")
+
+
+_HOW_TO_EXPOSE = (
+    "Put the server's own command in ExecStart= (`vllm serve MODEL …`, `python -m "
+    f"{API_SERVER_MODULE} …`, or `docker run … IMAGE --model …`): keep set-up steps in "
+    "ExecStartPre= and variables in Environment=/EnvironmentFile=, so the flags are visible"
+)
+
+
+def _shell_refusal(argv: Sequence[str], where: str) -> str:
+    return (
+        f"{where}: `{_shown(argv)}` runs a shell, which hides the server's flags from this tool "
+        f"(it must add --speculative-config among them). {_HOW_TO_EXPOSE}"
+    )
+
+
+def _refusal(argv: Sequence[str], where: str) -> str:
+    head = posixpath.basename(argv[0]) if argv else ""
+    if head in _SHELLS:
+        return _shell_refusal(argv, where)
+    return (
+        f"{where}: cannot derive a candidate from `{_shown(argv)}`: expected `vllm serve MODEL "
+        f"…`, `python -m {API_SERVER_MODULE} …` or `docker run`/`podman run` with a vLLM image "
+        f"(a wrapper script hides the flags this tool must edit). {_HOW_TO_EXPOSE}"
+    )

@@ -22,9 +22,11 @@ def unchanged(testbed: Testbed):
     """The original's state before; asserts after that nothing changed on the host."""
     testbed.wait_serving()
     before = testbed.state()
+    etc = testbed.persistent_units()
     yield before
     assert testbed.state() == before
     assert testbed.traces() == []
+    assert testbed.persistent_units() == etc
 
 
 def suite(pytester, bed: Testbed, *extra: str, config=None) -> pytest.RunResult:
@@ -92,7 +94,7 @@ def test_no_permission_to_write_the_unit_file(pytester, testbed, unchanged):
     no_sudo = pytester.path / "no-sudo.toml"
     no_sudo.write_text(config.read_text().replace("[target]\n", "[target]\nsudo = false\n", 1))
     result = suite(pytester, testbed, "--spec-host", "ssh://bench@127.0.0.1:2222", config=no_sudo)
-    refused(result, "/etc/systemd/system is not writable by bench")
+    refused(result, "/run/systemd/system is not writable by bench")
 
 
 def test_port_held_by_another_server(pytester, testbed, unchanged):

@@ -129,3 +129,35 @@ def test_candidate_that_dies_at_startup_fails_fast_with_its_log(pytester: pytest
     assert "Arctic Inference is required for suffix decoding" in out  # the log tail
     assert "restored to stopped" in err
     assert exp.leftover_servers() == []
+
+
+def session_members(sid: int) -> list[str]:
+    """Live processes of a session: the server and every worker it started."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True, text=True)
+    rows = [line.split(None, 3) for line in out.stdout.splitlines()[1:]]
+    return [" ".join(r) for r in rows if int(r[1]) == sid and not r[2].startswith("Z")]
+
+
+def test_sigkilled_controller_leaves_nothing_running(pytester: pytest.Pytester) -> None:
+    """The original was not running before the run, so nothing may remain when the controller
+    dies without any teardown: not the server, not its engine workers, not the port."""
+    exp = write_experiment(pytester, run={"samples": 20})
+    cmd = [sys.executable, "-m", "pytest", *exp.args("--spec-workload", "coding")]
+    proc = subprocess.Popen(
+        cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=subprocess.DEVNULL
+    )
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if "[baseline] coding:" in line:
+            break
+    pid = int(re.search(r"local vLLM process 'original' \(pid (\d+)\)", "".join(lines))[1])
+    assert len(session_members(pid)) >= 2, "".join(lines)  # the server and its engine core
+    proc.kill()
+    proc.wait(30)
+    deadline = time.monotonic() + 60
+    while session_members(pid) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert session_members(pid) == [], "".join(lines)
+    assert exp.leftover_servers() == []

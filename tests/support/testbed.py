@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -13,10 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pytest_specdecode.errors import HostError
 from pytest_specdecode.targets.hosts import CommandResult
 from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
-from pytest_specdecode.targets.systemd import LOCK_DIR, RESTORE_SCRIPT, UNIT_DIR, WATCHDOG
-from pytest_specdecode.targets.unitfile import candidate_unit_name
+from pytest_specdecode.targets.systemd import (
+    HANDOVER_UNIT,
+    LOCK_DIR,
+    RESTORE_SCRIPT,
+    WATCHDOG,
+)
+from pytest_specdecode.targets.unitfile import PERSISTENT_UNIT_DIR, dropin_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,8 +59,13 @@ class Testbed:
         )
 
     @property
-    def candidate_unit(self) -> str:
-        return candidate_unit_name(self.unit)
+    def dropin(self) -> str:
+        """Where a candidate's drop-in for the production unit lives while it is configured."""
+        return dropin_path(self.unit)
+
+    def candidate_label(self, name: str) -> str:
+        """How progress lines and results name candidate `name` of the production unit."""
+        return f"candidate {name}: unit {self.unit} on {self.host.removeprefix('ssh://')}"
 
     def ssh(self, *argv: str, timeout: float = 60) -> CommandResult:
         if self._ssh is None:
@@ -61,6 +73,20 @@ class Testbed:
                 SSHSpec.parse(self.host, identity_file=self.identity, known_hosts=self.known_hosts)
             )
         return self._ssh.run(list(argv), timeout=timeout)
+
+    def write(self, path: str, content: str, mode: str = "0644") -> None:
+        """A file on the test host (the tests' own set-up), by stdin."""
+        self.ssh("true")
+        assert self._ssh is not None
+        script = 'mkdir -p -- "${1%/*}" && cat > "$1" && chmod "$2" "$1"'
+        self._ssh.check(["sh", "-c", script, "sh", path, mode], stdin=content, timeout=60)
+
+    def exec_start(self) -> list[str]:
+        """The production unit's command, as the process receives it."""
+        from pytest_specdecode.targets.unitfile import effective_exec_start
+
+        text = self.ssh("systemctl", "cat", self.unit).stdout
+        return effective_exec_start(text, where=self.unit).argv
 
     def close(self) -> None:
         if self._ssh is not None:
@@ -96,23 +122,51 @@ class Testbed:
         ).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
-    def traces(self) -> list[str]:
+    def traces(self, unit: str | None = None) -> list[str]:
         """What the tool may leave on the host; an empty list after a clean restore."""
+        unit = unit or self.unit
+        dropin = dropin_path(unit)
         checks = {
-            "candidate unit file": ["test", "-e", f"{UNIT_DIR}/{self.candidate_unit}"],
+            "candidate drop-in": ["test", "-e", dropin],
+            "candidate drop-in directory": ["test", "-e", dropin.rsplit("/", 1)[0]],
             "lock": ["test", "-e", LOCK_DIR],
             "restore script": ["test", "-e", RESTORE_SCRIPT],
             "watchdog timer": ["systemctl", "is-active", "--quiet", f"{WATCHDOG}.timer"],
-            "candidate unit running": ["systemctl", "is-active", "--quiet", self.candidate_unit],
+            "watchdog service": ["systemctl", "is-active", "--quiet", f"{WATCHDOG}.service"],
+            "handed-over restore": ["systemctl", "is-active", "--quiet", HANDOVER_UNIT],
+            # Nothing of the tool's is ever written to /etc/systemd/system.
+            # (the old swap's candidate unit, or a drop-in of the tool's)
+            "file in /etc/systemd/system": [
+                "sh",
+                "-c",
+                'find "$1" -name "*pytest-specdecode*" -o -name "$2" | grep -q .',
+                "sh",
+                PERSISTENT_UNIT_DIR,
+                unit.removesuffix(".service") + "-specdecode.service",
+            ],
         }
         return [name for name, argv in checks.items() if self.ssh(*argv).ok]
 
-    def wait_serving(self, timeout_s: float = 300) -> float:
+    def persistent_units(self) -> str:
+        """Every file and link under /etc/systemd/system with its mtime: compared before/after."""
+        return self.ssh(
+            "find", PERSISTENT_UNIT_DIR, "!", "-type", "d", "-printf", "%p %T@ %l\n"
+        ).stdout
+
+    def wait_serving(self, timeout_s: float = 300, poll_s: float = 2) -> float:
+        """Until the original (no candidate drop-in) is active and serves; the seconds waited."""
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
-            if self.state().get("ActiveState") == "active" and self.serves():
-                return time.monotonic() - start
-            time.sleep(2)
+            try:
+                if (
+                    self.state().get("ActiveState") == "active"
+                    and not self.ssh("test", "-e", self.dropin).ok
+                    and self.serves()
+                ):
+                    return time.monotonic() - start
+            except HostError:  # the host reboots
+                self.close()
+            time.sleep(poll_s)
         pytest.fail(f"{self.unit} not serving after {timeout_s}s: {self.state()}")
 
     def assert_original_restored(self) -> None:
@@ -168,9 +222,13 @@ suffix = {{ method = "suffix", num_speculative_tokens = 3 }}
     return config
 
 
-def results_of(pytester: pytest.Pytester) -> dict:
+def results_path(pytester: pytest.Pytester) -> Path:
     (run,) = [p for p in (pytester.path / "reports").iterdir() if p.is_dir()]
-    return json.loads((run / "results.json").read_text())
+    return run / "results.json"
+
+
+def results_of(pytester: pytest.Pytester) -> dict:
+    return json.loads(results_path(pytester).read_text())
 
 
 def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: str) -> list[str]:
@@ -237,3 +295,38 @@ class Reach:
         )
         argv = self.in_netns(sys.executable, "-c", probe, host, str(port))
         return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+
+
+def run_until(
+    pytester, testbed, config, marker: str, *extra: str, seen: list[str] | None = None
+) -> subprocess.Popen:
+    """Start the suite in a subprocess and return once `marker` shows in its progress."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *suite_args(pytester, testbed, config, "--spec-config", "ngram", *extra),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    seen = [] if seen is None else seen
+    deadline = time.monotonic() + 600
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen.append(line)
+        if marker in line:
+            return proc
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    pytest.fail(f"never saw {marker!r}:\n{''.join(seen)}")
+
+
+def start_seconds(progress: str, testbed: Testbed) -> float:
+    """How long the candidate took to start, from the progress lines: one start time."""
+    found = re.search(
+        rf"{re.escape(testbed.candidate_label('ngram'))}.* ready after (\d+)s", progress
+    )
+    assert found, progress
+    return float(found.group(1))

@@ -355,7 +355,7 @@ def test_files_are_written_with_install_and_mv_and_journals_read_without_a_shell
     for path, mode in [("relative", "0644"), ("/etc/../x", "0644"), ("/x", "644; rm")]:
         with pytest.raises(ValueError):
             target.write_file(path, "", mode)
-    assert SystemdUnit(host, "vllm.service", api_base="", model="m").log_tail(3) == [
+    assert SystemdUnit(target).log_tail(3) == [
         "first",
         "second",
         "third",

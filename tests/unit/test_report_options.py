@@ -143,7 +143,7 @@ class ReadOnlyHost:
         pass
 
 
-def test_systemd_dry_run_shows_complete_unit_files_and_only_reads(tmp_path: Path) -> None:
+def test_systemd_dry_run_shows_complete_dropins_and_only_reads(tmp_path: Path) -> None:
     (tmp_path / "exp.toml").write_text(CONFIG.format(reports=tmp_path / "reports"))
     settings = load_settings(
         tmp_path / "exp.toml",
@@ -172,13 +172,18 @@ def test_systemd_dry_run_shows_complete_unit_files_and_only_reads(tmp_path: Path
     text = "\n".join(lines)
     assert host.seen and set(host.seen) == {("systemctl", "cat", "vllm-kimi-k25-int4.service")}
     assert "host: root@gpu-box:22 (systemd backend), unit vllm-kimi-k25-int4.service" in text
-    # Each candidate's unit file, in full, with its speculative config.
-    assert text.count("write /etc/systemd/system/vllm-kimi-k25-int4-specdecode.service:") == 2
+    # Each candidate's drop-in, in full, at its path, with its speculative config; the
+    # candidate is the production unit itself, and a reboot brings back the original.
+    dropin = "/run/systemd/system/vllm-kimi-k25-int4.service.d/zz-pytest-specdecode.conf"
+    assert text.count(f"write {dropin} (runtime only: /run is cleared at boot, so a reboot") == 2
     assert text.count("# Written by pytest-specdecode") == 2
-    assert text.count("Restart=on-failure") == 2 and text.count("[Unit]") == 2
+    assert text.count("    [Service]\n         ExecStart=\n         ExecStart=/opt/vllm/bin") == 2
     assert "--speculative-config" in text and '"num_speculative_tokens":3' in text
-    assert "systemctl daemon-reload; systemctl start vllm-kimi-k25-int4-specdecode.service" in text
-    assert "restore: systemctl stop vllm-kimi-k25-int4-specdecode.service" in text
+    assert "systemctl daemon-reload; systemctl start vllm-kimi-k25-int4.service (now candidate" in (
+        text
+    )
+    assert f"restore: systemctl stop vllm-kimi-k25-int4.service; rm {dropin}" in text
+    assert "/etc/systemd/system/vllm-kimi-k25-int4" not in text.replace(UNIT, "")
     # The original is measured as it runs: 2 candidate starts and the restore's.
     assert "requests: 36 = 3 phases x 2 prompt types" in text
     assert "server starts, in order: baseline (as it runs), ngram, ngram-k3" in text

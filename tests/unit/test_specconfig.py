@@ -124,7 +124,6 @@ def test_candidate_command_replaces_an_existing_config(existing):
     "argv",
     [
         ["/usr/local/bin/start-vllm.sh"],
-        ["docker", "run", "vllm/vllm-openai"],
         ["python", "-m", "http.server"],
         ["vllm", "bench", "serve"],
     ],

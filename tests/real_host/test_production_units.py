@@ -1,0 +1,254 @@
+"""Production units as they are written, on the real systemd test host: a template instance with
+a unit bound to it, a container-run unit, and a host reboot in the middle of a candidate.
+
+The extra units are installed over SSH by the fixtures here and removed after. Each test checks
+that the production unit still serves, that nothing of the tool's is left, and that nothing
+under /etc/systemd/system changed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from ..support.embedded import free_port
+from ..support.testbed import (
+    REPO,
+    Testbed,
+    results_of,
+    run_until,
+    suite_args,
+    write_remote_experiment,
+)
+
+UNIT_DIR = "/etc/systemd/system"
+MODELS = "/var/lib/specdecode-test-models"  # the template's %i resolves to a link in here
+
+
+@pytest.fixture(autouse=True)
+def production_unit_untouched(testbed: Testbed):
+    testbed.wait_serving()
+    assert testbed.traces() == []
+    etc = testbed.persistent_units()
+    yield
+    testbed.wait_serving(timeout_s=120)
+    testbed.assert_original_restored()
+    assert testbed.persistent_units() == etc
+
+
+@dataclass
+class ExtraUnit:
+    """A unit installed for one test, serving the test bed's model on a port of its own."""
+
+    unit: str
+    api_base: str
+    bed: Testbed
+
+    def options(self) -> list[str]:
+        return ["--spec-unit", self.unit, "--spec-api-base", self.api_base]
+
+    def active(self, unit: str | None = None) -> bool:
+        return self.bed.ssh("systemctl", "is-active", "--quiet", unit or self.unit).ok
+
+    def journal(self, grep: str) -> list[str]:
+        out = self.bed.ssh("journalctl", "-u", self.unit, "-o", "cat", "--no-pager").stdout
+        return [line for line in out.splitlines() if grep in line]
+
+
+def wait_until_serving(api_base: str, model: str, bed: Testbed, unit: str) -> None:
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        try:
+            models = httpx.get(f"{api_base}/v1/models", timeout=5).json()
+            if any(m.get("id") == model for m in models.get("data", [])):
+                return
+        except (httpx.HTTPError, json.JSONDecodeError):
+            pass
+        time.sleep(2)
+    tail = bed.ssh("journalctl", "-u", unit, "-n", "30", "-o", "cat", "--no-pager").stdout
+    pytest.fail(f"{unit} did not serve {model} at {api_base}:\n{tail}")
+
+
+def install(bed: Testbed, units: dict[str, str], start: list[str]) -> None:
+    for name, text in units.items():
+        bed.write(f"{UNIT_DIR}/{name}", text)
+    bed.ssh("systemctl", "daemon-reload")
+    assert bed.ssh("systemctl", "start", *start, timeout=120).ok
+
+
+def uninstall(bed: Testbed, units: dict[str, str], running: list[str]) -> None:
+    bed.ssh("systemctl", "stop", *running, timeout=180)
+    bed.ssh("rm", "-f", *(f"{UNIT_DIR}/{name}" for name in units))
+    bed.ssh("systemctl", "daemon-reload")
+    bed.ssh("systemctl", "reset-failed")
+
+
+@pytest.fixture
+def template_instance(testbed: Testbed) -> Iterator[ExtraUnit]:
+    """vllm@<model>.service from a template with %i in the model path and the served name, and
+    vllm-proxy.service bound to it (BindsTo=), both running."""
+    python, *_ = testbed.exec_start()
+    model_dir = model_path(testbed)
+    port = free_port()
+    instance = f"vllm@{testbed.model}.service"
+    units = {
+        "vllm@.service": f"""[Unit]
+Description=test bed: vLLM serving %i (one instance per model)
+
+[Service]
+Environment=VLLM_CPU_KVCACHE_SPACE=1
+ExecStart={python} -m vllm.entrypoints.openai.api_server --model {MODELS}/%i \\
+    --served-model-name %i --host 127.0.0.1 --port {port} --enforce-eager --max-model-len 1024
+Restart=on-failure
+RestartSec=5
+TimeoutStopSec=30
+""",
+        "vllm-proxy.service": f"""[Unit]
+Description=test bed: stands for a proxy in front of {instance}; stops when it stops
+BindsTo={instance}
+After={instance}
+
+[Service]
+ExecStart=/bin/sleep infinity
+""",
+    }
+    testbed.ssh("mkdir", "-p", MODELS)
+    testbed.ssh("ln", "-sfn", model_dir, f"{MODELS}/{testbed.model}")
+    install(testbed, units, [instance, "vllm-proxy.service"])
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}", testbed.model, testbed, instance)
+        yield ExtraUnit(instance, f"http://127.0.0.1:{port}", testbed)
+    finally:
+        uninstall(testbed, units, ["vllm-proxy.service", instance])
+        testbed.ssh("rm", "-rf", MODELS)
+
+
+def model_path(testbed: Testbed) -> str:
+    argv = testbed.exec_start()
+    return argv[argv.index("--model") + 1]
+
+
+def test_template_instance_with_a_bound_unit_baseline_candidate_restore(
+    pytester: pytest.Pytester, testbed: Testbed, template_instance: ExtraUnit
+) -> None:
+    bed, inst = testbed, template_instance
+    config = write_remote_experiment(pytester, bed, run={"samples": 3, "max_tokens": 32})
+    args = suite_args(pytester, bed, config, *inst.options(), "--spec-config", "ngram")
+    result = pytester.runpytest_subprocess(*args)
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
+    data = results_of(pytester)
+
+    # Baseline and candidate measured: the candidate is the instance itself, so %i resolved to
+    # the production instance's values (the model under /…/<instance>, served as <instance>).
+    for phase in ("baseline", "ngram"):
+        assert data["phases"][phase]["workloads"]["coding"]["n"] == 3, data["phases"]
+    assert data["phases"]["ngram"]["service"].startswith(f"candidate ngram: unit {inst.unit} on")
+    assert data["phases"]["baseline"]["acceptance"]["present"] is False
+    assert data["phases"]["ngram"]["acceptance"]["present"] is True
+    assert f"--model {MODELS}/%i" in err  # the plan shows the drop-in, specifiers as written
+
+    # The bound unit stopped with the instance; it was active at the start, so it is again.
+    assert "restored to active and serving" in err, err
+    assert "started again vllm-proxy.service" in err, err
+    assert any("vllm-proxy.service" in note for note in data["restore"]["notes"])
+    assert inst.active() and inst.active("vllm-proxy.service")
+    assert bed.traces(inst.unit) == []
+
+
+@pytest.fixture
+def container_unit(testbed: Testbed) -> Iterator[ExtraUnit]:
+    """vllm-container.service: `docker run … vllm/vllm-openai:TAG --model …`, with a stand-in
+    docker (tests/support/standin_docker.py) that execs the server with the arguments after the
+    image."""
+    python, *_ = testbed.exec_start()
+    model_dir = model_path(testbed)
+    port = free_port()
+    standin = (REPO / "tests" / "support" / "standin_docker.py").read_text()
+    standin = standin.replace("@SERVER_PYTHON@", python)
+    testbed.write("/usr/local/bin/docker", standin, mode="0755")
+    units = {
+        "vllm-container.service": f"""[Unit]
+Description=test bed: vLLM in a container (docker is a stand-in here)
+
+[Service]
+ExecStart=/usr/local/bin/docker run --rm --name vllm-ctr --gpus all --ipc=host \\
+    -p {port}:{port} -e VLLM_CPU_KVCACHE_SPACE=1 -v {model_dir}:{model_dir}:ro \\
+    vllm/vllm-openai:v0.32.0 --model {model_dir} --served-model-name {testbed.model} \\
+    --host 127.0.0.1 --port {port} --enforce-eager --max-model-len 1024
+Restart=on-failure
+TimeoutStopSec=30
+"""
+    }
+    install(testbed, units, ["vllm-container.service"])
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}", testbed.model, testbed, "vllm-container")
+        yield ExtraUnit("vllm-container.service", f"http://127.0.0.1:{port}", testbed)
+    finally:
+        uninstall(testbed, units, ["vllm-container.service"])
+        testbed.ssh("rm", "-f", "/usr/local/bin/docker")
+
+
+def test_container_run_unit_gets_the_config_among_the_servers_arguments(
+    pytester: pytest.Pytester, testbed: Testbed, container_unit: ExtraUnit
+) -> None:
+    bed, ctr = testbed, container_unit
+    config = write_remote_experiment(pytester, bed, run={"samples": 2, "max_tokens": 16})
+    args = suite_args(pytester, bed, config, *ctr.options(), "--spec-config", "ngram")
+    result = pytester.runpytest_subprocess(*args)
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
+    data = results_of(pytester)
+    assert data["phases"]["ngram"]["acceptance"]["present"] is True
+    assert "restored to active and serving" in err
+
+    # What `docker run` received, as the stand-in logged it: the original's three runs (the
+    # fixture's start, and the restore's) without the config, the candidate's with it, after
+    # the image and among the server's own arguments.
+    runs = ctr.journal("stand-in docker: run name=vllm-ctr image=vllm/vllm-openai:v0.32.0")
+    assert len(runs) == 3, runs
+    argv = [json.loads(line.split("args=", 1)[1]) for line in runs]
+    assert all("--speculative-config" not in a for a in (argv[0], argv[2]))
+    candidate = argv[1]
+    assert candidate[:2] == ["--model", model_path(bed)]
+    assert candidate[-2] == "--speculative-config"
+    assert json.loads(candidate[-1]) == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_max": 4,
+    }
+    assert bed.traces(ctr.unit) == []
+
+
+def test_reboot_mid_candidate_brings_back_the_original_and_leaves_no_trace(
+    pytester: pytest.Pytester, testbed: Testbed
+) -> None:
+    """/run is cleared at boot: the drop-in, the lock and the watchdog go with it."""
+    config = write_remote_experiment(
+        pytester,
+        testbed,
+        run={"samples": 40, "max_tokens": 32},
+        target={"watchdog_s": 900, "restore_timeout_s": 600},
+    )
+    proc = run_until(pytester, testbed, config, "[ngram] coding:")
+    assert testbed.ssh("test", "-e", testbed.dropin).ok  # the candidate is what runs now
+    script = REPO / "scripts" / "testbed" / "systemd-host"
+    reboot = subprocess.run(["bash", str(script), "reboot"], capture_output=True, text=True)
+    assert reboot.returncode == 0, reboot.stderr[-3000:]
+    # Booted and serving again, before the controller did anything there: nothing is left.
+    assert "rebooted: vllm-kimi-k25-int4.service serves" in reboot.stderr
+    assert testbed.traces() == []
+    booted_pid = testbed.state()["MainPID"]
+
+    _, err = proc.communicate(timeout=900)
+    assert "rebooted during the run" in err, err
+    assert "restored to active and serving" in err, err
+    # The controller found the original that the boot brought back and left it running.
+    assert testbed.state()["MainPID"] == booted_pid
+    assert results_of(pytester)["restore"]["is_active"] is True
