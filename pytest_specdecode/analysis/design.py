@@ -11,8 +11,8 @@ from .stats import minimum_requests
 
 
 def family_size(settings: Settings) -> int:
-    """Comparisons in a candidate's family: every prompt type on every metric."""
-    return len(settings.prompt_types) * len(METRICS)
+    """Comparisons in a candidate's family: every prompt type at every level, on every metric."""
+    return len(settings.prompt_types) * len(settings.run.levels) * len(METRICS)
 
 
 def check_design(settings: Settings) -> None:
@@ -23,14 +23,18 @@ def check_design(settings: Settings) -> None:
     run = settings.run
     family = family_size(settings)
     need = minimum_requests(family, run.alpha)
-    have = run.samples * run.repeats
-    if have >= need:
+    least = min(run.requests_at(level)[0] for level in run.levels)
+    if least * run.repeats >= need:
         return
-    repeats = math.ceil(need / run.samples)
+    repeats = math.ceil(need / least)
+    levels = len(run.levels)
+    what = f"{len(settings.prompt_types)} prompt types" + (
+        f" x {levels} load levels" if levels > 1 else ""
+    )
     raise ConfigError(
-        f"with {run.samples} requests per prompt type and server start, and {run.repeats} "
-        f"start{'s' if run.repeats != 1 else ''} per arm, no verdict can be reached: "
-        f"{family} comparisons ({len(settings.prompt_types)} prompt types x throughput and "
-        f"TPOT) at alpha {run.alpha:g} need at least {need} requests per prompt type and arm. "
-        f"Take --spec-samples {need} (or --spec-repeats {repeats}); nothing was started"
+        f"with {least} requests per prompt type{', level' if levels > 1 else ''} and server "
+        f"start, and {run.repeats} start{'s' if run.repeats != 1 else ''} per arm, no verdict "
+        f"can be reached: {family} comparisons ({what} x throughput and TPOT) at alpha "
+        f"{run.alpha:g} need at least {need} requests per comparison and arm. Take "
+        f"--spec-samples {need} (or --spec-repeats {repeats}); nothing was started"
     )

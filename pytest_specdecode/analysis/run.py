@@ -10,11 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord, cell_key
 from ..targets.lifecycle import RestoreReport
+from ..targets.vllm_argv import option_value
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms
+from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .prediction import RunPrediction, predict_run
 from .stats import RestartNoise, Verdict
 
@@ -85,6 +87,10 @@ class RunAnalysis:
     measured_noise: dict[str, RestartNoise]  # what this run measured, for the next runs
     warnings: list[str] = field(default_factory=list)
     prediction: RunPrediction | None = None  # the n-gram replay; beside the verdicts, not in them
+    # Several load levels: per candidate and prompt type, where the speedup crosses 1.0; and,
+    # for several k of one method, vLLM's num_speculative_tokens_per_batch_size table
+    crossovers: dict[str, dict[str, Crossover]] = field(default_factory=dict)
+    dynamic_k: list[DynamicK] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -127,6 +133,11 @@ class RunAnalysis:
             },
             "warnings": self.warnings,
             "prediction": self.prediction.to_json() if self.prediction else None,
+            "crossovers": {
+                c: {name: x.to_dict() for name, x in per.items()}
+                for c, per in self.crossovers.items()
+            },
+            "dynamic_k": [d.to_dict() for d in self.dynamic_k],
         }
 
 
@@ -166,6 +177,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
     outputs = equivalences(record)
     assumed = noise.for_comparison(record)
     prediction = predict_run(record) if record.arm_phases(BASELINE) else None
+    points = level_points(record, verdicts) if len(record.run.levels) > 1 else {}
     return RunAnalysis(
         verdicts=verdicts,
         drift=checks,
@@ -175,7 +187,55 @@ def analyze(record: RunRecord) -> RunAnalysis:
         warnings=_warnings(record, verdicts, checks, outputs, assumed)
         + (prediction.warnings if prediction else []),
         prediction=prediction,
+        crossovers=_crossovers(points),
+        dynamic_k=recommend_dynamic_k(
+            {c: record.candidates[c] for c in points}, points, max_num_seqs=_max_num_seqs(record)
+        )
+        if points
+        else [],
     )
+
+
+def level_points(
+    record: RunRecord, verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]]
+) -> dict[str, dict[str, list[LevelPoint]]]:
+    """Per candidate and prompt type, the throughput speedup at each load level, in order."""
+    levels = record.run.levels
+    out: dict[str, dict[str, list[LevelPoint]]] = {}
+    for candidate, per in verdicts.items():
+        for name in record.prompt_types:
+            for level in levels:
+                v = per.get(cell_key(name, level, several=len(levels) > 1))
+                if v is None:
+                    continue
+                low, high = v.throughput.ratio_ci
+                point = LevelPoint(
+                    level=level.label,
+                    load=float(level.rate if level.rate is not None else level.concurrency or 1),
+                    ratio=v.throughput.ratio,
+                    low=low,
+                    high=high,
+                    verdict=v.verdict.value,
+                )
+                out.setdefault(candidate, {}).setdefault(name, []).append(point)
+    return out
+
+
+def _crossovers(
+    points: Mapping[str, Mapping[str, list[LevelPoint]]],
+) -> dict[str, dict[str, Crossover]]:
+    return {
+        candidate: {
+            name: crossover(series, prompt_type=name, candidate=candidate)
+            for name, series in per.items()
+        }
+        for candidate, per in points.items()
+    }
+
+
+def _max_num_seqs(record: RunRecord) -> int | None:
+    value = option_value(record.target.command, "--max-num-seqs")
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
 
 
 def _warnings(
@@ -192,6 +252,7 @@ def _warnings(
         out.append(f"other clients used the service before the run: {watch.get('text')}")
     for phase in record.phases.values():
         for name, m in phase.measurements.items():
+            out += [f"{phase.name}/{name}: {w}" for w in m.stats.warnings() if m.samples]
             if m.foreign:
                 out.append(f"{phase.name}/{name} contaminated by other clients: {m.foreign}")
             elif m.discarded:

@@ -16,8 +16,8 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.redaction import redact_text
 from ..record.schema import RunRecord
-from . import prediction
-from .plots import CAPTIONS
+from . import levels, prediction
+from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
 
@@ -92,6 +92,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         )
         parts.append(table(rows(analysis, name)))
         parts.append(f"<p>{_e(acceptance_text(record.arm_phases(name)[0].acceptance))}</p>")
+    parts.append(levels.html_section(record, analysis))
     parts.append(prediction.html_section(record, analysis))
     found = checks(record, analysis)
     if found:
@@ -108,7 +109,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
             figures.append(
                 f"<figure><img id='specdecode-plot-{name}' alt='{_e(name)} plot' "
                 f"src='data:image/png;base64,{data}'/>"
-                f"<figcaption>{_e(CAPTIONS.get(name, name))}</figcaption></figure>"
+                f"<figcaption>{_e(caption(name))}</figcaption></figure>"
             )
         parts.append(f"<h3>Plots</h3><div class='plots'>{''.join(figures)}</div>")
     parts.append("</section>")

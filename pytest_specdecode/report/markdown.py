@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.redaction import redact_text
 from ..record.schema import RunRecord
-from . import prediction
+from . import levels, prediction
 from .rows import TABLE_HEADER, checks, headline, rows
 from .text import STATISTICS_NOTE, acceptance_text, design_text, title
 
@@ -55,6 +55,7 @@ def summary(
                 cells[-1] = f"**{cells[-1]}**"
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
+    lines += levels.markdown_lines(record, analysis)
     lines += prediction.markdown_lines(record, analysis)
     found = checks(record, analysis)
     if found:

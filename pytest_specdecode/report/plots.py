@@ -30,7 +30,17 @@ CAPTIONS = {
     "acceptance": "Per-position acceptance: the share of drafts whose k-th proposed token was "
     "accepted (from vLLM's spec-decode counters).",
     "prediction": HEATMAP_CAPTION,  # written by report.prediction.write_heatmap
+    "speedup": "Speedup against load, per prompt type: the candidate's per-request tok/s over "
+    "the baseline's at each level, with the verdict's interval; the band and diamond on 1.0 mark "
+    "where the speedup crosses it (interpolated in log-log) and its uncertainty.",
 }
+
+
+def caption(name: str) -> str:
+    """A plot's caption by its name ("speedup-ngram" takes the "speedup" one)."""
+    return CAPTIONS.get(name) or CAPTIONS.get(name.split("-", 1)[0], name)
+
+
 _BASE_COLOR = "#4c72b0"
 _AFTER_COLOR = "#9a9a9a"
 _CANDIDATE_COLORS = ("#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
@@ -38,7 +48,19 @@ _CANDIDATE_COLORS = ("#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da
 
 def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict[str, Path]:
     drawers = {"throughput": _throughput, "tpot": _tpot, "acceptance": _acceptance}
-    return {name: drawers[name](record, analysis, run_dir / file) for name, file in FILES.items()}
+    out = {name: drawers[name](record, analysis, run_dir / file) for name, file in FILES.items()}
+    for candidate, per in analysis.crossovers.items():  # several load levels
+        series = {x.prompt_type: list(x.points) for x in per.values()}
+        name = f"speedup-{candidate}"
+        drawn = speedup_vs_load(
+            series,
+            per,
+            run_dir / f"{name}.png",
+            title=f"{candidate}: speedup against load (throughput per request)",
+        )
+        if drawn is not None:
+            out[name] = drawn
+    return out
 
 
 def median_ci(values: Sequence[float], *, n_resamples: int = 2000, seed: int = 0):
@@ -75,7 +97,7 @@ def _grouped(record: RunRecord, metric: str):
         for phase in record.phases.values()
         for name, m in phase.measurements.items()
     }
-    names = [n for n in record.prompt_types if any(data.get((p, n)) for p in record.phases)]
+    names = [n for n in record.keys if any(data.get((p, n)) for p in record.phases)]
     phases = [p for p in record.phases if any(data.get((p, n)) for n in names)]
     return phases, names, data
 

@@ -51,7 +51,8 @@ def acceptance_text(acc: Acceptance) -> str:
 
 
 def design_text(run: RunConfig) -> str:
-    samples = f"{run.samples}" + (f" to {run.max_samples}" if run.max_samples else "")
+    most = run.max_samples or 0
+    samples = f"{run.samples}" + (f" to {most}" if most > run.samples else "")
     levels = ", ".join(level.label for level in run.levels)
     starts = f"{run.repeats} server start{'s' if run.repeats != 1 else ''} per arm"
     return (

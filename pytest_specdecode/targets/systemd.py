@@ -47,7 +47,7 @@ from .unitfile import (
     render_dropin,
 )
 from .vllm_argv import option_value
-from .vllm_facts import ask_vllm
+from .vllm_facts import VllmFactsError, ask_vllm
 
 if TYPE_CHECKING:
     from .tunnel import ApiTunnel
@@ -339,9 +339,14 @@ class SystemdTarget:
 
     def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
         """Asked of the Python in the unit's ExecStart, over SSH; reads, never changes."""
-        _, tokens = effective_exec_start(self.unit_text(), where=f"unit {self.unit}")
         where = f"unit {self.unit} on {self.host_name}"
-        return ask_vllm(self.host, [t.value for t in tokens], where=where, progress=progress)
+        exec_start = effective_exec_start(self.unit_text(), where=where, images=self.vllm_images)
+        if exec_start.server.image is not None:
+            raise VllmFactsError(
+                f"{where} runs vLLM in a container ({exec_start.server.image}); its Python is "
+                "not asked from outside the container"
+            )
+        return ask_vllm(self.host, exec_start.argv, where=where, progress=progress)
 
     def original(self) -> SystemdUnit:
         if self._original is None:

@@ -17,7 +17,7 @@ import pytest
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.targets import gpu, systemd
 from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
-from pytest_specdecode.targets.systemd import SystemdUnit
+from pytest_specdecode.targets.systemd import SystemdTarget
 
 from ..support.testbed import Testbed
 
@@ -76,9 +76,9 @@ def test_the_units_own_processes_release_and_a_foreign_one_is_only_reported(host
     assert sorted(map(int, listed.stdout.split())) == sorted([*unit_pids, foreign])
 
     said: list[str] = []
-    unit = SystemdUnit(
+    unit = SystemdTarget(
         host, UNITS[0], api_base="http://127.0.0.1:9", model="-", progress=said.append
-    )
+    ).original()
     started = time.monotonic()
     unit.stop()  # does not raise: the foreign process is not the unit's
     assert time.monotonic() - started < 15
@@ -100,7 +100,7 @@ def test_a_child_left_behind_by_killmode_process_fails_the_check(host, monkeypat
         on_gpu(host, pids)
         main = int(host.check(["systemctl", "show", "-p", "MainPID", "--value", UNITS[0]]).stdout)
         (child,) = [p for p in pids if p != main]
-        unit = SystemdUnit(host, UNITS[0], api_base="http://127.0.0.1:9", model="-")
+        unit = SystemdTarget(host, UNITS[0], api_base="http://127.0.0.1:9", model="-").original()
         with pytest.raises(ServiceError) as err:
             unit.stop()
         assert str(err.value).startswith(

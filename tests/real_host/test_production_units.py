@@ -138,7 +138,7 @@ def test_template_instance_with_a_bound_unit_baseline_candidate_restore(
     pytester: pytest.Pytester, testbed: Testbed, template_instance: ExtraUnit
 ) -> None:
     bed, inst = testbed, template_instance
-    config = write_remote_experiment(pytester, bed, run={"samples": 3, "max_tokens": 32})
+    config = write_remote_experiment(pytester, bed, run={"samples": 5, "max_tokens": 32})
     args = suite_args(pytester, bed, config, *inst.options(), "--spec-config", "ngram")
     result = pytester.runpytest_subprocess(*args)
     out, err = result.stdout.str(), result.stderr.str()
@@ -199,7 +199,7 @@ def test_container_run_unit_gets_the_config_among_the_servers_arguments(
     pytester: pytest.Pytester, testbed: Testbed, container_unit: ExtraUnit
 ) -> None:
     bed, ctr = testbed, container_unit
-    config = write_remote_experiment(pytester, bed, run={"samples": 2, "max_tokens": 16})
+    config = write_remote_experiment(pytester, bed, run={"samples": 5, "max_tokens": 16})
     args = suite_args(pytester, bed, config, *ctr.options(), "--spec-config", "ngram")
     result = pytester.runpytest_subprocess(*args)
     out, err = result.stdout.str(), result.stderr.str()

