@@ -2,11 +2,12 @@
 
 A run's per-request throughput is drawn on the log scale:
 
-    log tok/s = log(base) + effect·[candidate] + start shift + request noise
+    log tok/s = log(base) + effect·[candidate] + start shift + prompt + request noise
 
 Every prompt type of one server start shares its shift (the start moved the whole server), and
 each request of the start has its own noise. TPOT follows from the same request (a fixed TTFT),
-as on a real server. The analysis is told the restart noise as a real run would know it.
+as on a real server. The analysis is told the restart noise as a real run would know it. With a
+prompt set, each prompt has its own level, the same in every start (`Scenario.prompts`).
 """
 
 from __future__ import annotations
@@ -44,10 +45,20 @@ class Scenario:
     alpha: float = 0.05
     min_effect: float = 0.03
     prompt_types: tuple[str, ...] = PROMPT_TYPES
+    # Prompt sets: each prompt type holds `prompts` prompts whose own levels spread by
+    # `prompt_sd` (log scale); request i of every start sends prompt i mod `prompts`.
+    prompts: int = 0  # 0: one prompt, repeated (the seed's design)
+    prompt_sd: float = 0.0
+    # "paired": the analysis is told each request's prompt; "ignored": the same requests, but
+    # not told; "unpaired": every request a new prompt from a large pool (nothing to pair)
+    pairing: str = "paired"
 
 
-def _request(prompt_type: str, phase: str, index: int, rate: float) -> RequestSample:
+def _request(
+    prompt_type: str, phase: str, index: int, rate: float, prompt: int | None = None
+) -> RequestSample:
     return RequestSample(
+        prompt_index=prompt,
         prompt_type=prompt_type,
         phase=phase,
         index=index,
@@ -62,13 +73,38 @@ def _request(prompt_type: str, phase: str, index: int, rate: float) -> RequestSa
 
 
 def _send(
-    m: Measurement, count: int, phase: str, level: float, sd: float, rng: np.random.Generator
+    m: Measurement,
+    count: int,
+    phase: str,
+    level: float,
+    sd: float,
+    rng: np.random.Generator,
+    s: Scenario,
+    prompt_levels: np.ndarray,
 ) -> None:
-    for rate in 30.0 * np.exp(level + rng.normal(0.0, sd, count)):
-        m.samples.append(_request(m.prompt_type, phase, len(m.samples), float(rate)))
+    for _ in range(count):
+        i = len(m.samples)
+        prompt: int | None = None
+        if s.pairing == "unpaired" and s.prompts:
+            own = rng.normal(0.0, s.prompt_sd)  # a prompt never sent before
+        elif s.prompts:
+            prompt = i % s.prompts
+            own = float(prompt_levels[prompt])
+        else:
+            own = 0.0
+        rate = 30.0 * math.exp(level + own + rng.normal(0.0, sd))
+        told = prompt if s.pairing == "paired" else None
+        m.samples.append(_request(m.prompt_type, phase, i, rate, told))
 
 
-def _start(s: Scenario, name: str, arm: str, effect: float, rng: np.random.Generator) -> Phase:
+def _start(
+    s: Scenario,
+    name: str,
+    arm: str,
+    effect: float,
+    rng: np.random.Generator,
+    prompt_levels: dict[str, np.ndarray],
+) -> Phase:
     """One server start: each prompt type's requests, as many as the design sends."""
     phase = Phase(name=name, arm=arm, spec=None)
     target = target_se(s.noise.sd, s.min_effect)
@@ -78,9 +114,10 @@ def _start(s: Scenario, name: str, arm: str, effect: float, rng: np.random.Gener
         own = rng.normal(0.0, s.start_sd) if s.start_sd and not s.shared_shift else shared
         level = effect + own
         m = Measurement(prompt_type=prompt_type)
-        _send(m, s.samples, name, level, sd, rng)
+        levels = prompt_levels[prompt_type]
+        _send(m, s.samples, name, level, sd, rng, s, levels)
         while len(m.samples) < (s.max_samples or 0) and not pinned(m, target=target):
-            _send(m, 1, name, level, sd, rng)
+            _send(m, 1, name, level, sd, rng, s, levels)
         phase.measurements[prompt_type] = m
     return phase
 
@@ -88,9 +125,13 @@ def _start(s: Scenario, name: str, arm: str, effect: float, rng: np.random.Gener
 def simulate_run(s: Scenario, rng: np.random.Generator) -> dict[str, PromptTypeVerdict]:
     """One run: every start of each arm, then the verdicts as the tool computes them."""
     arms: dict[str, list[Phase]] = {"baseline": [], "candidate": []}
+    prompt_levels = {  # drawn once a run: every start sends the same prompts
+        t: rng.normal(0.0, s.prompt_sd, s.prompts) if s.prompts else np.zeros(1)
+        for t in s.prompt_types
+    }
     for arm, effect in (("baseline", 0.0), ("candidate", math.log1p(s.effect))):
         for start in range(s.repeats):
-            arms[arm].append(_start(s, f"{arm}#{start}", arm, effect, rng))
+            arms[arm].append(_start(s, f"{arm}#{start}", arm, effect, rng, prompt_levels))
     return compare_arms(
         arms["baseline"],
         arms["candidate"],

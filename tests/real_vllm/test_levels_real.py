@@ -1,0 +1,106 @@
+"""Load levels and prompt sets on the real CPU vLLM, through the tool (minutes).
+
+`pytest suites/ --spec-config ngram --spec-concurrency 1,4,8`, smaller: two of the shipped prompt
+sets and short outputs. Each phase measures the three levels with no extra restart, the verdicts
+come per prompt type and level, the crossover (or its absence) is told and drawn. A Spec-Bench
+file's categories become prompt types.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ..support.embedded import write_experiment
+
+TWO_SETS = (
+    '[prompt_types.coding]\nprompt_set = "coding"\n[prompt_types.math]\nprompt_set = "math"\n'
+)
+
+
+def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytester) -> None:
+    exp = write_experiment(
+        pytester,
+        run={"samples": 8, "max_samples": 8, "max_tokens": 48},
+        thresholds="min_tokens_per_s = 0.1",
+        prompt_types=TWO_SETS,
+    )
+    result = pytester.runpytest_subprocess(
+        *exp.args("--spec-config", "ngram", "--spec-concurrency", "1,4,8", "-rA")
+    )
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
+    data = exp.results()
+
+    # Two starts in all (baseline, candidate), each measuring c1, c4 and c8 of both types.
+    assert err.count("starting local vLLM process") == 2, err
+    keys = [f"{t}@c{n}" for t in ("coding", "math") for n in (1, 4, 8)]
+    for phase in ("baseline", "ngram"):
+        ms = data["phases"][phase]["measurements"]
+        assert list(ms) == keys
+        for key, m in ms.items():
+            n = int(key.rsplit("@c", 1)[1])
+            assert m["level"]["concurrency"] == n
+            assert len(m["samples"]) == max(8, 2 * n)
+            assert m["summary"]["level"]["peak_in_flight"] == n, key
+            texts = {s["text"] for s in m["samples"]}
+            assert len(texts) > 1, key  # distinct prompts give distinct outputs within a phase
+            assert len({s["prompt_index"] for s in m["samples"]}) > 1
+    # Verdicts per prompt type and level, as tests with the level in their id.
+    verdicts = data["analysis"]["verdicts"]["ngram"]
+    assert list(verdicts) == keys
+    for key in keys:
+        t, level = key.split("@")
+        assert re.search(rf"test_speculation_does_not_regress\[ngram-{t}-{level}\]", out), out
+    # The crossover per prompt type, in the tables and drawn.
+    crossovers = data["analysis"]["crossovers"]["ngram"]
+    assert set(crossovers) == {"coding", "math"}
+    assert all(x["kind"] != "single level" for x in crossovers.values())
+    summary = (exp.run_dir() / "summary.md").read_text()
+    assert "### Where speculation stops paying" in summary
+    for t, x in crossovers.items():
+        assert f"ngram / {t}: {x['text']}" in summary
+    assert (exp.run_dir() / "speedup-ngram.png").read_bytes()[:4] == b"\x89PNG"
+    assert "### Load levels" in summary and "| ngram | math@c8 | 16 |" in summary
+    assert exp.leftover_servers() == []
+
+
+SPEC_BENCH = [
+    {"question_id": i, "category": category, "turns": [text]}
+    for i, (category, text) in enumerate(
+        [
+            ("writing", "Write a two-sentence note thanking a colleague for a code review."),
+            ("writing", "Write a short haiku about a compiler."),
+            ("writing", "Write one sentence announcing a release of a small library."),
+            ("math_reasoning", "What is 17 times 23? Show the steps."),
+            ("math_reasoning", "A train travels 60 km in 45 minutes. What is its speed in km/h?"),
+            ("math_reasoning", "Is 221 a prime number? Explain briefly."),
+            ("coding", "Write a Python one-liner that reverses a string."),
+        ]
+    )
+]
+
+
+def test_a_spec_bench_file_gives_a_prompt_type_per_category(pytester: pytest.Pytester) -> None:
+    questions = pytester.path / "question.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in SPEC_BENCH))
+    table = (
+        f'[prompt_types.sb]\nprompts_file = "{questions}"\nformat = "spec-bench"\n'
+        'categories = ["writing", "math_reasoning"]\n'
+    )
+    exp = write_experiment(
+        pytester, run={"samples": 3, "max_samples": 3, "max_tokens": 24}, prompt_types=table
+    )
+    result = pytester.runpytest_subprocess(*exp.args("-rA"))  # the baseline, as it serves
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    data = exp.results()
+    ms = data["phases"]["baseline"]["measurements"]
+    assert list(ms) == ["sb.writing", "sb.math_reasoning"]  # coding was not chosen
+    for name, m in ms.items():
+        prompts = [p["text"] for p in data["prompt_types"][name]["prompts"]]
+        category = name.split(".", 1)[1]
+        assert prompts == [q["turns"][0] for q in SPEC_BENCH if q["category"] == category]
+        assert {s["prompt_index"] for s in m["samples"]} == {0, 1, 2}
+        assert len({s["text"] for s in m["samples"]}) == 3
