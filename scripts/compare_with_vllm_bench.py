@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pytest_specdecode.config.prompts import prompt_types
-from pytest_specdecode.measure.loadgen import RequestSpec, run_requests
+from pytest_specdecode.measure.levels import LoadLevel
+from pytest_specdecode.measure.loadgen import RequestSpec, run_level
 
 
 def vllm_bench(args: argparse.Namespace, prompts: list[str]) -> dict[str, float]:
@@ -80,9 +81,9 @@ def ours(args: argparse.Namespace, prompts: list[str]) -> dict[str, float]:
     samples, wall = [], 0.0
     for prompt in prompts:
         spec = RequestSpec(args.api_base, args.model, prompt, args.max_tokens)
-        got, took = asyncio.run(run_requests(spec, workload="w", phase="p", count=1))
-        samples += got
-        wall += took
+        result = asyncio.run(run_level([spec], LoadLevel(concurrency=1), prompt_type="w", phase="p"))
+        samples += result.samples
+        wall += result.stats.wall_s
     return {
         "mean_tpot_ms": statistics.fmean(s.tpot_s * 1000 for s in samples),
         "output_throughput": sum(s.output_tokens for s in samples) / wall,

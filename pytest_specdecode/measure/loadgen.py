@@ -1,9 +1,8 @@
 """The load generator. Every request is timed here, in `timed_request`.
 
 `run_level` sends one load level (closed-loop concurrency and/or open-loop Poisson arrivals)
-and returns its samples with their aggregates (measure/levels.py); `run_requests` is the
-single-prompt form the experiment uses today. Both build their client in `make_client`, whose
-`transport` lets the fast tests answer from an `httpx.MockTransport`.
+and returns its samples with their aggregates (measure/levels.py); it builds its client in
+`make_client`, whose `transport` lets the fast tests answer from an `httpx.MockTransport`.
 """
 
 from __future__ import annotations
@@ -452,29 +451,3 @@ async def run_level(
         send_lags_s=lags,
     )
     return LevelResult(level=level, samples=list(samples), stats=stats, slo=slo)
-
-
-async def run_requests(
-    spec: RequestSpec,
-    *,
-    prompt_type: str,
-    phase: str,
-    count: int,
-    warmup: bool = False,
-    concurrency: int = 1,
-    headers: Mapping[str, str] | None = None,
-    on_sample: Callable[[RequestSample], None] = lambda s: None,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> tuple[list[RequestSample], float]:
-    """Send `count` requests, `concurrency` at a time; returns them and the wall time taken."""
-    result = await run_level(
-        [spec] * count,
-        LoadLevel(concurrency=concurrency),
-        prompt_type=prompt_type,
-        phase=phase,
-        warmup=warmup,
-        headers=headers,
-        transport=transport,
-        on_sample=on_sample,
-    )
-    return result.samples, result.stats.wall_s

@@ -32,7 +32,6 @@ from pytest_specdecode.measure.loadgen import (
     RequestSpec,
     planned_specs,
     run_level,
-    run_requests,
     timed_request,
 )
 
@@ -42,6 +41,12 @@ PROMPT = "Say hello to an old friend."
 # (text, cumulative completion tokens): tokens per chunk [0 (role), 1, 3, 1, 4, 2], as
 # speculative decoding delivers them.
 PIECES = [("Hello", 1), (" there, my", 4), (" dear", 5), (" old friend of", 9), (" mine.", 11)]
+
+
+async def run_requests(spec, *, count: int, concurrency: int = 1, **kwargs):
+    """`count` requests of one prompt at one closed-loop level: (samples, wall time)."""
+    result = await run_level([spec] * count, LoadLevel(concurrency=concurrency), **kwargs)
+    return result.samples, result.stats.wall_s
 
 
 def chat_chunk(content: str | None, tokens: int | None, *, role: bool = False) -> dict[str, Any]:

@@ -18,11 +18,12 @@ import httpx
 import pytest
 
 from pytest_specdecode.errors import RequestError
+from pytest_specdecode.measure.levels import LoadLevel
 from pytest_specdecode.measure.loadgen import (
     RequestSample,
     RequestSpec,
     make_client,
-    run_requests,
+    run_level,
     timed_request,
 )
 from tests.support.standin_server import (
@@ -40,6 +41,12 @@ pytestmark = pytest.mark.filterwarnings(
 
 PROMPT = "Say hello to an old friend."
 WALL_LIMIT_S = 5.0  # a fault must be reported within this, whatever the stand-in does
+
+
+async def run_requests(spec, *, count: int, concurrency: int = 1, **kwargs):
+    """`count` requests of one prompt at one closed-loop level: (samples, wall time)."""
+    result = await run_level([spec] * count, LoadLevel(concurrency=concurrency), **kwargs)
+    return result.samples, result.stats.wall_s
 
 
 @pytest.fixture
