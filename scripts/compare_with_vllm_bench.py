@@ -81,7 +81,8 @@ def ours(args: argparse.Namespace, prompts: list[str]) -> dict[str, float]:
     samples, wall = [], 0.0
     for prompt in prompts:
         spec = RequestSpec(args.api_base, args.model, prompt, args.max_tokens)
-        result = asyncio.run(run_level([spec], LoadLevel(concurrency=1), prompt_type="w", phase="p"))
+        one = LoadLevel(concurrency=1)
+        result = asyncio.run(run_level([spec], one, prompt_type="w", phase="p"))
         samples += result.samples
         wall += result.stats.wall_s
     return {
