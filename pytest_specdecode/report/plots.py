@@ -41,6 +41,7 @@ def caption(name: str) -> str:
     return CAPTIONS.get(name) or CAPTIONS.get(name.split("-", 1)[0], name)
 
 
+_SPEEDUP_TICKS = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10)
 _BASE_COLOR = "#4c72b0"
 _AFTER_COLOR = "#9a9a9a"
 _CANDIDATE_COLORS = ("#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
@@ -355,9 +356,13 @@ def speedup_vs_load(
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(left, right)
     bottom, top = min(ys), max(ys)
-    ax.set_ylim(bottom / 1.08, top * 1.08)
-    ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:.2g}")
-    ax.yaxis.set_minor_formatter(lambda v, _pos: f"{v:.2g}")
+    low_y, high_y = bottom / 1.08, top * 1.08
+    ax.set_ylim(low_y, high_y)
+    ticks = [t for t in _SPEEDUP_TICKS if low_y <= t <= high_y]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     rate = any(p.level.startswith("r") for points in drawn.values() for p in points)
     ax.set_xlabel("request rate, requests/s" if rate else "concurrency (requests in flight)")
     ax.set_ylabel("speedup, candidate / baseline tok/s")
