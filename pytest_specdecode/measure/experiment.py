@@ -8,6 +8,7 @@ import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import httpx
 
@@ -54,6 +55,20 @@ def design_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str
             seen[arm] = seen.get(arm, 0) + 1
             out.append((arm if seen[arm] == 1 else f"{arm}#{seen[arm]}", arm))
     return out
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One prompt type at one load level in one phase: what its requests are sent with."""
+
+    phase: Phase
+    m: Measurement
+    base: RequestSpec  # the decoding settings; each request takes its prompt from the plan
+    prompt_type: PromptType
+
+    @property
+    def where(self) -> str:
+        return f"[{self.phase.name}] {self.m.key}"
 
 
 class Experiment:
@@ -171,7 +186,7 @@ class Experiment:
             read_timeout_s=run.read_timeout_s,
         )
         self.progress(f"[{phase.name}] {prompt_type.name}: {plan.describe()}")
-        first: Measurement | None = None
+        first: _Window | None = None
         for level, indices in zip(levels, plan.levels, strict=True):
             key = cell_key(prompt_type.name, level, several=len(levels) > 1)
             m = Measurement(
@@ -181,39 +196,31 @@ class Experiment:
                 slo=self.settings.slo.for_level(level),
             )
             phase.measurements[key] = m
+            window = _Window(phase, m, base, prompt_type)
             if first is None:
-                first = m
+                first = window
                 if plan.warmup:
-                    self._send(phase, m, base, prompt_type, plan.warmup, warmup=True)
-            self._measure_level(phase, m, base, prompt_type, indices, service)
+                    self._send(window, plan.warmup, warmup=True)
+            self._measure_level(window, indices, service)
         if first is not None and phase.arm != BASELINE_AFTER:
-            self._record_token_ids(phase, first, base, prompt_type)
+            self._record_token_ids(first)
 
-    def _measure_level(
-        self,
-        phase: Phase,
-        m: Measurement,
-        base: RequestSpec,
-        prompt_type: PromptType,
-        indices: Sequence[int],
-        service: Service,
-    ) -> None:
+    def _measure_level(self, window: _Window, indices: Sequence[int], service: Service) -> None:
         """One level's window: sent, checked for other clients' traffic, measured again."""
-        run = self.settings.run
+        run, m, where = self.settings.run, window.m, window.where
         least, most = run.requests_at(m.level)
-        where = f"[{phase.name}] {m.key}"
         self.progress(
             f"{where}: {least}{f'..{most}' if most > least else ''} requests at {m.level.label} "
-            f"of up to {prompt_type.max_tokens} tokens"
+            f"of up to {window.prompt_type.max_tokens} tokens"
         )
         step = m.level.concurrency or 1
         for attempt in range(1, run.traffic_attempts + 1):
             before = self._counters(service)
-            wall = self._send(phase, m, base, prompt_type, indices[:least])
+            wall = self._send(window, indices[:least])
             while len(m.samples) < most and not pinned(m, target=self._target_se()):
                 # adaptive: only the spread decides, never the values themselves
                 sent = len(m.samples)
-                wall += self._send(phase, m, base, prompt_type, indices[sent : sent + step])
+                wall += self._send(window, indices[sent : sent + step])
             after = self._counters(service)
             m.wall_s = wall
             m.acceptance = acceptance_between(before, after)
@@ -243,17 +250,9 @@ class Experiment:
         for warning in stats.warnings():
             self.progress(f"{where}: warning: {warning}")
 
-    def _send(
-        self,
-        phase: Phase,
-        m: Measurement,
-        base: RequestSpec,
-        prompt_type: PromptType,
-        indices: Sequence[int],
-        *,
-        warmup: bool = False,
-    ) -> float:
-        """Requests for these prompts at the measurement's level; each journalled as it ends."""
+    def _send(self, window: _Window, indices: Sequence[int], *, warmup: bool = False) -> float:
+        """Requests for these prompts at the window's level; each journalled as it ends."""
+        phase, m, prompt_type = window.phase, window.m, window.prompt_type
         kept = m.warmup if warmup else m.samples
         offset = len(kept)
 
@@ -264,7 +263,7 @@ class Experiment:
 
         result = asyncio.run(
             run_level(
-                planned_specs(base, prompt_type.prompts, indices),
+                planned_specs(window.base, prompt_type.prompts, indices),
                 m.level,
                 prompt_type=prompt_type.name,
                 phase=phase.name,
@@ -280,24 +279,22 @@ class Experiment:
             m.client.add(result.stats)
         return result.stats.wall_s
 
-    def _record_token_ids(
-        self, phase: Phase, m: Measurement, base: RequestSpec, prompt_type: PromptType
-    ) -> None:
+    def _record_token_ids(self, window: _Window) -> None:
         """The n-gram replay's input (analysis/prediction.py), outside the timed windows: each
         distinct prompt measured at the first level, with a timed output of it to check."""
+        m, prompts = window.m, window.prompt_type.prompts
         references: dict[str, str | None] = {}
         for sample in m.samples:
-            index = sample.prompt_index or 0
-            references.setdefault(prompt_type.prompts[index].text, sample.text)
+            references.setdefault(prompts[sample.prompt_index or 0].text, sample.text)
         m.token_ids = record_token_ids(
-            base, references, headers=self.headers, transport=self._transports.sync
+            window.base, references, headers=self.headers, transport=self._transports.sync
         )
         self.store.flush()
         ids = m.token_ids
         self.progress(
-            f"[{phase.name}] {m.key}: token ids of {len(ids.prompts)} prompt(s) recorded (untimed)"
+            f"{window.where}: token ids of {len(ids.prompts)} prompt(s) recorded (untimed)"
             if ids.missing is None
-            else f"[{phase.name}] {m.key}: no token ids ({ids.missing})"
+            else f"{window.where}: no token ids ({ids.missing})"
         )
 
     def watch(self, service: Service, seconds: float) -> Traffic:
