@@ -26,7 +26,7 @@ from ..support.testbed import Reach, Testbed, results_of, write_remote_experimen
 @pytest.fixture(autouse=True)
 def original_serving_before_and_after(testbed: Testbed):
     testbed.wait_serving()
-    assert testbed.traces() == []
+    assert testbed.settled_traces() == []
     yield
     testbed.wait_serving(timeout_s=120)
     testbed.assert_original_restored()
@@ -82,7 +82,7 @@ def test_alias_with_proxyjump_sudo_user_and_api_only_through_ssh_runs_the_workfl
     name = "deploy@127.0.0.1:2222 (specdecode-gpu; via jump@10.213.0.1:2223)"
     assert f"forwarded over SSH to 127.0.0.1:{api.port} on {name}" in err, err
     assert err.count(f"stopping unit {testbed.unit} on {name}") == 1, err
-    assert err.count(f"starting unit {testbed.candidate_unit} on {name}") == 1, err
+    assert err.count(f"starting candidate ngram: unit {testbed.unit} on {name}") == 1, err
     assert re.search(r"restored to active and serving in \d+s", err), err
 
     data = results_of(pytester)
@@ -121,6 +121,8 @@ def test_sudo_that_asks_for_a_password_is_refused_before_anything_is_touched(
         "--spec-file",
         str(config),
         *options,
+        "--spec-workload",
+        "coding",
         "--spec-config",
         "ngram",
         "-p",

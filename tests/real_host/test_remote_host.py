@@ -31,7 +31,7 @@ from ..support.testbed import (
 @pytest.fixture(autouse=True)
 def original_serving_before_and_after(testbed: Testbed):
     testbed.wait_serving()
-    assert testbed.traces() == []
+    assert testbed.settled_traces() == []
     etc = testbed.persistent_units()
     yield
     testbed.wait_serving(timeout_s=120)  # a restore must already have waited for health
@@ -116,10 +116,10 @@ def test_exception_in_the_fixture_restores(pytester, testbed):
     pytester.makeconftest("""
         from pytest_specdecode.measure.experiment import Experiment
         original = Experiment._measure
-        def broken(self, name, spec, service):
+        def broken(self, name, arm, spec, **kwargs):
             if name != "baseline":
                 raise RuntimeError("injected fault in the candidate phase")
-            return original(self, name, spec, service)
+            return original(self, name, arm, spec, **kwargs)
         Experiment._measure = broken
     """)
     result = pytester.runpytest_subprocess(

@@ -14,7 +14,7 @@ def unchanged(testbed: Testbed):
     before = testbed.state()
     yield before
     assert testbed.state() == before
-    assert testbed.traces() == []
+    assert testbed.settled_traces() == []
 
 
 def test_a_key_the_hosts_vllm_does_not_know_is_refused_before_anything(

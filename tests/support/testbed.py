@@ -147,6 +147,14 @@ class Testbed:
         }
         return [name for name, argv in checks.items() if self.ssh(*argv).ok]
 
+    def settled_traces(self, timeout_s: float = 30.0) -> list[str]:
+        """`traces`, once a host-side restore that is still finishing has had time to: it
+        keeps the lock until the original listens, and removes it up to 2 s after."""
+        deadline = time.monotonic() + timeout_s
+        while (found := self.traces()) and time.monotonic() < deadline:
+            time.sleep(1)
+        return found
+
     def persistent_units(self) -> str:
         """Every file and link under /etc/systemd/system with its mtime: compared before/after."""
         return self.ssh(
@@ -174,7 +182,7 @@ class Testbed:
         state = self.state()
         assert state.get("ActiveState") == "active", state
         assert self.serves(), f"{self.unit} is active but {self.api_base} does not serve"
-        assert self.traces() == []
+        assert self.settled_traces() == []
 
 
 def write_remote_experiment(
