@@ -34,6 +34,7 @@ from pytest_specdecode.analysis.ngram_replay import (
     replay,
 )
 from pytest_specdecode.analysis.prediction import predict_run
+from pytest_specdecode.config.prompts import shipped_set
 from pytest_specdecode.record.schema import BASELINE, RunRecord
 from pytest_specdecode.record.store import load_run
 
@@ -49,7 +50,8 @@ SUITE = tomllib.loads((REPO / "suites" / "specdecode.toml").read_text())
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 LIST129 = "Continue this list: " + " ".join(WORDS[i % 10] for i in range(95))  # 129 tokens
 PROMPTS = {
-    **{name: SUITE["prompt_types"][name]["prompt"] for name in ("coding", "math", "structured")},
+    # each shipped set's first prompt is the seed's own
+    **{name: shipped_set(name)[0].text for name in ("coding", "math", "structured")},
     "list129": LIST129,
 }
 PRESET = SUITE["presets"]["ngram"]
