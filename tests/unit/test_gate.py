@@ -90,6 +90,7 @@ def test_a_tpot_only_regression_fails_its_verdict_test(pytester: pytest.Pytester
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
+    assert "speculation ngram regressed: coding:" in out, out  # by TPOT, not "no verdict"
     assert re.search(r"TPOT [\d.]+ → [\d.]+ ms \(\+\d+\.\d%", out), out
 
 
