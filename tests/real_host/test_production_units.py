@@ -241,14 +241,19 @@ def test_reboot_mid_candidate_brings_back_the_original_and_leaves_no_trace(
         target={"watchdog_s": 900, "restore_timeout_s": 600},
     )
     proc = run_until(pytester, testbed, config, "[ngram] coding:")
-    assert testbed.ssh("test", "-e", testbed.dropin).ok  # the candidate is what runs now
-    script = REPO / "scripts" / "testbed" / "systemd-host"
-    reboot = subprocess.run(["bash", str(script), "reboot"], capture_output=True, text=True)
-    assert reboot.returncode == 0, reboot.stderr[-3000:]
-    # Booted and serving again, before the controller did anything there: nothing is left.
-    assert "rebooted: vllm-kimi-k25-int4.service serves" in reboot.stderr
-    assert testbed.settled_traces() == []
-    booted_pid = testbed.state()["MainPID"]
+    try:
+        assert testbed.ssh("test", "-e", testbed.dropin).ok  # the candidate is what runs now
+        script = REPO / "scripts" / "testbed" / "systemd-host"
+        reboot = subprocess.run(["bash", str(script), "reboot"], capture_output=True, text=True)
+        assert reboot.returncode == 0, reboot.stderr[-3000:]
+        # Booted and serving again, before the controller did anything there: nothing is left.
+        assert "rebooted: vllm-kimi-k25-int4.service serves" in reboot.stderr
+        assert testbed.settled_traces() == []
+        booted_pid = testbed.state()["MainPID"]
+    except BaseException:
+        proc.terminate()  # the controller restores and ends, its pipe read to the end
+        proc.communicate(timeout=900)
+        raise
 
     _, err = proc.communicate(timeout=900)
     assert "rebooted during the run" in err, err
