@@ -101,7 +101,9 @@ def test_alias_with_proxyjump_sudo_user_and_api_only_through_ssh_runs_the_workfl
         rf"deploy : .*USER=root ; COMMAND=/usr/bin/systemctl stop {re.escape(testbed.unit)}",
         sudo_log,
     ), sudo_log[-3000:]
-    assert "COMMAND=/usr/bin/install -m 0644 -D /dev/stdin /etc/systemd/system/" in sudo_log
+    dropin_dir = f"/run/systemd/system/{testbed.unit}.d/"
+    assert f"COMMAND=/usr/bin/install -m 0644 -D /dev/stdin {dropin_dir}" in sudo_log, sudo_log
+    assert "/etc/systemd/system" not in sudo_log  # a runtime drop-in: gone at the next boot
     assert "COMMAND=/usr/bin/sh" not in sudo_log and "incorrect password" not in sudo_log
     # And it came in through the jump host, from the controller's namespace.
     jump_log = journal_since(testbed, started, "-u", "specdecode-jump-sshd.service")
