@@ -57,7 +57,7 @@ PROMPTS = {
 PRESET = SUITE["presets"]["ngram"]
 OTHER_MIN = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
              "prompt_lookup_max": 3}  # fmt: skip
-SAMPLES, WARMUP, MAX_TOKENS = 3, 1, 64
+SAMPLES, WARMUP, MAX_TOKENS = 6, 1, 64  # 6: the least that can reach a verdict (16 comparisons)
 PREDICT = Path(sys.executable).parent / "specdecode-predict"
 
 
@@ -96,6 +96,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         text=True,
         timeout=1800,
     )
+    assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
     results = exp.run_dir() / "results.json"
     return Run(exp, done.stdout, done.stderr, done.returncode, load_run(results),
                json.loads(results.read_text()))  # fmt: skip

@@ -52,7 +52,7 @@ def test_a_second_client_during_the_candidates_window_is_caught(pytester: pytest
     assert proc.stderr is not None
     for line in proc.stderr:
         lines.append(line)
-        if "[ngram] coding: 1 warm-up" in line:  # the candidate is up: the neighbour starts
+        if "[ngram] coding:" in line and "warm-up" in line:  # the candidate is up: start
             threading.Thread(target=neighbour, args=(exp.port, stop, sent), daemon=True).start()
             break
     try:
@@ -60,7 +60,7 @@ def test_a_second_client_during_the_candidates_window_is_caught(pytester: pytest
     finally:
         stop.set()
     err = "".join(lines) + rest
-    assert sent, "the neighbour sent nothing"
+    assert sent, "the neighbour sent nothing:\n" + "".join(lines)[-3000:]
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED, out + err
     # Caught in the window, measured again, still busy: kept and marked, never a verdict.
     assert "[ngram] coding: other clients used the server during the window" in err
