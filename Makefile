@@ -12,7 +12,8 @@ experiment: setup
 # The plugin's own tests, unit and end to end against the real CPU vLLM.
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/pytest tests/ -v -p no:cacheprovider
+	.venv/bin/pytest tests/unit -n 2 -p no:cacheprovider
+	.venv/bin/pytest tests/real_vllm tests/real_host -v -p no:cacheprovider --durations=15
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
