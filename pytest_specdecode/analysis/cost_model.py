@@ -31,7 +31,8 @@ tok/s = N / (TTFT + (N - 1) * TPOT) with the baseline's TTFT and output length, 
 speedup against the baseline by the same formula. The band of the TPOT combines the step
 cost's band with the baseline TPOT's own noise (`BaselineTiming.tpot_noise`), in quadrature:
 the prediction scales with t0, which the baseline measured from a few requests, and the errors
-this shares across a prompt type's observations are not in the fit's residuals.
+this shares across a prompt type's observations are not in the fit's residuals. So does the
+restart noise: the config would run in a server start of its own.
 Without a measured candidate the cost is
 unknown: only the ceiling (tok/s if a speculative step cost no more than a plain one) is given.
 
@@ -243,8 +244,15 @@ def predict(
     baselines: Mapping[str, BaselineTiming],
     replays: Mapping[str, Mapping[NgramSettings, ReplayStats]],
     fit: CostFit | None,
+    *,
+    restart_sd: float = 0.0,
 ) -> dict[str, dict[NgramSettings, Prediction]]:
-    """tok/s and speedup, with a band, for every replayed config and prompt type."""
+    """tok/s and speedup, with a band, for every replayed config and prompt type.
+
+    `restart_sd` is the restart noise (log scale): the config would run in a server start of
+    its own, compared with the baseline's, so 95% of that difference of two starts joins the band.
+    """
+    start = _Z95 * restart_sd * math.sqrt(2.0)
     out: dict[str, dict[NgramSettings, Prediction]] = {}
     for name, by_config in replays.items():
         base = baselines.get(name)
@@ -268,8 +276,8 @@ def predict(
                 cost, cost_low, cost_high = fit.step_cost(m)
                 tpot = base.tpot_s * cost / tau
                 # The prediction scales with t0, itself measured: its noise joins the band.
-                below = math.hypot((cost - cost_low) / cost, base.tpot_noise)
-                above = math.hypot((cost_high - cost) / cost, base.tpot_noise)
+                below = math.hypot((cost - cost_low) / cost, base.tpot_noise, start)
+                above = math.hypot((cost_high - cost) / cost, base.tpot_noise, start)
                 rate = _tokens_per_s(base, tpot)
                 band = (
                     _tokens_per_s(base, tpot * (1.0 + above)),

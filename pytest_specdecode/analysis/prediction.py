@@ -35,6 +35,7 @@ from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance
 from ..measure.token_ids import TokenIds
 from ..record.schema import BASELINE, Measurement, RunRecord, cell_key
+from . import noise
 from .cost_model import (
     BaselineTiming,
     CandidateTiming,
@@ -253,7 +254,8 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
 
     bases = _baseline_timing(record)
     fit = fit_cost(bases, observations) if observations else None
-    predictions = predict(bases, replays, fit) if replays else {}
+    restart = noise.for_comparison(record)["throughput"]  # measured, or the stated assumption
+    predictions = predict(bases, replays, fit, restart_sd=restart.sd) if replays else {}
     advice = (
         recommend(predictions, measured=[n.settings for n in measured.values() if n.settings])
         if predictions

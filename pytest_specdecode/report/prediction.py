@@ -174,7 +174,8 @@ _FOOTNOTE = (
     "spec-decode counters over its timed requests. Exact where the outputs are equal and the "
     "look-ahead covered the last step; otherwise within the last step's bound (at most k-1 "
     "tokens per request). tok/s predicted: the cost model fitted from the measured n-gram "
-    "candidates, its band a 95% prediction interval widened by the baseline's TPOT noise."
+    "candidates, its band a 95% prediction interval widened by the baseline's TPOT noise and "
+    "the restart noise (a new server start)."
 )
 
 

@@ -201,3 +201,22 @@ def test_baseline_noise_widens_the_band_in_quadrature():
     tau = replays["math"][s].decode_tokens_per_step
     slowest_tpot = 0.032 * cost / tau * (1 + math.hypot((high - cost) / cost, 0.1))
     assert noisy.tokens_per_s_band[0] == pytest.approx(128 / (0.12 + 127 * slowest_tpot), rel=1e-3)
+
+
+def test_the_restart_noise_widens_the_band_of_a_new_start():
+    # The predicted config runs in a start of its own: a 4% shift of that start against the
+    # baseline's stays inside the band only once the restart noise is in it.
+    cands = [candidate(n, BASES[n], tau, m, 0.08, 0.03) for n, (tau, m) in SHAPES.items()]
+    fit = fit_cost(BASES, cands)
+    assert fit is not None
+    other = S(3, 2, 3)
+    replays = {"math": {other: stats_for(other, tau=1.6, m=2.4)}}
+    quiet = predict(BASES, replays, fit)["math"][other]
+    noisy = predict(BASES, replays, fit, restart_sd=0.03)["math"][other]
+    assert noisy.tokens_per_s == pytest.approx(quiet.tokens_per_s)
+    shifted = quiet.tokens_per_s * 0.96
+    assert quiet.tokens_per_s_band[0] > shifted  # without it, a slower start falls outside
+    low, high = noisy.tokens_per_s_band
+    assert low < shifted < quiet.tokens_per_s < high
+    # 95% of the difference of two starts: 1.96 * 3% * sqrt(2) = 8.3%, in quadrature.
+    assert 1 - low / noisy.tokens_per_s == pytest.approx(0.083, abs=0.02)
