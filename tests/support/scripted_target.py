@@ -14,15 +14,22 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from pytest_specdecode.config.settings import Settings
 from pytest_specdecode.config.specconfig import SpecConfig, VllmFacts
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.measure.experiment import Experiment
+from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.base import Transports
 from pytest_specdecode.targets.hosts import LocalHost
+from pytest_specdecode.targets.lifecycle import experiment_services
 from pytest_specdecode.targets.vllm_facts import VllmFactsError
+
+from .synthetic import record
 
 API = "http://scripted.invalid:8000"
 
@@ -296,3 +303,18 @@ def _chunks(speed: Speed) -> list[tuple[int, str]]:
 
 
 NEVER = math.inf
+
+
+def measure_arms(target: ScriptedTarget, s: Settings, where: Path, *arms: str) -> RunStore:
+    """The experiment over a scripted target: each arm measured in order, stored under
+    `where/run`; returns the store once the restore has run."""
+    (where / "run").mkdir()
+    store = RunStore(where / "run", record(s))
+    with experiment_services(
+        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
+        transport=target.transports().sync,
+    ) as board:  # fmt: skip
+        exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+        for arm in arms:
+            exp.arm(arm)
+    return store

@@ -13,14 +13,11 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.prompts import request_plan
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.record.schema import BASELINE, RunRecord
-from pytest_specdecode.record.store import RunStore, load_run
+from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import write_reports
-from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed
-from ..support.synthetic import record
+from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 
 PROMPTS = [f"prompt number {i}" for i in range(5)]
 
@@ -63,14 +60,7 @@ def run(tmp_path: Path, s: Settings) -> RunRecord:
         Script(speeds(1), batch_cost=0.05),
         {"ngram": Script(speeds(2), batch_cost=1.0)},
     )
-    (tmp_path / "run").mkdir()
-    store = RunStore(tmp_path / "run", record(s))
-    with experiment_services(
-        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
-        transport=target.transports().sync,
-    ) as board:  # fmt: skip
-        exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
-        exp.arm("ngram")
+    store = measure_arms(target, s, tmp_path, "ngram")
     assert load_run(store.path) == store.record  # written as it went, read back the same
     return store.record
 

@@ -16,13 +16,11 @@ from pytest_specdecode.analysis.ngram_replay import (
 )
 from pytest_specdecode.analysis.prediction import predict_run
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.measure.token_ids import TokenIds
 from pytest_specdecode.record.schema import BASELINE, RunRecord, _finite
 from pytest_specdecode.record.store import RunStore, load_run
-from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed
+from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import (
     acceptance_of,
     add_phase,
@@ -222,14 +220,7 @@ def run_scripted(tmp_path: Path, *, ids: bool) -> RunRecord:
     target = ScriptedTarget(
         Script(token_ids=ids), {"ngram": Script({"the coding prompt": fast}, token_ids=ids)}
     )
-    (tmp_path / "run").mkdir()
-    store = RunStore(tmp_path / "run", record(s))
-    with experiment_services(
-        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
-        transport=target.transports().sync,
-    ) as board:  # fmt: skip
-        exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
-        exp.arm("ngram")
+    store = measure_arms(target, s, tmp_path, "ngram")
     assert load_run(store.path) == store.record
     return store.record
 

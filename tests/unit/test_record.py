@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.record.schema import BASELINE, RunRecord
 from pytest_specdecode.record.store import JOURNAL_FILE, RunStore, load_run
-from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed
+from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
 
 
@@ -63,17 +61,7 @@ def test_a_live_run_and_its_stored_record_agree(tmp_path: Path) -> None:
         Script(),
         {"ngram": Script({"the coding prompt": Speed(gap_s=0.002, tokens=7, tokens_per_chunk=3)})},
     )
-    (tmp_path / "run").mkdir()
-    store = RunStore(tmp_path / "run", record(s))
-    with experiment_services(
-        target,
-        ready_timeout_s=5,
-        restore_timeout_s=5,
-        progress=lambda _: None,
-        transport=target.transports().sync,
-    ) as board:
-        exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
-        exp.arm("ngram")
+    store = measure_arms(target, s, tmp_path, "ngram")
     assert target.events == ["before swap", "start original", "before swap", "stop original",
                              "start ngram", "stop ngram", "close"]  # fmt: skip
     stored = load_run(store.path)
