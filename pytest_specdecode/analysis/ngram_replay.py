@@ -46,6 +46,7 @@ import numpy as np
 __all__ = [
     "NGRAM_GRID_K",
     "NGRAM_GRID_N",
+    "DraftRatios",
     "NgramSettings",
     "ReplayStats",
     "RequestTokens",
@@ -186,8 +187,25 @@ class RequestTokens:
         )
 
 
+class DraftRatios:
+    """vLLM's two acceptance figures, from the counts of the class that mixes this in."""
+
+    drafts: int
+    draft_tokens: int
+    accepted: int
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted / drafts, as vLLM reports it (counts only the steps that drafted)."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else None
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+
 @dataclass(frozen=True)
-class ReplayStats:
+class ReplayStats(DraftRatios):
     """What the server's counters would show for these requests under `settings`.
 
     Counts are summed over requests; rates are computed from the sums, as vLLM does.
@@ -233,15 +251,6 @@ class ReplayStats:
     def drafts_per_step(self) -> float | None:
         """Share of decode steps that carried a draft."""
         return self.drafts / self.decode_steps if self.decode_steps else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """1 + accepted / drafts, as vLLM reports it (counts only the steps that drafted)."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else None
-
-    @property
-    def draft_acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
 
     @property
     def per_position_rates(self) -> list[float]:

@@ -48,6 +48,7 @@ from .cost_model import (
     relative_noise,
 )
 from .ngram_replay import (
+    DraftRatios,
     NgramSettings,
     ReplayStats,
     RequestTokens,
@@ -87,7 +88,7 @@ class CandidateNote:
 
 
 @dataclass(frozen=True)
-class Counts:
+class Counts(DraftRatios):
     """The server's spec-decode counts over a measured window."""
 
     drafts: int
@@ -104,14 +105,6 @@ class Counts:
             accepted=round(acc.accepted),
             per_position=tuple(per + [0] * (width - len(per))),
         )
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return 1.0 + self.accepted / self.drafts if self.drafts else None
-
-    @property
-    def draft_acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
 
 
 @dataclass(frozen=True)
