@@ -35,18 +35,14 @@ from pytest_specdecode.measure.server_metrics import (
     acceptance_between,
     parse_counters,
 )
-from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.hosts import LocalHost
 from pytest_specdecode.targets.local import LocalProcessService
 from pytest_specdecode.targets.vllm_facts import ask_vllm
 
 from ..support.embedded import (
     MODEL,
-    MODEL_DIR,
-    REPO,
     SERVER_PYTHON,
-    free_port,
-    processes_mentioning,
+    embedded_server,
     require_embedded,
 )
 
@@ -163,33 +159,13 @@ def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(server_log: Path) -> Iterator[LocalProcessService]:
-    require_embedded()
-    port = free_port()
     config = parse_spec_config(json.dumps(recommended()), {})
-    argv = [
-        str(SERVER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL_DIR), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--enforce-eager", "--max-model-len", "1024", "--seed", "0",
-        "--max-num-seqs", str(MAX_NUM_SEQS),
+    with embedded_server(
+        config.name, server_log,
+        "--max-model-len", "1024", "--max-num-seqs", str(MAX_NUM_SEQS),
         "--speculative-config", config.to_json(),
-    ]  # fmt: skip
-    service = LocalProcessService(
-        name=config.name,
-        argv=argv,
-        api_base=f"http://127.0.0.1:{port}",
-        model=MODEL,
-        workdir=REPO,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-        log_path=server_log,
-    )
-    service.start()
-    try:
-        wait_until_ready(service, timeout_s=400, progress=lambda line: None)
+    ) as service:  # fmt: skip
         yield service
-    finally:
-        service.stop()
-        assert not processes_mentioning(f"--port {port}")
 
 
 def counters(server: LocalProcessService) -> ServerCounters:

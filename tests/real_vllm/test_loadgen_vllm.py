@@ -24,16 +24,11 @@ from pytest_specdecode.measure.loadgen import (
     planned_specs,
     run_level,
 )
-from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.local import LocalProcessService
 
 from ..support.embedded import (
     MODEL,
-    MODEL_DIR,
-    REPO,
-    SERVER_PYTHON,
-    free_port,
-    processes_mentioning,
+    embedded_server,
 )
 
 MAX_MODEL_LEN = 1024
@@ -42,35 +37,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProcessService]:
-    if not (SERVER_PYTHON.exists() and (MODEL_DIR / "model.safetensors").exists()):
-        pytest.fail(
-            f"the embedded vLLM is not set up ({SERVER_PYTHON}): run scripts/setup-embedded"
-        )
-    port = free_port()
-    argv = [
-        str(SERVER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL_DIR), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0",
-        "--speculative-config", json.dumps(NGRAM),
-    ]  # fmt: skip
     log: Path = tmp_path_factory.mktemp("vllm") / "server.log"
-    service = LocalProcessService(
-        name="ngram",
-        argv=argv,
-        api_base=f"http://127.0.0.1:{port}",
-        model=MODEL,
-        workdir=REPO,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-        log_path=log,
-    )
-    service.start()
-    try:
-        wait_until_ready(service, timeout_s=400, progress=lambda line: None)
+    with embedded_server(
+        "ngram", log,
+        "--max-model-len", str(MAX_MODEL_LEN), "--speculative-config", json.dumps(NGRAM),
+    ) as service:  # fmt: skip
         yield service
-    finally:
-        service.stop()
-        assert not processes_mentioning(f"--port {port}")
 
 
 def base_spec(server: LocalProcessService, **fields) -> RequestSpec:

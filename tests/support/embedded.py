@@ -7,10 +7,15 @@ import os
 import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from pytest_specdecode.targets.base import wait_until_ready
+from pytest_specdecode.targets.local import LocalProcessService
 
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDED = Path(os.environ.get("SPECDECODE_EMBEDDED_DIR", REPO / ".embedded"))
@@ -118,3 +123,33 @@ def all_samples(data: dict) -> list[dict]:
         for m in phase["measurements"].values()
         for s in [*m["warmup"], *m["samples"]]
     ]
+
+
+@contextmanager
+def embedded_server(name: str, log_path: Path, *args: str) -> Iterator[LocalProcessService]:
+    """The embedded CPU vLLM on a free port, started as the plugin starts a local one, with
+    `args` after the common ones; stopped after, and checked to be gone."""
+    require_embedded()
+    port = free_port()
+    argv = [
+        str(SERVER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(MODEL_DIR), "--served-model-name", MODEL,
+        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--seed", "0",
+        *args,
+    ]  # fmt: skip
+    service = LocalProcessService(
+        name=name,
+        argv=argv,
+        api_base=f"http://127.0.0.1:{port}",
+        model=MODEL,
+        workdir=REPO,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        log_path=log_path,
+    )
+    service.start()
+    try:
+        wait_until_ready(service, timeout_s=400, progress=lambda line: None)
+        yield service
+    finally:
+        service.stop()
+        assert not processes_mentioning(f"--port {port}")
