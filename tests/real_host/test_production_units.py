@@ -131,6 +131,21 @@ ExecStart=/bin/sleep infinity
         testbed.ssh("rm", "-rf", MODELS)
 
 
+def run_ngram(
+    pytester: pytest.Pytester, testbed: Testbed, unit: ExtraUnit, *, max_tokens: int
+) -> tuple[dict, str]:
+    """The suite with the ngram candidate against `unit`, run to its end: results.json and the
+    progress."""
+    config = write_remote_experiment(
+        pytester, testbed, run={"samples": 5, "max_tokens": max_tokens}
+    )
+    args = suite_args(pytester, testbed, config, *unit.options(), "--spec-config", "ngram")
+    result = pytester.runpytest_subprocess(*args)
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
+    return results_of(pytester), err
+
+
 def model_path(testbed: Testbed) -> str:
     argv = testbed.exec_start()
     return argv[argv.index("--model") + 1]
@@ -140,12 +155,7 @@ def test_template_instance_with_a_bound_unit_baseline_candidate_restore(
     pytester: pytest.Pytester, testbed: Testbed, template_instance: ExtraUnit
 ) -> None:
     bed, inst = testbed, template_instance
-    config = write_remote_experiment(pytester, bed, run={"samples": 5, "max_tokens": 32})
-    args = suite_args(pytester, bed, config, *inst.options(), "--spec-config", "ngram")
-    result = pytester.runpytest_subprocess(*args)
-    out, err = result.stdout.str(), result.stderr.str()
-    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
-    data = results_of(pytester)
+    data, err = run_ngram(pytester, bed, inst, max_tokens=32)
 
     # Baseline and candidate measured: the candidate is the instance itself, so %i resolved to
     # the production instance's values (the model under /…/<instance>, served as <instance>).
@@ -203,12 +213,7 @@ def test_container_run_unit_gets_the_config_among_the_servers_arguments(
     pytester: pytest.Pytester, testbed: Testbed, container_unit: ExtraUnit
 ) -> None:
     bed, ctr = testbed, container_unit
-    config = write_remote_experiment(pytester, bed, run={"samples": 5, "max_tokens": 16})
-    args = suite_args(pytester, bed, config, *ctr.options(), "--spec-config", "ngram")
-    result = pytester.runpytest_subprocess(*args)
-    out, err = result.stdout.str(), result.stderr.str()
-    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
-    data = results_of(pytester)
+    data, err = run_ngram(pytester, bed, ctr, max_tokens=16)
     assert data["phases"]["ngram"]["acceptance"]["present"] is True
     assert "restored to active and serving" in err
 
