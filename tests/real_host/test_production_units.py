@@ -229,7 +229,7 @@ def test_podman_unit_measured_through_its_port_mapping_and_ctrl_c_mid_candidate_
 ) -> None:
     """Baseline and candidate ngram measured in full, the API found through the unit's -p and
     reached only through SSH, vLLM's facts asked inside the container; then SIGINT (Ctrl-C)
-    while candidate ngram-k3 runs: the host restores the original container at once."""
+    while candidate ngram-k3's container starts: the host restores the original at once."""
     bed, ctr = testbed, podman_unit
     repo = bed.image.rsplit(":", 1)[0]
     config = write_remote_experiment(
@@ -240,9 +240,17 @@ def test_podman_unit_measured_through_its_port_mapping_and_ctrl_c_mid_candidate_
     )
     extra = ["--spec-config", "ngram-k3", "--spec-unit", ctr.unit, "--spec-api-via", "ssh"]
     seen: list[str] = []
-    proc = run_until(pytester, bed, config, "[ngram-k3] coding:", *extra, seen=seen)
-    time.sleep(3)  # a few of ngram-k3's requests are done, more are under way
-    assert bed.ssh("test", "-e", dropin_path(ctr.unit)).ok  # a candidate is what runs now
+    proc = run_until(pytester, bed, config, "starting candidate ngram-k3:", *extra, seen=seen)
+    # Mid-candidate: its container runs and its server has read its arguments, but it does not
+    # serve yet (its start takes a minute here).
+    deadline = time.monotonic() + 180
+    while not any(
+        "'num_speculative_tokens': 3" in line
+        for line in ctr.journal("non-default args:", f"CONTAINER_NAME={CONTAINER}")
+    ):
+        assert time.monotonic() < deadline, "candidate ngram-k3's server never started"
+        time.sleep(2)
+    assert bed.ssh("test", "-e", dropin_path(ctr.unit)).ok  # the candidate is what runs now
     proc.send_signal(signal.SIGINT)
     _, rest = proc.communicate(timeout=600)
     err = "".join(seen) + rest
@@ -259,7 +267,7 @@ def test_podman_unit_measured_through_its_port_mapping_and_ctrl_c_mid_candidate_
     facts = data["environment"]["vllm"]
     assert (facts["source"], facts["host"], facts["version"]) == ("host", inside, "0.32.0")
 
-    # Baseline and candidate ngram measured in full; ngram-k3 was interrupted mid-measurement.
+    # Baseline and candidate ngram measured in full; ngram-k3 was interrupted as it started.
     for phase in ("baseline", "ngram"):
         assert data["phases"][phase]["measurements"]["coding"]["summary"]["n"] == 5, data
     assert data["phases"]["baseline"]["acceptance"]["present"] is False
