@@ -299,6 +299,7 @@ class SystemdTarget:
     def api_address(self) -> tuple[str, int]:
         """Where the unit's API answers, as the host sees it: from ExecStart as systemd expands
         it, --host/--port, and for a container the -p that publishes that port."""
+        where = f"unit {self.unit} on {self.host_name}"
         command = self.command()
         argv = command.server_argv  # a container's: inside it
         host = option_value(argv, "--host") or "127.0.0.1"
@@ -306,10 +307,9 @@ class SystemdTarget:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
             origin = f" ({command.sources()})" if command.used else ""
             raise ConfigError(
-                f"unit {self.unit} on {self.host_name}: --port {port_text!r}{origin} is not a "
-                "port; cannot tell where its API listens"
+                f"{where}: --port {port_text!r}{origin} is not a port; cannot tell where its "
+                "API listens"
             )
-        where = f"unit {self.unit} on {self.host_name}"
         host, port = host_address(command.server, (host, int(port_text)), where=where)
         if host in ("0.0.0.0", ""):
             host = "127.0.0.1"

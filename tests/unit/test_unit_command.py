@@ -226,3 +226,14 @@ def test_unit_names_as_dbus_object_path_elements():
     assert bus_label("vllm-kimi-k25-int4.service") == "vllm_2dkimi_2dk25_2dint4_2eservice"
     assert bus_label("vllm@smol.service") == "vllm_40smol_2eservice"
     assert bus_label("0a.service") == "_30a_2eservice"
+
+
+def test_a_port_that_is_not_one_names_where_its_variable_came_from():
+    shown = "Environment=VLLM_PORT=8000\nEnvironmentFiles=/etc/default/vllm (ignore_errors=no)\n"
+    host = ScriptedHost(PLAIN_UNIT, shown, {"/etc/default/vllm": "VLLM_PORT=http\n"})
+    with pytest.raises(ConfigError) as info:
+        target(host, "vllm.service").api_address()
+    assert str(info.value) == (
+        "unit vllm.service on root@gpu:22: --port 'http' (VLLM_PORT from "
+        "EnvironmentFile=/etc/default/vllm) is not a port; cannot tell where its API listens"
+    )
