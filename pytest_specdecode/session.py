@@ -249,6 +249,7 @@ class SpecDecodeSession:
         try:  # nothing is touched until preflight has passed; its last step takes the lock
             for step in target.plan(settings.candidates):
                 self.progress(f"plan: {step}")
+            self.progress(f"plan: restart noise: {self._noise_plan(target.host_name)}")
             for line in self._design_lines(target):
                 self.progress(f"plan: {line}")
             target.preflight()

@@ -1,11 +1,11 @@
 """Adaptive samples: when a start has sent enough requests (a rule on the spread alone).
 
 Requests are cheap and starts are not. A start keeps sending requests for a prompt type until
-its effect, the prompts' own levels removed, is pinned down: its standard error at most half
-the larger of the restart noise and half the margin. Past that point the requests' share of a
-start's variance is at most a quarter of what no number of requests removes, so more of them
-barely narrow a verdict's interval. The rule reads the residual spread, never the values'
-level, so stopping on it does not bias the comparison.
+its effect, the prompts' own levels removed, is pinned down: its standard error at most the
+larger of the restart noise and half the margin. Past that point the requests' share of a
+start's variance is at most what no number of requests removes, so more of them barely narrow
+a verdict's interval (docs/statistics.md has the simulation). The rule reads the residual
+spread, never the values' level, so stopping on it does not bias the comparison.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ MIN_RESIDUAL_DF = 3  # below this, the fit's own residual is not trusted yet
 
 def target_se(noise_sd: float, min_effect: float) -> float:
     """How tightly a start's effect must be pinned down (log scale)."""
-    return max(noise_sd, math.log1p(min_effect) / 2) / 2
+    return max(noise_sd, math.log1p(min_effect) / 2)
 
 
 def pinned(

@@ -69,6 +69,17 @@ class RestartNoise:
         """The variance of one start's effect in the runs this comes from."""
         return self.spread if self.spread is not None else self.sd**2
 
+    def interval(self, confidence: float = 0.9) -> tuple[float, float]:
+        """Where the restart noise lies, at this confidence, from its own degrees of freedom:
+        a start's variance scaled by chi-square, less its within-start part (never below 0)."""
+        if not self.measured or self.df <= 0:
+            return math.nan, math.nan
+        tail = (1 - confidence) / 2
+        spread = self.start_variance
+        low = spread * self.df / float(_st.chi2.ppf(1 - tail, self.df)) - self.within
+        high = spread * self.df / float(_st.chi2.ppf(tail, self.df)) - self.within
+        return math.sqrt(max(0.0, low)), math.sqrt(max(0.0, high))
+
     @classmethod
     def assumed(cls, sd: float, *, weight: float = ASSUMED_WEIGHT) -> RestartNoise:
         return cls(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,12 +28,14 @@ import numpy as np
 
 from pytest_specdecode.analysis.compare import PromptTypeVerdict
 from pytest_specdecode.analysis.noise import AA_ARM
+from pytest_specdecode.analysis.restarts import RestartNoise
 from pytest_specdecode.analysis.run import candidate_verdicts
 from pytest_specdecode.analysis.stats import Verdict
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.config.settings import PromptType, RunConfig
 from pytest_specdecode.measure.experiment import design_order
 from pytest_specdecode.measure.loadgen import RequestSample
+from pytest_specdecode.record.profile import read_profile
 from pytest_specdecode.record.schema import BASELINE, Measurement, Phase, RunRecord, TargetInfo
 
 from . import chain_rules
@@ -182,6 +185,32 @@ def simulate_route(
     return candidate_verdicts(written, CANDIDATE)
 
 
+def aa_estimates(
+    host: SimHost, route: Route, *, runs: int, seed: int, tmp: Path
+) -> list[dict[str, RestartNoise]]:
+    """The restart noise each of `runs` A/A runs (the route's first) wrote into its host's
+    profile, read back from the file, per metric."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(runs):
+        reports = tmp / f"aa{i}"
+        shutil.rmtree(reports, ignore_errors=True)
+        levels = {
+            t: rng.normal(0.0, host.prompt_sd, max(1, host.prompts)) for t in host.prompt_types
+        }
+        record = _record(route, host, AA_ARM, route.aa_repeats)
+        profiles = reports / "host-profiles"
+        stop = chain_rules.stop_rule_for(reports, profiles, record, reports / "aa-0")
+        _measure_run(record, host, levels, 0.0, rng, stop)
+        chain_rules.finish(record, reports, profiles, reports / "aa-0")
+        profile = read_profile(profiles, HOST, MODEL)
+        assert profile is not None
+        (entry,) = profile.entries
+        found.append({m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()})
+        shutil.rmtree(reports, ignore_errors=True)
+    return found
+
+
 @dataclass(frozen=True)
 class Rates:
     runs: int
@@ -189,6 +218,7 @@ class Rates:
     improved: float
     inconclusive: float  # share of runs with any prompt type undecided
     requests: float  # mean measured requests per prompt type and start of the run
+    missed: float = 0.0  # share of the comparisons whose interval misses the true change
 
     def mc_error(self, p: float) -> float:
         """Two standard errors of a Monte Carlo share near p."""
@@ -197,13 +227,23 @@ class Rates:
 
 def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, tmp: Path) -> Rates:
     rng = np.random.default_rng(seed)
-    regressed = improved = undecided = requests = 0
+    regressed = improved = undecided = requests = missed = comparisons = 0
+    truth = math.log1p(effect)
     for i in range(runs):
         reports = tmp / f"r{i}"
+        shutil.rmtree(reports, ignore_errors=True)  # a fresh host: no runs, no profile
         verdicts = simulate_route(host, route, effect=effect, rng=rng, reports=reports).values()
+        shutil.rmtree(reports, ignore_errors=True)
         regressed += any(v.verdict is Verdict.REGRESSED for v in verdicts)
         improved += any(v.verdict is Verdict.IMPROVED for v in verdicts)
         undecided += any(v.undecided for v in verdicts)
         requests += sum(v.throughput.n_candidate + v.throughput.n_baseline for v in verdicts)
+        for c in (c for v in verdicts for c in v.comparisons):
+            true = truth if c.higher_is_better else -truth  # TPOT moves the other way
+            comparisons += 1
+            missed += not c.interval.low <= true <= c.interval.high
     per_start = requests / (runs * len(host.prompt_types) * 2 * route.repeats)
-    return Rates(runs, regressed / runs, improved / runs, undecided / runs, per_start)
+    return Rates(
+        runs, regressed / runs, improved / runs, undecided / runs, per_start,
+        missed / max(comparisons, 1),
+    )  # fmt: skip

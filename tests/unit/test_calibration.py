@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pytest_specdecode.config.settings import RunConfig
 
-from ..support.chain import Rates, Route, SimHost, rates
+from ..support.chain import Rates, Route, SimHost, aa_estimates, rates, simulate_route
 
 ALPHA = 0.05
 ROUTES = {
@@ -100,3 +101,40 @@ def test_pairing_by_prompt_gains_power_over_new_prompts_each_request(tmp_path: P
         for pairing in ("paired", "unpaired")
     }
     assert found["paired"].regressed >= found["unpaired"].regressed + 0.2, found
+
+
+def test_the_restart_noise_an_aa_run_writes_is_unbiased_and_as_sure_as_its_df_says(
+    tmp_path: Path,
+) -> None:
+    """60 A/A runs of eight starts on a host whose restart noise is 4.6%, each read back from
+    the host profile it wrote: the estimates centre on the truth (the prompts' spread is not
+    counted as noise), and they scatter no more than their stated degrees of freedom allow
+    (a start's shift is shared by its prompt types: 7 df, not 28)."""
+    found = aa_estimates(
+        SimHost(start_sd=0.046), ROUTES["aa-then-run"], runs=60, seed=31, tmp=tmp_path
+    )
+    estimates = [f["throughput"] for f in found]
+    variance = np.array([n.variance for n in estimates])
+    assert variance.mean() / 0.046**2 == pytest.approx(1.0, abs=0.2)
+    assert np.mean(np.sqrt(variance) < 0.046 / 2) <= 0.12  # 12 df would allow 0.4%
+    (df,) = {n.df for n in estimates}
+    assert df == 7
+    spread = np.array([n.start_variance for n in estimates])
+    assert spread.var(ddof=1) / spread.mean() ** 2 <= 1.6 * 2 / df  # chi-square's, at its df
+
+
+def test_the_runs_own_starts_never_count_as_measured_noise(tmp_path: Path) -> None:
+    """Nothing stored, two starts per arm: every verdict's outside knowledge is the stated
+    assumption, and the intervals still cover the truth as often as their confidence says."""
+    route = ROUTES["repeats-2"]
+    r = rates(SimHost(start_sd=0.046), route, effect=0.0, runs=60, seed=21, tmp=tmp_path / "c")
+    nominal = 2 * ALPHA / 8  # each two-sided interval of a family of 8
+    assert r.missed <= nominal + 0.015, r
+    verdicts = simulate_route(
+        SimHost(start_sd=0.046), route, effect=0.0, rng=np.random.default_rng(5),
+        reports=tmp_path / "one",
+    )  # fmt: skip
+    for v in verdicts.values():
+        for c in v.comparisons:
+            assert not c.noise.measured and c.noise.source.startswith("unmeasured: assumed 5%")
+            assert c.interval.df > 2 + 12  # the run's own 2 df, beside the assumption's 12

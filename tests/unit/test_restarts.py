@@ -89,3 +89,11 @@ def test_an_assumed_noise_round_trips_as_an_assumption() -> None:
     assert not back.measured and back.df == noise.df and back.sd == 0.05
     legacy = RestartNoise.from_dict({"sd": 0.05, "df": None, "source": "x", "measured": False})
     assert not legacy.measured and legacy.df == noise.df  # an earlier version's results.json
+
+
+def test_a_measured_noise_has_an_interval_from_its_degrees_of_freedom() -> None:
+    few = RestartNoise(0.02, 3.0, "a", spread=0.0005, within=0.0001)
+    many = RestartNoise(0.02, 30.0, "b", spread=0.0005, within=0.0001)
+    (lo_few, hi_few), (lo_many, hi_many) = few.interval(), many.interval()
+    assert lo_few <= lo_many < 0.02 < hi_many < hi_few
+    assert all(math.isnan(x) for x in RestartNoise.assumed(0.05).interval())  # not measured
