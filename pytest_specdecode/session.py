@@ -434,8 +434,8 @@ class SpecDecodeSession:
         except (OSError, ConfigError) as exc:
             self.progress(f"host profile: not written ({exc})")
             return
-        measured = ", ".join(
-            f"{metric} {RestartNoise.from_dict(dict(d)).sd:.1%} ({d['df']:.0f} df)"
+        measured = "; ".join(
+            f"{metric} {noise_text(RestartNoise.from_dict(dict(d)))}"
             for metric, d in entry.noise.items()
         )
         self.progress(
