@@ -225,6 +225,25 @@ class LevelSteps:
             by_class={k: steps[k] for k in CLASSES if steps[k]},
         )
 
+    @classmethod
+    def merged(cls, parts: Sequence[LevelSteps]) -> LevelSteps:
+        """Several levels' (or starts') checks taken together."""
+
+        def total(name: str) -> dict[str, int]:
+            found: Counter[str] = Counter()
+            for part in parts:
+                found.update(getattr(part, name))
+            return {k: found[k] for k in CLASSES if found[k]}
+
+        return cls(
+            requests=sum(p.requests for p in parts),
+            agreeing=sum(p.agreeing for p in parts),
+            by_first=total("by_first"),
+            steps=sum(p.steps for p in parts),
+            agreed_steps=sum(p.agreed_steps for p in parts),
+            by_class=total("by_class"),
+        )
+
     def request_shares(self) -> dict[str, float]:
         n = self.requests or 1
         return {"agree": self.agreeing / n, **{k: v / n for k, v in self.by_first.items()}}
