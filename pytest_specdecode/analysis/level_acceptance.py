@@ -85,12 +85,24 @@ class LevelAcceptance:
     basis: str = ""  # what the prediction replayed, or why there is none
 
     @property
-    def error(self) -> float | None:
-        """Measured minus predicted acceptance length."""
-        if self.measured is None or self.predicted is None:
+    def predicted_range(self) -> tuple[float, float] | None:
+        """The predicted acceptance length; a range where last steps verified draft tokens past
+        the known tokens (no look-ahead), which the server may have accepted."""
+        p = self.predicted
+        if p is None or not p.drafts:
             return None
-        m, p = self.measured.mean_acceptance_length, self.predicted.mean_acceptance_length
-        return m - p if m is not None and p is not None else None
+        return 1 + p.accepted / p.drafts, 1 + p.accepted_max / p.drafts
+
+    @property
+    def error(self) -> float | None:
+        """Measured minus predicted acceptance length: 0 inside the predicted range, else the
+        distance to its nearer end."""
+        found = self.predicted_range
+        m = self.measured.mean_acceptance_length if self.measured else None
+        if found is None or m is None:
+            return None
+        low, high = found
+        return m - min(max(m, low), high)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +120,7 @@ class LevelAcceptance:
             "own_steps": self.own_steps.to_json() if self.own_steps else None,
             "predicted": self.predicted.to_dict() if self.predicted else None,
             "basis": self.basis,
+            "predicted_range": list(self.predicted_range) if self.predicted_range else None,
             "error": self.error,
         }
 

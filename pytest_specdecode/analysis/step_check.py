@@ -86,14 +86,14 @@ def check_steps(
     while position < len(reference):
         step = replay.at(position)
         if not walk.more:
-            if step.drafted:
-                walk.depart(
-                    "no draft", position, f"the server drafted nothing from token {position} on"
-                )
-                walk.counts["no draft"] += _drafts_from(replay, position) - 1
+            missed, at = _drafts_from(replay, position)
+            if missed:
+                why = f"the server drafted nothing from token {at} on, where the replay did"
+                walk.depart("no draft", at, why, steps=missed, consumed=False)
             break
         drafted, accepted = walk.next
-        span = position + max(step.drafted, drafted) + 1  # the tokens this step decides
+        # the tokens this step's outcome rests on: its context, the accepted ones, the next
+        span = position + max(step.accepted, accepted) + 1
         if differ_at is not None and differ_at < span:
             why = f"the output differs from the replayed one from token {differ_at}"
             walk.depart("outputs differ", position, why, steps=walk.left)
@@ -103,7 +103,7 @@ def check_steps(
             continue
         if step.matches(drafted, accepted):
             walk.agree()
-        elif skipped := _skipped(replay, position, drafted, accepted):
+        elif skipped := _skipped(replay, position, walk.server[walk.i :]):
             why = (
                 f"at token {position} the replay drafted {step.drafted} tokens and the server "
                 f"none; its next draft is the replay's, {skipped} token(s) on"
@@ -174,21 +174,45 @@ class _Walk:
         )
 
 
-def _drafts_from(replay: StepReplay, position: int) -> int:
-    """The replay's drafted steps from `position` to the end."""
-    return sum(s.drafted > 0 for s in replay.steps() if s.position >= position and not s.padded)
+def _drafts_from(replay: StepReplay, position: int) -> tuple[int, int]:
+    """The replay's drafted steps from `position` to the end, and where the first starts."""
+    count, first = 0, position
+    while position < replay.output_len:
+        step = replay.at(position)
+        if step.drafted:
+            first = first if count else position
+            count += 1
+        position += step.accepted + 1
+    return count, first
 
 
-def _skipped(replay: StepReplay, position: int, drafted: int, accepted: int) -> int:
-    """How many tokens on the replay's step equals the server's (d, a); 0 when none near."""
+def _skipped(replay: StepReplay, position: int, server: Sequence[tuple[int, int]]) -> int:
+    """How many tokens on the replay's step is the server's next one; 0 when none near.
+
+    The server's step after it must then be the replay's too (where there is one), so that a
+    step that merely looks like a later one is not taken for a skipped draft.
+    """
+    (drafted, accepted), after = server[0], server[1] if len(server) > 1 else None
     for skip in range(1, _SKIP + 1):
         at = position + skip
         if at >= replay.output_len:
             break
         step = replay.at(at)
-        if step.drafted and step.matches(drafted, accepted):
+        if not (step.drafted and step.matches(drafted, accepted)):
+            continue
+        if after is None or _next_drafted(replay, at + accepted + 1, after):
             return skip
     return 0
+
+
+def _next_drafted(replay: StepReplay, position: int, server: tuple[int, int]) -> bool:
+    """Whether the replay's next drafted step from `position` is this server step."""
+    while position < replay.output_len:
+        step = replay.at(position)
+        if step.drafted:
+            return step.matches(*server)
+        position += 1
+    return False
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
