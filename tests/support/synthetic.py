@@ -36,6 +36,7 @@ def settings(
     max_samples: int | None = None,  # None: a fixed design, so counts are known
     prompts: dict[str, str] | None = None,
     extra: str = "",
+    run_extra: str = "",  # more lines of [run]
 ) -> Settings:
     prompts = prompts or {}
     tables = "\n".join(
@@ -53,6 +54,7 @@ samples = {samples}
 max_samples = {max_samples or samples}
 warmup = 1
 max_tokens = 64
+{run_extra}
 [presets]
 ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }}
 eagle = {{ method = "eagle", model = "org/eagle-draft", num_speculative_tokens = 3 }}
@@ -233,31 +235,24 @@ def recorded_run(tmp_path: Path, *, lookahead: bool = True) -> RunRecord:
 PER_REQUEST = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-per-request-steps.json"
 
 
+def per_request_data() -> dict:
+    """The capture: per level, each request's ids and payload, and the counters' deltas."""
+    return json.loads(PER_REQUEST.read_text())
+
+
 def per_request_run(tmp_path: Path) -> RunRecord:
     """A run made of what the real CPU vLLM 0.32 gave with --per-request-spec-decode-metrics
     detailed (tests/data): the shipped math set at c1 and c4, each request's payload and token
     ids, and the counters over each level's window. The baseline's outputs are taken to be the
     candidate's at c1, at both levels (the capture has no baseline of its own)."""
-    data = json.loads(PER_REQUEST.read_text())
-    path = tmp_path / "experiment.toml"
-    path.write_text(f"""
-reports_dir = "{tmp_path / "reports"}"
-[target]
-api_base = "http://127.0.0.1:18011"
-model = "smollm2-135m-instruct"
-command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port", "18011"]
-[run]
-samples = 12
-max_samples = 12
-warmup = 0
-concurrency = [1, 4]
-max_tokens = 128
-[presets]
-ngram = {json.dumps(data["settings"]).replace('":', '" =')}
-[prompt_types.math]
-prompt_set = "math"
-""")
-    s = load_settings(path, spec_configs=["ngram"])
+    data = per_request_data()
+    s = settings(
+        tmp_path,
+        prompt_types=(),
+        samples=12,
+        extra='[prompt_types.math]\nprompt_set = "math"',
+        run_extra="concurrency = [1, 4]",
+    )
     rec = record(s)
     base = {r["prompt_index"]: r for r in data["levels"]["c1"]["requests"]}
     for arm in ("baseline", "ngram"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,10 +16,9 @@ from pytest_specdecode.measure.request_metrics import (
     payload_problem,
 )
 from tests.support.synthetic import acceptance_of as counted
+from tests.support.synthetic import per_request_data
 
-DATA = json.loads(
-    (Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-per-request-steps.json").read_text()
-)
+DATA = per_request_data()
 
 
 def _counters(level: str):

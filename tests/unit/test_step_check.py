@@ -3,9 +3,7 @@ real CPU vLLM 0.32 sent (tests/data), and on arrays changed to show each class."
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 
@@ -17,10 +15,9 @@ from pytest_specdecode.analysis.ngram_replay import (
 )
 from pytest_specdecode.analysis.step_check import LevelSteps, check_steps
 from pytest_specdecode.measure.request_metrics import RequestSpecDecode
+from tests.support.synthetic import per_request_data
 
-DATA = json.loads(
-    (Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-per-request-steps.json").read_text()
-)
+DATA = per_request_data()
 PRESET = NgramSettings(5, 4, 4)
 MML = DATA["max_model_len"]
 
