@@ -64,8 +64,12 @@ def cells(entry: LevelAcceptance) -> tuple[str, ...]:
     )
 
 
-def notes(found: AcceptanceByLevel) -> list[str]:
-    out = []
+def notes(record: RunRecord, found: AcceptanceByLevel) -> list[str]:
+    out = [
+        f"{p.name}: no per-request metrics ({p.request_metrics.removeprefix('none: ')})"
+        for p in record.phases.values()
+        if p.request_metrics and p.request_metrics.startswith("none")
+    ]
     if found.batch_rule:
         out.append(f"Above the first level: {found.batch_rule}")
     out += [f"⚠ {w}" for w in found.warnings]
@@ -78,15 +82,15 @@ def _shown(analysis: RunAnalysis) -> list[LevelAcceptance]:
 
 def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     found = _shown(analysis)
-    if not found or not any(e.source == "requests" for e in found):
-        return []
+    if not any(e.source == "requests" for e in found):
+        return notes(record, analysis.acceptance)  # why there are none, if a phase says
     out = [f"{TITLE}:"]
     for e in found:
         c = cells(e)
         out.append(f"  {c[1]:<22} {c[0]:<24} n={c[2]:<3} length {c[3]}; predicted {c[4]} {c[5]}")
         if e.steps or e.own_steps:
             out.append(f"    step check: {c[6]}; on its own tokens: {c[7]}")
-    out += [f"  {line}" for line in notes(analysis.acceptance)]
+    out += [f"  {line}" for line in notes(record, analysis.acceptance)]
     return out
 
 
@@ -102,7 +106,7 @@ def markdown_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
         *("| " + " | ".join(c.replace("|", "\\|") for c in cells(e)) + " |" for e in found),
         "",
     ]
-    lines += [f"- {line}" for line in notes(analysis.acceptance)]
+    lines += [f"- {line}" for line in notes(record, analysis.acceptance)]
     lines += ["", f"<sub>{FOOTNOTE}</sub>", ""]
     return lines
 
@@ -116,7 +120,7 @@ def html_section(record: RunRecord, analysis: RunAnalysis) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells(entry)) + "</tr>" for entry in found
     )
-    items = "".join(f"<li>{e(line)}</li>" for line in notes(analysis.acceptance))
+    items = "".join(f"<li>{e(line)}</li>" for line in notes(record, analysis.acceptance))
     return (
         f"<h3 id='specdecode-acceptance-levels'>{e(TITLE)}</h3>"
         f"<table class='specdecode-table'><tr>{head}</tr>{body}</table>"
