@@ -87,7 +87,10 @@ def check_steps(
         step = replay.at(position)
         if not walk.more:
             missed, at = _drafts_from(replay, position)
-            if missed:
+            if missed and differ_at is not None and differ_at <= at + replay.at(at).accepted:
+                why = f"the output ends or differs from token {differ_at}, before the replay's"
+                walk.depart("outputs differ", at, why, steps=missed, consumed=False)
+            elif missed:
                 why = f"the server drafted nothing from token {at} on, where the replay did"
                 walk.depart("no draft", at, why, steps=missed, consumed=False)
             break
@@ -123,7 +126,8 @@ def check_steps(
             walk.depart("other", position, why)
         position += accepted + 1
     if walk.more:  # the server drafted where the replay had no tokens left
-        walk.depart("other", position, "the server drafted past the replay's last step", walk.left)
+        kind: Departure = "outputs differ" if differ_at is not None else "other"
+        walk.depart(kind, position, "the server drafted past the replay's last token", walk.left)
     return walk.result(sum(s.drafted > 0 for s in steps))
 
 

@@ -136,3 +136,20 @@ def test_a_server_that_drafted_nothing_at_all() -> None:
     assert check.first == "no draft"
     assert check.classes == {"no draft": len(server)}
     assert LevelSteps.of([check]).step_shares() == {"agree": 0.0, "no draft": 1.0}
+
+
+def test_an_output_that_ends_or_runs_on_differs() -> None:
+    """A request that stopped early (EOS), or ran past the replayed output: the drafts it did
+    not make, or made past the end, come from the outputs' difference, not the proposer."""
+    server, replay, output = _seed()
+    drafted = [s for s in replay.steps() if s.drafted]
+    cut = drafted[6].position  # the request ends where the replay's 7th draft would start
+    shorter = check_steps(server[:6], replay, output_ids=output[:cut])
+    assert (shorter.first, shorter.agreed) == ("outputs differ", 6), shorter.detail
+    assert shorter.classes == {"outputs differ": len(server) - 6}
+    end = drafted[-1].position  # the replayed output ends before the request's last step
+    ended = StepReplay(
+        RequestTokens.of(replay.request.prompt_ids, output[:end]), PRESET, max_model_len=MML
+    )
+    longer = check_steps(server, ended, output_ids=output)
+    assert (longer.first, longer.classes) == ("outputs differ", {"outputs differ": 1})
