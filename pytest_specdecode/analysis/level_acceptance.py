@@ -302,12 +302,12 @@ def _basis(entry: LevelAcceptance, replayed: int, missing: int, from_capture: in
         )
     if from_capture == replayed:
         return (
-            f"the baseline's recorded token ids ({replayed} requests; its outputs at "
-            f"{entry.level} carried none)"
+            f"the baseline's recorded token ids, {replayed} requests: its outputs at "
+            f"{entry.level} carried none"
         )
     own = replayed - from_capture
-    text = f"the baseline's own outputs at {entry.level} ({own} requests)"
-    return text + (f", its recorded ids for {from_capture} more" if from_capture else "")
+    text = f"the baseline's own outputs at {entry.level}, {own} requests"
+    return text + (f", and its recorded ids for {from_capture} more" if from_capture else "")
 
 
 def _captures(record: RunRecord, prompt_type: str) -> dict[str, CapturedTokens]:

@@ -48,7 +48,7 @@ def test_the_step_check_at_each_level(run: RunRecord) -> None:
     assert one.predicted_range is not None and one.predicted_range[1] > one.predicted_range[0]
     # at c4 the outputs moved: 3.58 measured, below the replay of the c1 outputs
     assert four.predicted_range is not None and four.error is not None and four.error < 0
-    assert "the baseline's own outputs at c4 (12 requests)" in four.basis
+    assert four.basis == "the baseline's own outputs at c4, 12 requests"
 
 
 def test_what_the_batch_taught(run: RunRecord) -> None:
