@@ -87,7 +87,9 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     out = [f"{TITLE}:"]
     for e in found:
         c = cells(e)
-        out.append(f"  {c[1]:<22} {c[0]:<24} n={c[2]:<3} length {c[3]}; predicted {c[4]} {c[5]}")
+        out.append(
+            f"  {c[1]:<22} {c[0]:<24} n={c[2]:<3} length {c[3]}; predicted {c[4]}, error {c[5]}"
+        )
         if e.steps or e.own_steps:
             out.append(f"    step check: {c[6]}; on its own tokens: {c[7]}")
     out += [f"  {line}" for line in notes(record, analysis.acceptance)]
