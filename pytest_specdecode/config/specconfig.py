@@ -129,6 +129,7 @@ class VllmFacts:
     note: str | None = None  # why the offline list stands in, where it does
     # the levels of --per-request-spec-decode-metrics; None: this vLLM has no such option
     per_request_metrics: tuple[str, ...] | None = None
+    per_request_note: str | None = None  # why it could not be told, where it could not
 
     @property
     def offline(self) -> bool:

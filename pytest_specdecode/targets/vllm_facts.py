@@ -146,9 +146,13 @@ try:
         names = {f.name: f for f in dataclasses.fields(EngineArgs)}
         found = names.get("per_request_spec_decode_metrics")
         if found is not None:
-            tp = typing.get_type_hints(EngineArgs, include_extras=True).get(found.name, found.type)
+            tp = found.type  # EngineArgs' own hints do not resolve (forward references)
+            if isinstance(tp, str):
+                from vllm.config.observability import ObservabilityConfig
+                tp = typing.get_type_hints(ObservabilityConfig).get(found.name, tp)
+            levels = [] if isinstance(tp, str) else leaves(tp, [])
             out["per_request_spec_decode_metrics"] = sorted(
-                str(leaf[1]) for leaf in leaves(tp, []) if isinstance(leaf, tuple)
+                str(leaf[1]) for leaf in levels if isinstance(leaf, tuple)
             )
     except Exception as exc:
         out["per_request_note"] = "%s: %s" % (type(exc).__name__, exc)
@@ -218,6 +222,7 @@ def parse_facts(
         keys={str(k): (v if v in KINDS else "any") for k, v in keys.items()},
         choices={str(k): tuple(map(str, v)) for k, v in (data.get("choices") or {}).items()},
         per_request_metrics=tuple(map(str, levels)) if isinstance(levels, list) else None,
+        per_request_note=str(data["per_request_note"]) if data.get("per_request_note") else None,
         host=host,
         interpreter=interpreter,
         seconds=seconds,
@@ -243,6 +248,11 @@ def request_metrics_args(facts: VllmFacts) -> tuple[tuple[str, ...], str | None]
     if facts.offline:
         return (), f"not asked for: the target's vLLM could not be asked whether it knows {OPTION}"
     levels = facts.per_request_metrics
+    if levels is None and facts.per_request_note:
+        return (), (
+            f"not asked for: whether {facts.describe()} knows {OPTION} could not be told "
+            f"({facts.per_request_note})"
+        )
     if levels is None or LEVEL not in levels:
         known = f" (it knows {OPTION} {'|'.join(levels)})" if levels else ""
         return (), (

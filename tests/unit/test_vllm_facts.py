@@ -183,6 +183,16 @@ def test_no_per_request_metrics_where_the_option_is_not_known(levels, offline, s
     assert with_request_metrics([SpecConfig("ngram", NGRAM)], facts)[0].server_args == ()
 
 
+def test_a_failed_look_at_the_option_is_said():
+    answer = {"version": "0.32.0", "keys": {"method": "str"}, "per_request_note": "NameError: x"}
+    facts = parse_facts(MARKER + json.dumps(answer), host="root@gpu:22", interpreter="/p")
+    assert request_metrics_args(facts) == (
+        (),
+        "not asked for: whether vLLM 0.32.0 on root@gpu:22 (/p) knows "
+        "--per-request-spec-decode-metrics could not be told (NameError: x)",
+    )
+
+
 def test_where_the_target_cannot_tell_the_offline_list_stands_in_with_the_reason():
     class Mute:
         def vllm_facts(self, progress=None):
