@@ -265,19 +265,13 @@ class Experiment:
         )
         own = m.request_acceptance
         if own is not None:
-            check = m.request_check
-            agree = (
-                f"; {check}"
-                if check
-                else "; the counters agree"
-                if m.foreign is None and m.acceptance.present
-                else ""
-            )
-            self.progress(
-                f"{where}: the {len(m.samples)} requests' own figures:"
-                + (_acceptance_text(own).removeprefix(";") or " no drafts")
-                + agree
-            )
+            agree = ""  # the counters are the cross-check over a quiet window only
+            if m.request_check:
+                agree = f"; {m.request_check}"
+            elif m.foreign is None and m.acceptance.present:
+                agree = "; the counters agree"
+            figures = _acceptance_text(own).removeprefix(";") or " no drafts"
+            self.progress(f"{where}: the {len(m.samples)} requests' own figures:{figures}{agree}")
         for warning in stats.warnings():
             self.progress(f"{where}: warning: {warning}")
 
