@@ -196,7 +196,7 @@ class SpecConfig:
     values: Mapping[str, Any]
     # server arguments added beside --speculative-config to measure it (not a hypothesis):
     # `--per-request-spec-decode-metrics detailed` where the target's vLLM knows it
-    server_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
 
     @property
     def is_original(self) -> bool:

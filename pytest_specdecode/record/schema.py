@@ -212,7 +212,7 @@ class Phase:
     server_version: str | None = None
     reused_from: str | None = None  # the results.json a reused baseline came from
     measurements: dict[str, Measurement] = field(default_factory=dict)
-    server_args: list[str] = field(default_factory=list)  # added to measure it, not a hypothesis
+    extra_args: list[str] = field(default_factory=list)  # added to measure it, not a hypothesis
     # the per-request metrics level its requests were asked to report, or "none: why"; None for
     # the original
     request_metrics: str | None = None
@@ -229,7 +229,7 @@ class Phase:
             "service": self.service,
             "server_version": self.server_version,
             "reused_from": self.reused_from,
-            "server_args": self.server_args,
+            "extra_args": self.extra_args,
             "request_metrics": self.request_metrics,
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
@@ -244,7 +244,7 @@ class Phase:
             service=data.get("service", ""),
             server_version=data.get("server_version"),
             reused_from=data.get("reused_from"),
-            server_args=list(data.get("server_args") or []),
+            extra_args=list(data.get("extra_args") or []),
             request_metrics=data.get("request_metrics"),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
@@ -358,7 +358,7 @@ def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _sample_json(sample: RequestSample) -> dict[str, Any]:
-    data = dataclasses.asdict(sample)
+    data = dict(vars(sample))  # its fields: numbers, text and flat lists (asdict's walk is slow)
     data["tpot_s"] = sample.tpot_s  # derived, for readers of the file
     data["tokens_per_s"] = sample.tokens_per_s
     return data

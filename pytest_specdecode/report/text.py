@@ -64,9 +64,14 @@ def design_text(run: RunConfig) -> str:
 
 
 def noise_text(noise: RestartNoise) -> str:
+    """"1.2% [0.4%, 2.5%], measured (SOURCE; 7 degrees of freedom)", or the assumption."""
     if not noise.measured:
         return noise.source
-    return f"{noise.sd:.1%}, measured ({noise.source}; {noise.df:.0f} degrees of freedom)"
+    low, high = noise.interval()
+    return (
+        f"{noise.sd:.1%} [{low:.1%}, {high:.1%}] (90% interval), measured ({noise.source}; "
+        f"{noise.df:.0f} degrees of freedom)"
+    )
 
 
 def title(candidates: Sequence[str], model: str | None = None, host: str | None = None) -> str:

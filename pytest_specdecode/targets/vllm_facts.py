@@ -28,7 +28,9 @@ from ..config.specconfig import (
 from ..errors import HostError, SpecDecodeError
 from ..measure.request_metrics import LEVEL, OPTION
 from .base import Progress
+from .container import container_host, first_process
 from .hosts import Host
+from .vllm_argv import ServerCommand
 
 if TYPE_CHECKING:
     from .base import Target
@@ -276,7 +278,7 @@ def request_metrics_plan(facts: VllmFacts) -> str:
 def with_request_metrics(specs: Sequence[SpecConfig], facts: VllmFacts) -> tuple[SpecConfig, ...]:
     """The candidates, each speculative one asking for per-request metrics where it can."""
     args, _ = request_metrics_args(facts)
-    return tuple(spec if spec.is_original else replace(spec, server_args=args) for spec in specs)
+    return tuple(spec if spec.is_original else replace(spec, extra_args=args) for spec in specs)
 
 
 def _tail(text: str) -> str:
@@ -349,6 +351,28 @@ def ask_vllm(
         f"{len(facts.keys)} keys, asked in {seconds:.0f}s"
     )
     return facts
+
+
+def ask_in_container(
+    host: Host, server: ServerCommand, *, where: str, progress: Progress | None = None
+) -> VllmFacts:
+    """Ask the vLLM inside the unit's running container (its first process's Python)."""
+    box = container_host(host, server)
+    if box is None:
+        raise VllmFactsError(
+            f"{where} runs vLLM in a container ({server.image}) without --name, so the running "
+            "container cannot be found to ask its vLLM; give it a --name"
+        )
+    try:
+        found = box.run(["cat", "/proc/1/cmdline"], timeout=60)
+    except HostError as exc:
+        raise VllmFactsError(f"{where}: {exc}") from None
+    if not found.ok:
+        raise VllmFactsError(f"{where}: cannot read the container's command: {found.describe()}")
+    argv = first_process(found.stdout)
+    if not argv:
+        raise VllmFactsError(f"{where}: {box.name} runs no command that could be read")
+    return ask_vllm(box, argv, where=where, progress=progress)
 
 
 def facts_or_offline(target: Target, *, progress: Progress | None = None) -> VllmFacts:

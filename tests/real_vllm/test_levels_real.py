@@ -72,7 +72,7 @@ def assert_acceptance_per_request_and_step(data: dict, summary: str, keys: list[
     """The candidate asked for vLLM's per-request metrics; at every level each timed request
     carries its own figures, their sum is the counters' delta over the (quiet) window, and the
     replay is checked step by step against each request's arrays."""
-    args = data["phases"]["ngram"]["server_args"]
+    args = data["phases"]["ngram"]["extra_args"]
     assert args == ["--per-request-spec-decode-metrics", "detailed"]
     assert data["phases"]["ngram"]["request_metrics"] == "detailed"
     assert data["phases"]["baseline"]["request_metrics"] is None

@@ -156,7 +156,7 @@ prompt = "Write a binary search tree."
 
 
 def test_the_measurement_arguments_follow_the_speculative_config():
-    spec = replace(NGRAM, server_args=("--per-request-spec-decode-metrics", "detailed"))
+    spec = replace(NGRAM, extra_args=("--per-request-spec-decode-metrics", "detailed"))
     argv = ["/usr/bin/podman", "run", "--rm", "vllm/vllm-openai:v0.32.0", *SERVER]
     assert with_speculative_config(argv, spec, where="u", images=())[-4:] == [
         "--speculative-config",

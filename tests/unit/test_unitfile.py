@@ -85,7 +85,7 @@ def test_the_dropin_resets_execstart_and_replaces_the_old_speculative_config():
 
 
 def test_the_dropin_adds_the_measurement_arguments_after_the_config():
-    spec = replace(NGRAM, server_args=("--per-request-spec-decode-metrics", "detailed"))
+    spec = replace(NGRAM, extra_args=("--per-request-spec-decode-metrics", "detailed"))
     raw = dropin_exec(render_dropin("vllm-kimi-k25-int4.service", UNIT, spec, run_id="r1"))
     assert raw[-4:] == [
         "--speculative-config",

@@ -156,8 +156,8 @@ def test_per_request_metrics_where_the_hosts_vllm_knows_the_option():
     assert request_metrics_args(facts) == (("--per-request-spec-decode-metrics", "detailed"), None)
     both = [SpecConfig("ngram", NGRAM), SpecConfig("baseline-again", {})]
     specs = with_request_metrics(both, facts)
-    assert specs[0].server_args == ("--per-request-spec-decode-metrics", "detailed")
-    assert specs[1].server_args == ()  # the A/A candidate has no speculation: vLLM refuses it
+    assert specs[0].extra_args == ("--per-request-spec-decode-metrics", "detailed")
+    assert specs[1].extra_args == ()  # the A/A candidate has no speculation: vLLM refuses it
     assert "each speculative candidate gets --per-request-spec-decode-metrics detailed" in (
         request_metrics_plan(facts)
     )
@@ -180,7 +180,7 @@ def test_no_per_request_metrics_where_the_option_is_not_known(levels, offline, s
         facts = replace(OFFLINE_FACTS, per_request_metrics=levels)
     args, why = request_metrics_args(facts)
     assert args == () and why is not None and says in why
-    assert with_request_metrics([SpecConfig("ngram", NGRAM)], facts)[0].server_args == ()
+    assert with_request_metrics([SpecConfig("ngram", NGRAM)], facts)[0].extra_args == ()
 
 
 def test_a_failed_look_at_the_option_is_said():
