@@ -7,6 +7,7 @@ The hooks in plugin.py and the fixtures in fixtures.py only call into it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -52,7 +53,12 @@ from .report.plan import (
 from .report.text import noise_text
 from .targets.base import Service, Target
 from .targets.lifecycle import RunEnding, experiment_services
-from .targets.vllm_facts import validated_against_target
+from .targets.vllm_facts import (
+    request_metrics_args,
+    request_metrics_plan,
+    validated_against_target,
+    with_request_metrics,
+)
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -152,6 +158,7 @@ class SpecDecodeSession:
         self.experiment: Experiment | None = None
         self.written: Written | None = None
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
+        self.request_metrics_note: str | None = None  # why no per-request metrics, if so
         self.progress = ProgressLog(config)
         self._finished = False
         self._reports_existed = settings.reports_dir.exists()
@@ -167,7 +174,15 @@ class SpecDecodeSession:
             stored_baseline(path, self.settings)
         _check_writable(self.settings.reports_dir)
         if self.settings.candidates and self.writes_html:  # a run; the dry run checks its own
-            self.vllm_facts = self._validated()
+            self._use_facts(self._validated())
+
+    def _use_facts(self, facts: VllmFacts) -> None:
+        """The facts the candidates were checked against; each speculative candidate then asks
+        for per-request metrics where that vLLM knows the option."""
+        self.vllm_facts = facts
+        _, self.request_metrics_note = request_metrics_args(facts)
+        candidates = with_request_metrics(self.settings.candidates, facts)
+        self.settings = dataclasses.replace(self.settings, candidates=candidates)
 
     def _validated(self) -> VllmFacts:
         """The candidates checked against the target's own vLLM (read-only); its facts."""
@@ -193,13 +208,19 @@ class SpecDecodeSession:
         settings = self.settings
         target = self._open_target(settings.reports_dir)
         try:
-            steps = target.plan(settings.candidates)  # systemd: reads the unit, read-only
+            checked = []
             if settings.candidates:
                 facts = validated_against_target(
                     target, settings.candidates, progress=self.progress
                 )
-                checked = f"validated the candidates against {facts.describe()}"
-                steps = [checked + (f" ({facts.note})" if facts.note else ""), *steps]
+                self._use_facts(facts)
+                settings = self.settings
+                checked = [
+                    f"validated the candidates against {facts.describe()}"
+                    + (f" ({facts.note})" if facts.note else ""),
+                    request_metrics_plan(facts),
+                ]
+            steps = [*checked, *target.plan(settings.candidates)]  # systemd: reads, read-only
         except SpecDecodeError as exc:
             _write(f"pytest-specdecode dry run: {exc}")
             return pytest.ExitCode.USAGE_ERROR
@@ -288,6 +309,7 @@ class SpecDecodeSession:
                     headers=headers,
                     transports=transports,
                     outside=self._known(target.host_name, version=None),
+                    request_metrics_note=self.request_metrics_note,
                 )
                 if target.adopts_running_original and board.was_active:
                     self._watch_traffic(board.original)

@@ -36,7 +36,9 @@ class PromptTypeVerdict:
     candidate: str
     throughput: Comparison
     tpot: Comparison | None  # None when a side has no TPOT (one-token outputs)
-    acceptance: Acceptance  # the candidate's, over this prompt type (clean windows only)
+    # the candidate's over this prompt type: its requests' own figures (every window), else the
+    # counters (clean windows only)
+    acceptance: Acceptance
     acceptance_note: str | None  # where the server's and the client's counts disagree
     contaminated: str | None = None  # other clients' traffic in a window of either side
 
@@ -173,13 +175,18 @@ def compare_arms(
             for m in arm_measurements(arm, name)
             if m.foreign
         ]
+        own = [m.request_acceptance for m in measured]
         out[name] = PromptTypeVerdict(
             prompt_type=name,
             baseline=base_label,
             candidate=cand_label,
             throughput=answers[(name, "throughput")],
             tpot=answers.get((name, "tpot")),
-            acceptance=combine([m.acceptance for m in clean]),
+            acceptance=(
+                combine([a for a in own if a is not None])  # exact, whatever else was served
+                if own and None not in own
+                else combine([m.acceptance for m in clean])
+            ),
             acceptance_note=_cross_check(clean, num_speculative_tokens),
             contaminated="; ".join(dirty) or None,
         )
@@ -187,8 +194,11 @@ def compare_arms(
 
 
 def _cross_check(measured: Sequence[Measurement], k: int | None) -> str | None:
-    """The acceptance cross-check of each start of the arm; the first disagreement."""
+    """The acceptance cross-checks of each start of the arm (the counters against the tokens
+    delivered, and against the requests' own figures); the first disagreement."""
     for m in measured:
+        if m.request_check:
+            return m.request_check
         note = acceptance_cross_check(
             m.acceptance,
             m.traffic,

@@ -49,7 +49,9 @@ __all__ = [
     "DraftRatios",
     "NgramSettings",
     "ReplayStats",
+    "ReplayStep",
     "RequestTokens",
+    "StepReplay",
     "aggregate",
     "effective_settings",
     "grid",
@@ -406,6 +408,101 @@ def grid(
         table = _Table.build(requests, proposer, n_max, k_max)
         out[name] = dict(zip(configs, _walk(table, configs, max_model_len, proposer), strict=True))
     return out
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """One forward pass of one request, as the replay makes it.
+
+    `position` is the number of output tokens before the step (1 after the prefill; 0 for
+    the padded prefill after a prefix-cache hit). A step with `drafted` 0 is a plain decode.
+    `unverified` counts draft tokens past the known tokens (a last step): the server may have
+    accepted up to `accepted + unverified`.
+    """
+
+    position: int
+    drafted: int
+    accepted: int
+    unverified: int = 0
+    padded: bool = False
+
+    def matches(self, drafted: int, accepted: int) -> bool:
+        """Whether a server step of these counts is this step, within the last-step bound."""
+        return drafted == self.drafted and (
+            self.accepted <= accepted <= self.accepted + self.unverified
+        )
+
+
+class StepReplay:
+    """One request replayed step by step, for the comparison with the server's per-step arrays.
+
+    `steps()` walks the request as the server would, from the prefill to the last token;
+    `at(position)` is the step the proposer would make after any number of output tokens, which
+    tells where a server that skipped or shortened a draft went on from.
+    """
+
+    def __init__(
+        self,
+        request: RequestTokens,
+        settings: NgramSettings,
+        *,
+        max_model_len: int | None = None,
+        proposer: Proposer = "v1",
+    ) -> None:
+        self.request, self.settings = request, settings
+        self.max_model_len, self.proposer = max_model_len, proposer
+        self._table = _Table.build(
+            [request], proposer, settings.prompt_lookup_max, settings.num_speculative_tokens
+        )
+
+    @property
+    def output_len(self) -> int:
+        return len(self.request.output_ids)
+
+    def at(self, position: int) -> ReplayStep:
+        """The step that starts after `position` output tokens (1 <= position < output)."""
+        if not 1 <= position < self.output_len:
+            raise ValueError(f"no decode step starts at output position {position}")
+        t, s = self._table, self.settings
+        p = len(self.request.prompt_ids)
+        ctx, row = p + position, position - 1
+        n = min(int(t.largest_n[row]), s.prompt_lookup_max)
+        k = s.num_speculative_tokens
+        if self.max_model_len is not None:
+            k = min(k, self.max_model_len - ctx - 1)
+        k = max(k, 0)
+        available, start = 0, 0
+        if n >= s.prompt_lookup_min:
+            start = int(t.occurrence[n, row]) + n
+            available = ctx - start
+        if self.proposer == "v1":
+            m = copied = min(k, available)
+        else:
+            m, copied = k, min(k, available)
+        tokens = t.tokens
+        accepted = 0
+        while accepted < m:
+            draft = tokens[start + accepted] if accepted < copied else tokens[ctx - 1]
+            if draft != tokens[ctx + accepted]:
+                break
+            accepted += 1
+        unverified = m - accepted if accepted < m and tokens[ctx + accepted] == _UNKNOWN else 0
+        return ReplayStep(position, m, accepted, unverified)
+
+    def steps(self) -> list[ReplayStep]:
+        """Every step of the request, the padded prefill (if any) first."""
+        out = []
+        k, p = self.settings.num_speculative_tokens, len(self.request.prompt_ids)
+        if bool(self._table.padded_prefill[0]) and (
+            self.max_model_len is None or p + k + 1 <= self.max_model_len
+        ):
+            out.append(ReplayStep(0, k, 0, padded=True))
+        position = 1
+        while position < self.output_len:
+            step = self.at(position)
+            out.append(step)
+            position += step.accepted + 1
+        return out
 
 
 # --- the fast engine -------------------------------------------------------------------------

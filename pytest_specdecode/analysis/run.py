@@ -17,6 +17,7 @@ from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
+from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
 from .stats import RestartNoise, Verdict
 
@@ -91,6 +92,8 @@ class RunAnalysis:
     # for several k of one method, vLLM's num_speculative_tokens_per_batch_size table
     crossovers: dict[str, dict[str, Crossover]] = field(default_factory=dict)
     dynamic_k: list[DynamicK] = field(default_factory=list)
+    # acceptance per request, prompt and level; the replay checked step by step at each level
+    acceptance: AcceptanceByLevel = field(default_factory=AcceptanceByLevel)
 
     @property
     def outcome(self) -> str:
@@ -138,6 +141,7 @@ class RunAnalysis:
                 for c, per in self.crossovers.items()
             },
             "dynamic_k": [d.to_dict() for d in self.dynamic_k],
+            "acceptance_by_level": self.acceptance.to_json(),
         }
 
 
@@ -195,6 +199,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
     assumed = noise.outside(record)
     prediction = predict_run(record) if record.arm_phases(BASELINE) else None
     points = level_points(record, verdicts) if len(record.run.levels) > 1 else {}
+    by_level = acceptance_by_level(record)
     return RunAnalysis(
         verdicts=verdicts,
         drift=checks,
@@ -202,7 +207,8 @@ def analyze(record: RunRecord) -> RunAnalysis:
         noise=assumed,
         measured_noise=noise.of_run(record),
         warnings=_warnings(record, verdicts, checks, outputs, assumed)
-        + (prediction.warnings if prediction else []),
+        + (prediction.warnings if prediction else [])
+        + by_level.warnings,
         prediction=prediction,
         crossovers=_crossovers(points),
         dynamic_k=recommend_dynamic_k(
@@ -210,6 +216,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         )
         if points
         else [],
+        acceptance=by_level,
     )
 
 

@@ -127,6 +127,9 @@ class VllmFacts:
     interpreter: str | None = None  # the Python that answered
     seconds: float | None = None  # how long the asking took
     note: str | None = None  # why the offline list stands in, where it does
+    # the levels of --per-request-spec-decode-metrics; None: this vLLM has no such option
+    per_request_metrics: tuple[str, ...] | None = None
+    per_request_note: str | None = None  # why it could not be told, where it could not
 
     @property
     def offline(self) -> bool:
@@ -158,6 +161,9 @@ class VllmFacts:
             "digest": self.digest(),
             "methods": sorted(self.methods) if self.methods is not None else None,
             "keys": dict(sorted(self.keys.items())),
+            "per_request_spec_decode_metrics": (
+                list(self.per_request_metrics) if self.per_request_metrics is not None else None
+            ),
         }
 
 
@@ -188,6 +194,9 @@ class SpecConfig:
 
     name: str
     values: Mapping[str, Any]
+    # server arguments added beside --speculative-config to measure it (not a hypothesis):
+    # `--per-request-spec-decode-metrics detailed` where the target's vLLM knows it
+    extra_args: tuple[str, ...] = ()
 
     @property
     def is_original(self) -> bool:

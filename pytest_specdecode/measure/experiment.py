@@ -28,6 +28,7 @@ from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
 from .loadgen import RequestSample, RequestSpec, planned_specs, run_level
+from .request_metrics import OPTION
 from .server_metrics import (
     Acceptance,
     ServerCounters,
@@ -84,8 +85,10 @@ class Experiment:
         headers: Mapping[str, str] | None = None,
         transports: Transports | None = None,
         outside: Mapping[str, RestartNoise] | None = None,
+        request_metrics_note: str | None = None,
     ) -> None:
         self.settings = settings
+        self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
         self.board = board
         self.store = store
         self.progress = progress
@@ -165,12 +168,24 @@ class Experiment:
             spec=dict(spec.values) if spec else None,
             service=service.label,
             server_version=self._version(service),
+            extra_args=list(spec.extra_args) if spec else [],
+            request_metrics=self._request_metrics(spec),
         )
         self.record.phases[name] = phase
         self.store.flush()
         for prompt_type in self.settings.prompt_types.values():
             self._measure_prompt_type(phase, prompt_type, service)
         self.store.flush()
+
+    def _request_metrics(self, spec: SpecConfig | None) -> str | None:
+        """How this phase's requests report their own acceptance: the level asked, or why none."""
+        if spec is None:
+            return None  # the original: nothing to accept
+        if spec.is_original:
+            return "none: the original's configuration, without speculation"
+        if OPTION in spec.extra_args:
+            return spec.extra_args[spec.extra_args.index(OPTION) + 1]
+        return f"none: {self.request_metrics_note or 'not asked for'}"
 
     def _measure_prompt_type(self, phase: Phase, prompt_type: PromptType, service: Service) -> None:
         """Warm-up, then every load level in turn, each on its own prompts of the plan."""
@@ -189,6 +204,7 @@ class Experiment:
             ignore_eos=run.ignore_eos,
             timeout_s=run.request_timeout_s,
             read_timeout_s=run.read_timeout_s,
+            return_token_ids=True,  # every request's own ids, for the replay at every level
         )
         self.progress(f"[{phase.name}] {prompt_type.name}: {plan.describe()}")
         first: _Window | None = None
@@ -252,6 +268,15 @@ class Experiment:
             f"{stats.output_tokens_per_s:.1f} tok/s in all, TPOT {m.median_tpot_ms:.1f} ms "
             f"(p99 {stats.tpot_p99_ms:.1f})" + _acceptance_text(m.acceptance)
         )
+        own = m.request_acceptance
+        if own is not None:
+            agree = ""  # the counters are the cross-check over a quiet window only
+            if m.request_check:
+                agree = f"; {m.request_check}"
+            elif m.foreign is None and m.acceptance.present:
+                agree = "; the counters agree"
+            figures = _acceptance_text(own).removeprefix(";") or " no drafts"
+            self.progress(f"{where}: the {len(m.samples)} requests' own figures:{figures}{agree}")
         for warning in stats.warnings():
             self.progress(f"{where}: warning: {warning}")
 

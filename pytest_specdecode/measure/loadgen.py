@@ -46,6 +46,11 @@ class RequestSample:
     text: str = ""
     prompt_index: int | None = None  # which prompt of the prompt type (config/prompts.py)
     level: str | None = None  # the load level's label, e.g. "c4"
+    # vLLM's own per-request speculative-decoding metrics (`--per-request-spec-decode-metrics`),
+    # as the final usage chunk carried them under `metrics.speculative_decoding`
+    spec_decode: dict[str, Any] | None = None
+    prompt_ids: list[int] | None = None  # with return_token_ids: the prompt after its template
+    output_ids: list[int] | None = None  # with return_token_ids: every output token's id
 
     @property
     def tpot_s(self) -> float | None:
@@ -78,6 +83,7 @@ class RequestSpec:
     timeout_s: float = 300.0  # the whole request, from send to the end of the stream
     read_timeout_s: float = 60.0  # the longest silence allowed between two chunks
     messages: tuple[tuple[str, str], ...] = ()  # chat: (role, content); empty: one user turn
+    return_token_ids: bool = False  # vLLM streams the ids (ignored by servers without it)
 
     def __post_init__(self) -> None:
         if self.messages and self.endpoint != "chat":
@@ -93,6 +99,8 @@ class RequestSpec:
         }
         if self.ignore_eos:
             payload["ignore_eos"] = True
+        if self.return_token_ids:
+            payload["return_token_ids"] = True
         if self.endpoint == "chat":
             turns = self.messages or (("user", self.prompt),)
             payload["messages"] = [{"role": role, "content": text} for role, text in turns]
@@ -163,6 +171,9 @@ async def _stream(
     seen_tokens = 0
     text: list[str] = []
     usage: Mapping[str, Any] | None = None
+    spec_decode: dict[str, Any] | None = None
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = [] if spec.return_token_ids else None
     chunks = 0
     done = False
     async with client.stream("POST", url, json=payload, timeout=timeout) as response:
@@ -220,6 +231,11 @@ async def _stream(
                 chunk_usage = event.get("usage")
                 if chunk_usage:
                     usage = chunk_usage
+                    metrics = event.get("metrics")
+                    if type(metrics) is dict and type(metrics.get("speculative_decoding")) is dict:
+                        spec_decode = metrics["speculative_decoding"]
+                if prompt_ids is None and output_ids is not None:
+                    prompt_ids = _ids(event.get("prompt_token_ids"))
                 choices = event.get("choices")
                 if not choices:
                     continue
@@ -234,6 +250,12 @@ async def _stream(
                 piece = delta.get("content") if type(delta) is dict else choice.get("text")
                 if piece:
                     text.append(piece if type(piece) is str else str(piece))
+                if output_ids is not None:
+                    ids = choice.get("token_ids")
+                    if type(ids) is list:
+                        output_ids += ids
+                    if prompt_ids is None:  # completions: in the choice
+                        prompt_ids = _ids(choice.get("prompt_token_ids"))
                 if per_chunk is not None:
                     cumulative = chunk_usage.get("completion_tokens") if chunk_usage else None
                     if cumulative is None:
@@ -268,7 +290,17 @@ async def _stream(
         chunk_gaps_s=gaps,
         tokens_per_chunk=per_chunk if per_chunk else None,
         text="".join(text),
+        spec_decode=spec_decode,
+        prompt_ids=prompt_ids,
+        output_ids=_ids(output_ids) if output_ids else None,
     )
+
+
+def _ids(value: Any) -> list[int] | None:
+    """A list of token ids, or None where the server sent something else (or nothing)."""
+    if type(value) is not list or not all(type(v) is int for v in value):
+        return None
+    return value
 
 
 _DRAIN_S = 1.0

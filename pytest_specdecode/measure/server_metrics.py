@@ -132,7 +132,7 @@ def acceptance_between(before: ServerCounters, after: ServerCounters) -> Accepta
     per_pos = [
         after.accepted_per_position[p] - before.accepted_per_position.get(p, 0.0) for p in positions
     ]
-    return _from_counts(drafts, draft_tokens, accepted, per_pos)
+    return from_counts(drafts, draft_tokens, accepted, per_pos)
 
 
 def combine(parts: Sequence[Acceptance]) -> Acceptance:
@@ -148,10 +148,10 @@ def combine(parts: Sequence[Acceptance]) -> Acceptance:
         sum(a.per_position_rates[i] * a.drafts for a in present if i < len(a.per_position_rates))
         for i in range(width)
     ]
-    return _from_counts(drafts, draft_tokens, accepted, per_pos_counts)
+    return from_counts(drafts, draft_tokens, accepted, per_pos_counts)
 
 
-def _from_counts(
+def from_counts(
     drafts: float, draft_tokens: float, accepted: float, accepted_per_position: Sequence[float]
 ) -> Acceptance:
     """Acceptance from raw counts; rates only where there were drafts."""

@@ -17,6 +17,7 @@ from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from ..measure.levels import SLO, LevelStats, LoadLevel, level_stats
 from ..measure.loadgen import RequestSample
+from ..measure.request_metrics import acceptance_of, against_counters
 from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
 from ..measure.token_ids import TokenIds
 
@@ -134,6 +135,20 @@ class Measurement:
         return self.output_tokens / self.wall_s
 
     @property
+    def request_acceptance(self) -> Acceptance | None:
+        """The timed requests' own figures summed (vLLM's per-request metrics); None unless
+        every request reported them. Exact whatever else the server served meanwhile."""
+        return acceptance_of(s.spec_decode for s in self.samples)
+
+    @property
+    def request_check(self) -> str | None:
+        """Over a quiet window, where the requests' sum differs from the counters' delta."""
+        mine = self.request_acceptance
+        if mine is None or self.foreign is not None or not self.acceptance.present:
+            return None
+        return against_counters(mine, self.acceptance)
+
+    @property
     def client_accepted(self) -> int | None:
         """Accepted tokens as the client saw them; None without per-chunk usage."""
         if not self.samples or any(s.tokens_per_chunk is None for s in self.samples):
@@ -157,6 +172,8 @@ class Measurement:
                 "median_tpot_ms": self.median_tpot_ms,
                 "output_throughput": self.output_throughput,
                 "client_accepted_tokens": self.client_accepted,
+                "request_acceptance": _optional(self.request_acceptance),
+                "request_check": self.request_check,
                 "level": self.stats.to_dict() if self.samples else None,
             },
             "warmup": [_sample_json(s) for s in self.warmup],
@@ -195,6 +212,10 @@ class Phase:
     server_version: str | None = None
     reused_from: str | None = None  # the results.json a reused baseline came from
     measurements: dict[str, Measurement] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # added to measure it, not a hypothesis
+    # the per-request metrics level its requests were asked to report, or "none: why"; None for
+    # the original
+    request_metrics: str | None = None
 
     @property
     def acceptance(self) -> Acceptance:
@@ -208,6 +229,8 @@ class Phase:
             "service": self.service,
             "server_version": self.server_version,
             "reused_from": self.reused_from,
+            "extra_args": self.extra_args,
+            "request_metrics": self.request_metrics,
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
         }
@@ -221,6 +244,8 @@ class Phase:
             service=data.get("service", ""),
             server_version=data.get("server_version"),
             reused_from=data.get("reused_from"),
+            extra_args=list(data.get("extra_args") or []),
+            request_metrics=data.get("request_metrics"),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
             },
@@ -341,6 +366,10 @@ def _sample_json(sample: RequestSample) -> dict[str, Any]:
 
 def _sample(data: Mapping[str, Any]) -> RequestSample:
     return RequestSample(**_known(RequestSample, data))
+
+
+def _optional(acc: Acceptance | None) -> dict[str, Any] | None:
+    return acc.to_dict() if acc is not None else None
 
 
 def _acceptance(data: Mapping[str, Any] | None) -> Acceptance:

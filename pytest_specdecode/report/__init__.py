@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
-from . import markdown
+from . import acceptance, markdown
 from .plots import write_plots
 from .prediction import write_heatmap
 
@@ -38,6 +38,7 @@ def write_reports(
     """summary.md and the plots in the run folder; summary.md also into $GITHUB_STEP_SUMMARY."""
     plots = write_plots(record, analysis, run_dir)
     plots.update(write_heatmap(record, analysis, run_dir))  # the prediction's grid, if any
+    plots.update(acceptance.write_plot(record, analysis, run_dir))  # per prompt, per level
     text = markdown.summary(record, analysis, failed=failed, run_name=run_dir.name)
     summary = run_dir / SUMMARY_FILE
     summary.write_text(text)

@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.redaction import redact_text
 from ..record.schema import RunRecord
-from . import levels, prediction
+from . import acceptance, levels, prediction
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
@@ -95,6 +95,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         parts.append(f"<p>{_e(acceptance_text(record.arm_phases(name)[0].acceptance))}</p>")
     parts.append(levels.html_section(record, analysis))
     parts.append(prediction.html_section(record, analysis))
+    parts.append(acceptance.html_section(record, analysis))
     found = checks(record, analysis)
     if found:
         items = "".join(

@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.redaction import redact_text
 from ..record.schema import RunRecord
-from . import levels, prediction
+from . import acceptance, levels, prediction
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, title
 
@@ -59,6 +59,7 @@ def summary(
         lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
     lines += levels.markdown_lines(record, analysis)
     lines += prediction.markdown_lines(record, analysis)
+    lines += acceptance.markdown_lines(record, analysis)
     found = checks(record, analysis)
     if found:
         lines += ["### Checks", "", *(f"- {'⚠ ' if c.warn else ''}{c.text}" for c in found), ""]

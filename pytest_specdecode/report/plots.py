@@ -14,6 +14,7 @@ import numpy as np
 from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
 from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from .acceptance import PLOT_CAPTION
 from .prediction import HEATMAP_CAPTION
 from .rows import rows
 from .text import finite, fmt_num
@@ -30,6 +31,7 @@ CAPTIONS = {
     "acceptance": "Per-position acceptance: the share of drafts whose k-th proposed token was "
     "accepted (from vLLM's spec-decode counters).",
     "prediction": HEATMAP_CAPTION,  # written by report.prediction.write_heatmap
+    "prompt-acceptance": PLOT_CAPTION,  # written by report.acceptance.write_plot
     "speedup": "Speedup against load, per prompt type: the candidate's per-request tok/s over "
     "the baseline's at each level, with the verdict's interval; the band and diamond on 1.0 mark "
     "where the speedup crosses it (interpolated in log-log) and its uncertainty.",

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..analysis.run import RunAnalysis
 from ..record.schema import BASELINE, RunRecord
 from ..targets.lifecycle import RestoreReport
-from . import levels, prediction
+from . import acceptance, levels, prediction
 from .rows import checks, headline, rows, undecided
 from .text import fmt_num, fmt_p, fmt_pct
 
@@ -50,6 +50,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
         out += [f"Result: {headline(analysis)}", *undecided(analysis)]
     out += levels.terminal_lines(record, analysis)
     out += prediction.terminal_lines(record, analysis)
+    out += acceptance.terminal_lines(record, analysis)
     if record.restore:
         out.append(RestoreReport.from_dict(record.restore).describe())
     out += [

@@ -230,7 +230,8 @@ def candidate_exec_start(
         return exec_start.prefix + " ".join(t.raw for t in exec_start.tokens)
     drop = spec_flag_positions(exec_start.argv, exec_start.server.server_args)
     kept = [t.raw for i, t in enumerate(exec_start.tokens) if i not in drop]
-    return exec_start.prefix + " ".join([*kept, SPEC_FLAG, quote_arg(spec.to_json())])
+    added = [SPEC_FLAG, quote_arg(spec.to_json()), *map(quote_arg, spec.extra_args)]
+    return exec_start.prefix + " ".join([*kept, *added])
 
 
 def render_dropin(

@@ -117,7 +117,8 @@ def check_vllm_command(
 def with_speculative_config(
     argv: Sequence[str], spec: SpecConfig, *, where: str, images: Sequence[str] | None = None
 ) -> list[str]:
-    """The same command with `--speculative-config JSON`, replacing any that was there.
+    """The same command with `--speculative-config JSON` (replacing any that was there), then
+    the spec's `extra_args`.
 
     The A/A candidate is the original's command unchanged.
     """
@@ -125,7 +126,7 @@ def with_speculative_config(
     if spec.is_original:
         return list(argv)
     kept = [a for i, a in enumerate(argv) if i < start or i not in spec_flag_positions(argv, start)]
-    return [*kept, SPEC_FLAG, spec.to_json()]
+    return [*kept, SPEC_FLAG, spec.to_json(), *spec.extra_args]
 
 
 def spec_flag_positions(argv: Sequence[str], start: int) -> set[int]:

@@ -26,6 +26,7 @@ from ..config.specconfig import (
     validate_spec_values,
 )
 from ..errors import HostError, SpecDecodeError
+from ..measure.request_metrics import LEVEL, OPTION
 from .base import Progress
 from .container import container_host, first_process
 from .hosts import Host
@@ -142,6 +143,21 @@ try:
     out["choices"] = choices
     out["internal"] = internal
     out["methods"] = choices.pop("method", None)
+    try:  # the server option of per-request speculative metrics, with its levels, if it has it
+        from vllm.engine.arg_utils import EngineArgs
+        names = {f.name: f for f in dataclasses.fields(EngineArgs)}
+        found = names.get("per_request_spec_decode_metrics")
+        if found is not None:
+            tp = found.type  # EngineArgs' own hints do not resolve (forward references)
+            if isinstance(tp, str):
+                from vllm.config.observability import ObservabilityConfig
+                tp = typing.get_type_hints(ObservabilityConfig).get(found.name, tp)
+            levels = [] if isinstance(tp, str) else leaves(tp, [])
+            out["per_request_spec_decode_metrics"] = sorted(
+                str(leaf[1]) for leaf in levels if isinstance(leaf, tuple)
+            )
+    except Exception as exc:
+        out["per_request_note"] = "%s: %s" % (type(exc).__name__, exc)
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print("pytest-specdecode-vllm-facts:" + json.dumps(out))
@@ -201,11 +217,14 @@ def parse_facts(
     if not isinstance(keys, dict) or not keys:
         raise VllmFactsError(f"{where} listed no speculative config keys")
     methods = data.get("methods")
+    levels = data.get("per_request_spec_decode_metrics")
     return VllmFacts(
         version=str(data.get("version") or "unknown"),
         methods=frozenset(map(str, methods)) if isinstance(methods, list) else None,
         keys={str(k): (v if v in KINDS else "any") for k, v in keys.items()},
         choices={str(k): tuple(map(str, v)) for k, v in (data.get("choices") or {}).items()},
+        per_request_metrics=tuple(map(str, levels)) if isinstance(levels, list) else None,
+        per_request_note=str(data["per_request_note"]) if data.get("per_request_note") else None,
         host=host,
         interpreter=interpreter,
         seconds=seconds,
@@ -219,6 +238,47 @@ def check_candidates(specs: Sequence[SpecConfig], facts: VllmFacts) -> None:
     for spec in specs:
         if not spec.is_original:
             validate_spec_values(spec.values, source=spec.name, facts=facts)
+
+
+def request_metrics_args(facts: VllmFacts) -> tuple[tuple[str, ...], str | None]:
+    """The server arguments that make each request report its own speculative metrics
+    (measure/request_metrics.py), and None; or no arguments and why not.
+
+    Only where the target's own vLLM was asked and knows the option at its `detailed` level:
+    an option unknown to the server would stop the candidate from starting.
+    """
+    if facts.offline:
+        return (), f"not asked for: the target's vLLM could not be asked whether it knows {OPTION}"
+    levels = facts.per_request_metrics
+    if levels is None and facts.per_request_note:
+        return (), (
+            f"not asked for: whether {facts.describe()} knows {OPTION} could not be told "
+            f"({facts.per_request_note})"
+        )
+    if levels is None or LEVEL not in levels:
+        known = f" (it knows {OPTION} {'|'.join(levels)})" if levels else ""
+        return (), (
+            f"{facts.describe()} has no {OPTION} {LEVEL}{known}: acceptance comes from the "
+            "server's counters alone"
+        )
+    return (OPTION, LEVEL), None
+
+
+def request_metrics_plan(facts: VllmFacts) -> str:
+    """The plan's line: per-request metrics asked for, or why not."""
+    args, why = request_metrics_args(facts)
+    if why:
+        return f"per-request speculative metrics: {why}"
+    return (
+        f"per-request speculative metrics: each speculative candidate gets {' '.join(args)} "
+        "(each timed request then reports its own drafts and accepted tokens, step by step)"
+    )
+
+
+def with_request_metrics(specs: Sequence[SpecConfig], facts: VllmFacts) -> tuple[SpecConfig, ...]:
+    """The candidates, each speculative one asking for per-request metrics where it can."""
+    args, _ = request_metrics_args(facts)
+    return tuple(spec if spec.is_original else replace(spec, extra_args=args) for spec in specs)
 
 
 def _tail(text: str) -> str:

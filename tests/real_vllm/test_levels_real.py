@@ -64,7 +64,45 @@ def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytes
         assert f"ngram / {t}: {x['text']}" in summary
     assert (exp.run_dir() / "speedup-ngram.png").read_bytes()[:4] == b"\x89PNG"
     assert "### Load levels" in summary and "| ngram | math@c8 | 16 |" in summary
+    assert_acceptance_per_request_and_step(data, summary, keys)
     assert exp.leftover_servers() == []
+
+
+def assert_acceptance_per_request_and_step(data: dict, summary: str, keys: list[str]) -> None:
+    """The candidate asked for vLLM's per-request metrics; at every level each timed request
+    carries its own figures, their sum is the counters' delta over the (quiet) window, and the
+    replay is checked step by step against each request's arrays."""
+    args = data["phases"]["ngram"]["extra_args"]
+    assert args == ["--per-request-spec-decode-metrics", "detailed"]
+    assert data["phases"]["ngram"]["request_metrics"] == "detailed"
+    assert data["phases"]["baseline"]["request_metrics"] is None
+    for key in keys:
+        m = data["phases"]["ngram"]["measurements"][key]
+        for s in m["samples"]:
+            payload = s["spec_decode"]
+            assert payload is not None, (key, s["index"])
+            assert len(payload["per_step_drafted"]) == payload["num_spec_steps"]
+            assert s["output_ids"] and len(s["output_ids"]) == s["output_tokens"]
+        own, counters = m["summary"]["request_acceptance"], m["acceptance"]
+        assert m["foreign"] is None and m["summary"]["request_check"] is None
+        for name in ("drafts", "draft_tokens", "accepted"):
+            assert own[name] == counters[name], (key, name, own, counters)
+        assert own["drafts"] == sum(s["spec_decode"]["num_spec_steps"] for s in m["samples"])
+    by_level = data["analysis"]["acceptance_by_level"]
+    entries = {e["key"]: e for e in by_level["levels"]}
+    assert list(entries) == keys
+    for key, e in entries.items():
+        assert e["source"] == "requests" and e["counters_check"] is None
+        n = len(data["phases"]["ngram"]["measurements"][key]["samples"])
+        assert e["steps"]["requests"] == e["own_steps"]["requests"] == n, key
+        # On its own tokens, every request drafted as the replay says, at every level.
+        assert e["own_steps"]["agreeing"] == n, (key, e["own_steps"]["text"])
+        classes = set(e["steps"]["by_first"]) | set(e["steps"]["by_class"])
+        assert classes <= {"outputs differ"}, (key, e["steps"]["text"])
+        assert e["predicted"] is not None and e["error"] is not None
+        assert f"| ngram (k=5 n=4..4) | {key.replace('@', ' @ ')} | {n} |" in summary
+    assert by_level["batch_predictable"] is True, by_level["batch_rule"]
+    assert "Above the first level: in a batch (c4, c8) the n-gram proposer drafted" in summary
 
 
 SPEC_BENCH = [

@@ -12,13 +12,16 @@ import pytest
 
 from ..support.embedded import MODEL, require_embedded, write_experiment
 
+NEIGHBOUR_PROMPT = "Repeat this line four times: the cat sat on the mat by the door."
+
 
 def neighbour(port: int, stop: threading.Event, sent: list[int]) -> None:
-    """Ordinary chat requests, one after another, as a colleague's client would send."""
+    """Ordinary chat requests, one after another, as a colleague's client would send; this
+    one repeats itself, so n-gram speculation drafts on it too."""
     body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Name three rivers in Europe."}],
-        "max_tokens": 16,
+        "messages": [{"role": "user", "content": NEIGHBOUR_PROMPT}],
+        "max_tokens": 32,
     }
     with httpx.Client(timeout=60) as client:
         while not stop.is_set():
@@ -72,6 +75,28 @@ def test_a_second_client_during_the_candidates_window_is_caught(pytester: pytest
     assert m["foreign"] and len(m["discarded"]) == 5
     verdict = data["analysis"]["verdicts"]["ngram"]["coding"]
     assert verdict["verdict"] == "contaminated" and verdict["contaminated"]
+    assert_own_acceptance_unchanged(data, verdict)
     # The baseline's window, before the neighbour began, was clean.
     assert data["phases"]["baseline"]["measurements"]["coding"]["foreign"] is None
     assert exp.leftover_servers() == []
+
+
+def assert_own_acceptance_unchanged(data: dict, verdict: dict) -> None:
+    """The neighbour's requests move the counters, not the candidate's own figures: each timed
+    request (kept or set aside) reports its own drafts, and they are exactly what the replay of
+    its own output gives, step by step, as on a quiet server."""
+    m = data["phases"]["ngram"]["measurements"]["coding"]
+    for s in [*m["samples"], *m["discarded"]]:
+        assert s["spec_decode"] is not None and s["output_ids"], s["index"]
+    own = m["summary"]["request_acceptance"]
+    assert own is not None and m["summary"]["request_check"] is None  # no check: not quiet
+    # The verdict's acceptance is the requests' own, although the window is contaminated...
+    for name in ("drafts", "draft_tokens", "accepted"):
+        assert verdict["acceptance"][name] == own[name]
+    # ... while the counters over the window also counted the neighbour's drafts.
+    assert m["acceptance"]["drafts"] > own["drafts"], (m["acceptance"], own)
+    (entry,) = [
+        e for e in data["analysis"]["acceptance_by_level"]["levels"] if e["key"] == "coding"
+    ]
+    assert entry["source"] == "requests"
+    assert entry["own_steps"]["agreeing"] == entry["own_steps"]["requests"] == len(m["samples"])

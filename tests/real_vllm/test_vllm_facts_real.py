@@ -34,6 +34,7 @@ def test_the_embedded_vllm_tells_its_facts(program):
     assert facts.methods == OFFLINE_FACTS.methods
     assert dict(facts.keys) == dict(OFFLINE_FACTS.keys)
     assert facts.choices["rejection_sample_method"] == ("block", "standard", "synthetic")
+    assert facts.per_request_metrics == ("detailed", "none", "summary")
     assert said[-1].startswith(f"vLLM 0.32.0 on localhost ({facts.interpreter}): 39 speculative")
     with pytest.raises(ConfigError, match=r"on localhost \(vLLM 0.32.0\): unknown key\(s\) 'x'"):
         validate_spec_values({**NGRAM, "x": 1}, source="n", facts=facts)

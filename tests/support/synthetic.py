@@ -36,6 +36,7 @@ def settings(
     max_samples: int | None = None,  # None: a fixed design, so counts are known
     prompts: dict[str, str] | None = None,
     extra: str = "",
+    run_extra: str = "",  # more lines of [run]
 ) -> Settings:
     prompts = prompts or {}
     tables = "\n".join(
@@ -53,6 +54,7 @@ samples = {samples}
 max_samples = {max_samples or samples}
 warmup = 1
 max_tokens = 64
+{run_extra}
 [presets]
 ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }}
 eagle = {{ method = "eagle", model = "org/eagle-draft", num_speculative_tokens = 3 }}
@@ -225,4 +227,54 @@ def recorded_run(tmp_path: Path, *, lookahead: bool = True) -> RunRecord:
     for phase in rec.phases.values():  # the counters cover one request, sent first: no warm-up
         for m in phase.measurements.values():
             m.warmup.clear()
+    return rec
+
+
+# --- runs with per-request speculative metrics (acceptance per level) ------------------------
+
+PER_REQUEST = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-per-request-steps.json"
+
+
+def per_request_data() -> dict:
+    """The capture: per level, each request's ids and payload, and the counters' deltas."""
+    return json.loads(PER_REQUEST.read_text())
+
+
+def per_request_run(tmp_path: Path) -> RunRecord:
+    """A run made of what the real CPU vLLM 0.32 gave with --per-request-spec-decode-metrics
+    detailed (tests/data): the shipped math set at c1 and c4, each request's payload and token
+    ids, and the counters over each level's window. The baseline's outputs are taken to be the
+    candidate's at c1, at both levels (the capture has no baseline of its own)."""
+    data = per_request_data()
+    s = settings(
+        tmp_path,
+        prompt_types=(),
+        samples=12,
+        extra='[prompt_types.math]\nprompt_set = "math"',
+        run_extra="concurrency = [1, 4]",
+    )
+    rec = record(s)
+    base = {r["prompt_index"]: r for r in data["levels"]["c1"]["requests"]}
+    for arm in ("baseline", "ngram"):
+        phase = Phase(name=arm, arm=arm, spec=rec.candidates.get(arm), server_version="0.32.0")
+        for level in s.run.levels:
+            key = f"math@{level.label}"
+            found = data["levels"][level.label]
+            m = Measurement(prompt_type="math", level=level, key=key)
+            for i, r in enumerate(found["requests"]):
+                mine = base[r["prompt_index"]] if arm == "baseline" else r
+                one = sample("math", arm, i, 40.0, tokens=len(mine["output_ids"]))
+                one.prompt_index, one.level = r["prompt_index"], level.label
+                one.prompt_ids, one.output_ids = mine["prompt_ids"], mine["output_ids"]
+                one.started_at = 1.8e9 + 100 * (level.concurrency or 1) + i
+                one.spec_decode = r["payload"] if arm == "ngram" else None
+                m.samples.append(one)
+            m.wall_s = sum(x.e2e_s for x in m.samples)
+            if arm == "ngram":
+                c = found["counters"]
+                m.acceptance = acceptance_of(
+                    c["drafts"], c["draft_tokens"], c["accepted"], c["accepted_per_position"]
+                )
+            phase.measurements[key] = m
+        rec.phases[arm] = phase
     return rec

@@ -1,5 +1,7 @@
 """`docker run` / `podman run` units: where the server's arguments start, and what is refused."""
 
+from dataclasses import replace
+
 import pytest
 
 from pytest_specdecode.config.specconfig import parse_spec_config
@@ -151,3 +153,14 @@ prompt = "Write a binary search tree."
     config.write_text(text.format(images='["x; rm -rf /"]'))
     with pytest.raises(ConfigError, match="is not an image name"):
         load_settings(config)
+
+
+def test_the_measurement_arguments_follow_the_speculative_config():
+    spec = replace(NGRAM, extra_args=("--per-request-spec-decode-metrics", "detailed"))
+    argv = ["/usr/bin/podman", "run", "--rm", "vllm/vllm-openai:v0.32.0", *SERVER]
+    assert with_speculative_config(argv, spec, where="u", images=())[-4:] == [
+        "--speculative-config",
+        NGRAM.to_json(),
+        "--per-request-spec-decode-metrics",
+        "detailed",
+    ]

@@ -55,8 +55,15 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
         "  1. validated the candidates against the offline list of vLLM 0.32's speculative "
         "methods and keys (the target's vLLM could not be asked: " in out
     )
-    assert "  2. start the original: (cd " in out
+    # ... so the candidate does not ask for per-request metrics: an option the server might
+    # not know would stop it from starting
+    assert (
+        "  2. per-request speculative metrics: not asked for: the target's vLLM could not be "
+        "asked whether it knows --per-request-spec-decode-metrics" in out
+    )
+    assert "  3. start the original: (cd " in out
     assert '--speculative-config \'{"method":"ngram","num_speculative_tokens":5,' in out
+    assert "--per-request-spec-decode-metrics" not in out.split("  3. start the original")[1]
     assert "drift check (ABA): stop the last candidate" in out
     assert "requests: 36 = 3 phases x 2 prompt types x (5 measured + 1 warm-up)" in out
     assert "restart noise: unmeasured: assumed 5%" in out

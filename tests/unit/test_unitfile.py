@@ -1,5 +1,6 @@
 import re
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -81,6 +82,17 @@ def test_the_dropin_resets_execstart_and_replaces_the_old_speculative_config():
     assert text.startswith("# Written by pytest-specdecode (run r1): candidate 'ngram-k5'")
     assert "a reboot brings back the original" in text
     assert dropin_run_id(text) == "r1"
+
+
+def test_the_dropin_adds_the_measurement_arguments_after_the_config():
+    spec = replace(NGRAM, extra_args=("--per-request-spec-decode-metrics", "detailed"))
+    raw = dropin_exec(render_dropin("vllm-kimi-k25-int4.service", UNIT, spec, run_id="r1"))
+    assert raw[-4:] == [
+        "--speculative-config",
+        quote_arg(NGRAM.to_json()),
+        '"--per-request-spec-decode-metrics"',
+        '"detailed"',
+    ]
 
 
 def test_template_specifiers_and_variables_stay_the_units_own():

@@ -30,7 +30,10 @@ from pytest_specdecode.targets.vllm_facts import (
     facts_or_offline,
     interpreter_from_script,
     parse_facts,
+    request_metrics_args,
+    request_metrics_plan,
     validated_against_target,
+    with_request_metrics,
 )
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
@@ -139,6 +142,55 @@ def test_the_answer_is_the_marked_line_whatever_vllm_logs():
     error = f'{MARKER}{{"error": "ModuleNotFoundError: No module named \'vllm\'"}}'
     with pytest.raises(VllmFactsError, match="could not import vLLM's speculative config: Module"):
         parse_facts(error, host="h", interpreter="p")
+
+
+def test_per_request_metrics_where_the_hosts_vllm_knows_the_option():
+    answer = {
+        "version": "0.32.0",
+        "keys": {"method": "str"},
+        "per_request_spec_decode_metrics": ["detailed", "none", "summary"],
+    }
+    facts = parse_facts(MARKER + json.dumps(answer), host="root@gpu:22", interpreter="/p")
+    assert facts.per_request_metrics == ("detailed", "none", "summary")
+    assert facts.record()["per_request_spec_decode_metrics"] == ["detailed", "none", "summary"]
+    assert request_metrics_args(facts) == (("--per-request-spec-decode-metrics", "detailed"), None)
+    both = [SpecConfig("ngram", NGRAM), SpecConfig("baseline-again", {})]
+    specs = with_request_metrics(both, facts)
+    assert specs[0].extra_args == ("--per-request-spec-decode-metrics", "detailed")
+    assert specs[1].extra_args == ()  # the A/A candidate has no speculation: vLLM refuses it
+    assert "each speculative candidate gets --per-request-spec-decode-metrics detailed" in (
+        request_metrics_plan(facts)
+    )
+
+
+@pytest.mark.parametrize(
+    ("levels", "offline", "says"),
+    [
+        (None, False, "vLLM 0.31.0 on root@gpu:22 (/opt/vllm/bin/python3) has no "
+         "--per-request-spec-decode-metrics detailed: acceptance comes from the server's "
+         "counters alone"),
+        (("none", "summary"), False, "(it knows --per-request-spec-decode-metrics none|summary)"),
+        (("none", "summary", "detailed"), True, "not asked for: the target's vLLM could not be "
+         "asked whether it knows --per-request-spec-decode-metrics"),
+    ],
+)  # fmt: skip
+def test_no_per_request_metrics_where_the_option_is_not_known(levels, offline, says):
+    facts = replace(host_facts("0.31.0"), per_request_metrics=levels)
+    if offline:
+        facts = replace(OFFLINE_FACTS, per_request_metrics=levels)
+    args, why = request_metrics_args(facts)
+    assert args == () and why is not None and says in why
+    assert with_request_metrics([SpecConfig("ngram", NGRAM)], facts)[0].extra_args == ()
+
+
+def test_a_failed_look_at_the_option_is_said():
+    answer = {"version": "0.32.0", "keys": {"method": "str"}, "per_request_note": "NameError: x"}
+    facts = parse_facts(MARKER + json.dumps(answer), host="root@gpu:22", interpreter="/p")
+    assert request_metrics_args(facts) == (
+        (),
+        "not asked for: whether vLLM 0.32.0 on root@gpu:22 (/p) knows "
+        "--per-request-spec-decode-metrics could not be told (NameError: x)",
+    )
 
 
 def test_where_the_target_cannot_tell_the_offline_list_stands_in_with_the_reason():
