@@ -249,6 +249,7 @@ class SpecDecodeSession:
                 headers=headers,
                 transport=transports.sync,
                 record_ending=record_ending,
+                clock=transports.clock,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
                 known = noise.from_stored(self._stored(), version=None)
