@@ -6,6 +6,7 @@ The same paths run against the real CPU vLLM (tests/real_vllm) and the real syst
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ..support.scripted_target import NEVER, Script, ScriptedTarget
+from ..support.scripted_target import NEVER, Script, ScriptedTarget, measure_arms
 from ..support.synthetic import record, settings
 
 
@@ -130,3 +131,18 @@ def test_a_restore_that_cannot_finish_fails_loudly(tmp_path: Path) -> None:
     target = ScriptedTarget(Script(restore_s=NEVER), running=True)
     with pytest.raises(ServiceError, match=r"restore failed on scripted-host: .*not ready"):
         run(tmp_path, target, "ngram", restore=1.0)
+
+
+def test_repeated_starts_run_in_the_balanced_order(tmp_path: Path) -> None:
+    # A B B A A B B A: a drift over the run weighs on both arms alike (A B A B would not).
+    s = settings(tmp_path, samples=2, prompt_types=("coding",))
+    s = replace(s, run=replace(s.run, repeats=4))
+    target = ScriptedTarget(Script())
+    store = measure_arms(target, s, tmp_path, "ngram", "baseline")
+    assert list(store.record.phases) == [
+        "baseline", "ngram", "ngram#2", "baseline#2", "baseline#3", "ngram#3", "ngram#4",
+        "baseline#4",
+    ]  # fmt: skip
+    starts = [e.removeprefix("start ") for e in target.events if e.startswith("start")]
+    assert starts == ["original", "ngram", "ngram", "original", "original", "ngram", "ngram",
+                      "original"]  # fmt: skip

@@ -24,6 +24,7 @@ from ..support.virtual_clock import VirtualTime
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 @pytest.fixture(autouse=True)
 def no_http(monkeypatch):
     """The readiness wait asks the stand-in, not HTTP."""
@@ -154,7 +155,7 @@ def test_a_step_that_fails_on_a_reachable_host_is_tried_again_and_restores():
         board.activate(SPEC)
         target.failing = 2  # the next two commands fail; the host answers throughout
 
-    endings, lines = run(target, body, Interrupts())
+    _, lines = run(target, body, Interrupts())
     assert target.log[-3:] == ["stop candidate ngram", "start original", "close"]
     assert sum("exited 1; trying again, retrying" in line for line in lines) == 2
     assert "restored to active and serving" in lines[-1] and "problems" not in lines[-1]

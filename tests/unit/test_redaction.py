@@ -17,8 +17,8 @@ from pytest_specdecode.record.redaction import (
     redact_text,
     register_secret,
 )
-from pytest_specdecode.report import html, write_reports
 from pytest_specdecode.record.store import JOURNAL_FILE, RunStore
+from pytest_specdecode.report import html, write_reports
 from pytest_specdecode.session import ProgressLog
 from pytest_specdecode.targets.local import LocalProcessService
 

@@ -101,8 +101,9 @@ def test_a_handover_tells_the_host_to_restore_and_stops_the_heartbeat(armed) -> 
     assert host.ran[-1] == (
         "systemctl", "start", "--no-block", "pytest-specdecode-watchdog.service"
     )  # fmt: skip
-    assert f"handed to the host by run {target.run_id} (interrupted by SIGTERM)" in (
-        host.files[RESTORING]
+    assert (
+        f"handed to the host by run {target.run_id} (interrupted by SIGTERM)"
+        in (host.files[RESTORING])
     )
     for beat in heartbeats():
         beat.join(timeout=5)
