@@ -25,7 +25,7 @@ from pytest_specdecode.config.specconfig import SpecConfig, VllmFacts
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.record.store import RunStore
-from pytest_specdecode.targets.base import Transports
+from pytest_specdecode.targets.base import Progress, Transports
 from pytest_specdecode.targets.hosts import LocalHost
 from pytest_specdecode.targets.lifecycle import experiment_services
 from pytest_specdecode.targets.vllm_facts import VllmFactsError
@@ -169,6 +169,18 @@ class ScriptedTarget:
             httpx.MockTransport(self._stream),
             clock=self.time.clock,
         )
+
+    def hand_over(self, reason: str) -> str | None:
+        return None  # nothing on a host: the controller restores by itself
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        return None
+
+    def reachable(self) -> bool:
+        return True
+
+    def after_restore(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         self.events.append("close")

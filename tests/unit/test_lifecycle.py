@@ -146,3 +146,10 @@ def test_repeated_starts_run_in_the_balanced_order(tmp_path: Path) -> None:
     starts = [e.removeprefix("start ") for e in target.events if e.startswith("start")]
     assert starts == ["original", "ngram", "ngram", "original", "original", "ngram", "ngram",
                       "original"]  # fmt: skip
+
+
+def test_a_clean_restore_reports_no_problems(tmp_path: Path) -> None:
+    target = ScriptedTarget(Script(), running=True)
+    exp = run(tmp_path, target, "ngram")
+    report = exp.board.restore_report
+    assert report is not None and report.errors == [] and not report.failed

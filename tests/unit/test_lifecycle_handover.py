@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,13 @@ from ..support.standin_target import SPEC, StandInTarget
 from ..support.virtual_clock import VirtualTime
 
 REPO = Path(__file__).resolve().parents[2]
+SWAPPED_AND_RESTORED = [
+    "stop original",
+    "start candidate ngram",
+    "stop candidate ngram",
+    "start original",
+    "close",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -32,9 +40,15 @@ def no_http(monkeypatch):
 
 
 def run(
-    target: StandInTarget, body, interrupts: Interrupts, *, time: VirtualTime | None = None
+    target: StandInTarget,
+    body,
+    interrupts: Interrupts,
+    *,
+    time: VirtualTime | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[list[RunEnding], list[str]]:
-    """The restore after `body`, on virtual time (a retry's 5 s cost nothing)."""
+    """The restore after `body`, on virtual time (a retry's 5 s cost nothing); the endings
+    recorded and the progress lines (unless `progress` takes them)."""
     endings: list[RunEnding] = []
     lines: list[str] = []
     monkey = pytest.MonkeyPatch()
@@ -44,7 +58,7 @@ def run(
             target,
             ready_timeout_s=10,
             restore_timeout_s=60,
-            progress=lines.append,
+            progress=progress or lines.append,
             record_ending=lambda e: endings.append(RunEnding(**e.to_dict())),
             clock=(time or VirtualTime()).clock,
         ) as board:
@@ -65,13 +79,7 @@ def interrupt(interrupts: Interrupts, sig: signal.Signals) -> None:
 def test_an_uninterrupted_run_restores_here_and_says_so():
     target = StandInTarget()
     endings, lines = run(target, lambda board: board.activate(SPEC), Interrupts())
-    assert target.log == [
-        "stop original",
-        "start candidate ngram",
-        "stop candidate ngram",
-        "start original",
-        "close",
-    ]
+    assert target.log == SWAPPED_AND_RESTORED
     assert endings[-1].how == "finished" and endings[-1].restore_observed is True
     assert endings[-1].restore_s is not None and not endings[-1].handed_over
     assert "restored to active and serving" in lines[-1] and "dependents active again" in lines[-1]
@@ -304,18 +312,8 @@ def test_progress_to_a_closed_terminal_never_stops_the_restore(
     target = StandInTarget()
     progress = ProgressLog(pytestconfig, stream=stream)
     try:
-        with experiment_services(
-            target, ready_timeout_s=10, restore_timeout_s=60, progress=progress,
-            clock=VirtualTime().clock,
-        ) as board:  # fmt: skip
-            board.activate(SPEC)
+        run(target, lambda board: board.activate(SPEC), Interrupts(), progress=progress)
     finally:
         for fd in fds:
             os.close(fd)
-    assert target.log == [
-        "stop original",
-        "start candidate ngram",
-        "stop candidate ngram",
-        "start original",
-        "close",
-    ]
+    assert target.log == SWAPPED_AND_RESTORED

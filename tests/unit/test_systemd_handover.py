@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.hosts import BaseHost, CommandResult
 from pytest_specdecode.targets.systemd import LOCK_DIR, RESTORING, SystemdTarget
 
 UNIT = """# /etc/systemd/system/vllm.service
@@ -22,7 +22,7 @@ ExecStart=/opt/vllm/bin/vllm serve /models/smol --served-model-name smol --port 
 OWNER = f"{LOCK_DIR}/owner.txt"
 
 
-class HostFiles:
+class HostFiles(BaseHost):
     """A stand-in host: its files and folders in memory, a unit that runs, every command kept."""
 
     name = "root@gpu:22"
@@ -67,14 +67,6 @@ class HostFiles:
                     self.dirs = {d for d in self.dirs if not d.startswith(gone)}
                     self.files = {f: t for f, t in self.files.items() if not f.startswith(gone)}
         return CommandResult(self.name, argv, 0 if ok else 1, out, "")
-
-    def check(self, argv: Sequence[str], **kw) -> CommandResult:
-        result = self.run(argv, **kw)
-        assert result.ok, result.describe()
-        return result
-
-    def close(self) -> None:
-        pass
 
 
 def heartbeats() -> list[threading.Thread]:
