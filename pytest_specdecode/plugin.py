@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
@@ -105,10 +106,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="smallest relative change called a regression or improvement ([run] min_effect)",
     )
     add(
+        "--spec-detect",
+        type=_relative_change,
+        metavar="CHANGE",
+        help="the plan also says which design would call a change this large with 80%% power "
+        "(e.g. 10%% or 0.1), from this host's restart noise",
+    )
+    add(
         "--spec-reports",
         metavar="DIR",
         default=None,
         help="where each run's folder goes (default: the config's reports_dir)",
+    )
+    add(
+        "--spec-host-profiles",
+        metavar="DIR",
+        default=None,
+        help="where hosts' restart noise is kept, written by A/A runs (default: "
+        "$SPECDECODE_HOST_PROFILES, the config's host_profiles, else "
+        "~/.local/state/pytest-specdecode/host-profiles)",
     )
     add(
         "--spec-host",
@@ -279,3 +295,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.section("speculative decoding: baseline vs candidates")
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+def _relative_change(text: str) -> float:
+    """'10%' or '0.1': a relative change in (0, 10)."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a relative change: {text!r} (say 10% or 0.1)"
+        ) from None
+    if not 0 < value < 10:
+        raise argparse.ArgumentTypeError(f"a relative change must be above 0, got {text!r}")
+    return value

@@ -26,6 +26,7 @@ from . import __version__
 from .analysis import noise
 from .analysis.compare import PromptTypeVerdict
 from .analysis.design import check_design
+from .analysis.restarts import RestartNoise
 from .analysis.run import RunAnalysis, analyze, candidate_verdicts
 from .config.settings import Settings, load_settings
 from .config.specconfig import VllmFacts
@@ -33,13 +34,21 @@ from .errors import ConfigError, HostError, SpecDecodeError
 from .measure.environment import environment
 from .measure.experiment import Experiment
 from .measure.traffic import quiet, rate_text
+from .record.profile import add_entry, profile_path, profiles_dir, read_profile
 from .record.redaction import redact_argv, redact_env, redact_text, register_secret
 from .record.reuse import stored_baseline
 from .record.schema import BASELINE, BASELINE_AFTER, RunRecord, TargetInfo
 from .record.store import RunStore, stored_runs
 from .report import Written, write_reports
 from .report import terminal as terminal_report
-from .report.plan import RUN_LOG, dry_run_lines, previous_timing, stored_prediction
+from .report.plan import (
+    RUN_LOG,
+    Timing,
+    design_lines,
+    dry_run_lines,
+    previous_timing,
+    stored_prediction,
+)
 from .report.text import noise_text
 from .targets.base import Service, Target
 from .targets.lifecycle import RunEnding, experiment_services
@@ -146,6 +155,7 @@ class SpecDecodeSession:
         self.progress = ProgressLog(config)
         self._finished = False
         self._reports_existed = settings.reports_dir.exists()
+        self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
@@ -199,17 +209,33 @@ class SpecDecodeSession:
             settings,
             steps,
             host=target.host_name,
-            timing=previous_timing(
-                settings, host=target.host_name, default_start_s=target.typical_start_s
-            ),
+            timing=self._timing(target),
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
             noise=self._noise_plan(target.host_name),
             predicted=stored_prediction(settings, host=target.host_name),
+            design=self._design_lines(target),
         )
         _write("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
+
+    def _timing(self, target: Target) -> Timing:
+        return previous_timing(
+            self.settings, host=target.host_name, default_start_s=target.typical_start_s
+        )
+
+    def _design_lines(self, target: Target) -> list[str]:
+        """What the design can call on this host, and what would call --spec-detect's change."""
+        return design_lines(
+            self.settings,
+            self._known(target.host_name, version=None),
+            detect=self.config.getoption("spec_detect"),
+            timing=self._timing(target),
+            baseline=self.config.getoption("spec_baseline_from") is None,
+            aba=self.config.getoption("spec_aba"),
+            adopts_original=target.adopts_running_original,
+        )
 
     # -- the run ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -223,6 +249,9 @@ class SpecDecodeSession:
         try:  # nothing is touched until preflight has passed; its last step takes the lock
             for step in target.plan(settings.candidates):
                 self.progress(f"plan: {step}")
+            self.progress(f"plan: restart noise: {self._noise_plan(target.host_name)}")
+            for line in self._design_lines(target):
+                self.progress(f"plan: {line}")
             target.preflight()
         except SpecDecodeError as exc:
             target.close()
@@ -252,7 +281,6 @@ class SpecDecodeSession:
                 clock=transports.clock,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
-                known = noise.from_stored(self._stored(), version=None)
                 self.experiment = Experiment(
                     settings,
                     board,
@@ -260,7 +288,7 @@ class SpecDecodeSession:
                     progress=self.progress,
                     headers=headers,
                     transports=transports,
-                    noise_sd=known["throughput"].sd if "throughput" in known else None,
+                    outside=self._known(target.host_name, version=None),
                 )
                 if target.adopts_running_original and board.was_active:
                     self._watch_traffic(board.original)
@@ -355,37 +383,66 @@ class SpecDecodeSession:
         self._known_noise()
 
     def _known_noise(self) -> None:
-        """Once the baseline's vLLM version is known: the restart noise stored runs measured."""
+        """Once the baseline's vLLM version is known: the restart noise the host's profile and
+        stored runs measured, recorded in the run."""
         record = self._record()
         baseline = record.arm_phases(BASELINE)
         if record.restart_noise_prior is not None or not baseline:
             return
-        known = noise.from_stored(self._stored(), version=baseline[0].server_version)
+        known = self._known(record.target.host, version=baseline[0].server_version)
         record.restart_noise_prior = {m: n.to_dict() for m, n in known.items()}
         for metric, found in known.items():
-            self.progress(f"restart noise of {metric}: {found.sd:.1%} from {found.source}")
+            self.progress(f"restart noise of {metric}: {noise_text(found)}")
         self.experiment.store.flush()  # type: ignore[union-attr]
+
+    def _known(self, host: str, *, version: str | None) -> dict[str, RestartNoise]:
+        """What the host's profile and this host's stored runs (those the profile does not
+        already hold) measured of restart noise, per metric."""
+        model = self.settings.target.model
+        stored = [
+            (folder.name, r)
+            for folder, r in stored_runs(self.settings.reports_dir, host=host, model=model)
+            if folder != self.run_dir
+        ]
+        return noise.known(
+            read_profile(self.profiles, host, model),
+            stored,
+            version=version,
+            where=str(profile_path(self.profiles, host, model)),
+        )
 
     def _noise_plan(self, host: str) -> str:
         """What the verdicts will know of restart noise, as far as it can be told beforehand."""
-        model = self.settings.target.model
-        known = noise.from_stored(
-            [r for _, r in stored_runs(self.settings.reports_dir, host=host, model=model)],
-            version=None,
-        )
-        found = known.get("throughput")
+        found = self._known(host, version=None).get("throughput")
         if found is None:
             return noise.assumed(self.settings.run.assumed_restart_noise).source
         return f"{noise_text(found)} (any vLLM version; the run uses its own version's)"
 
-    def _stored(self) -> list[RunRecord]:
-        t = self.settings.target
-        host = self.experiment.record.target.host if self.experiment else t.host or "localhost"
-        return [
-            r
-            for folder, r in stored_runs(self.settings.reports_dir, host=host, model=t.model)
-            if folder != self.run_dir
-        ]
+    def _update_profile(self) -> None:
+        """An A/A run adds the restart noise it measured to its host's profile."""
+        record = self._record()
+        if not noise.is_aa_run(record):
+            return
+        entry = noise.profile_entry(
+            record, run=self.run_dir.name, date=datetime.now(UTC).isoformat(timespec="seconds")
+        )
+        if entry is None:
+            self.progress("host profile: this A/A run measured no restart noise (one start)")
+            return
+        t = record.target
+        try:
+            path = add_entry(self.profiles, t.host, t.model, entry)
+        except (OSError, ConfigError) as exc:
+            self.progress(f"host profile: not written ({exc})")
+            return
+        measured = "; ".join(
+            f"{metric} {noise_text(RestartNoise.from_dict(dict(d)))}"
+            for metric, d in entry.noise.items()
+        )
+        self.progress(
+            f"host profile {path}: this run's restart noise added ({measured}); later runs of "
+            f"{t.model} on {t.host} use it. Inside a repository, commit it"
+        )
 
     def _record(self) -> RunRecord:
         assert self.experiment is not None
@@ -423,6 +480,7 @@ class SpecDecodeSession:
         try:
             store = self.experiment.store
             self._known_noise()
+            self._update_profile()
             analysis = analyze(store.record)
             store.analysis = analysis.to_json()
             store.flush()

@@ -37,6 +37,14 @@ def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _own_host_profiles(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> None:
+    """The plugin's own test runs never read or write the user's host profiles (an A/A run
+    writes one; a later test would read it)."""
+    folder = tmp_path_factory.mktemp("host-profiles")
+    monkeypatch.setenv("SPECDECODE_HOST_PROFILES", str(folder))
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
     """Boots scripts/testbed/systemd-host if it is down, and stops it again if it booted it."""

@@ -129,11 +129,14 @@ def compare_arms(
     noise: dict[str, RestartNoise],
     num_speculative_tokens: int | None = None,
     labels: tuple[str, str] | None = None,
+    kin: Sequence[Phase] = (),
+    same_configuration: bool = False,
 ) -> dict[str, PromptTypeVerdict]:
     """Per prompt type, throughput and TPOT, as one family of comparisons.
 
-    `noise` is the restart noise per metric; `labels` name the two sides in tables (default:
-    their arms).
+    `noise` is the outside knowledge of the restart noise per metric; `kin` are other starts of
+    the baseline's configuration in this run (not compared; they tell the restart noise);
+    `labels` name the two sides in tables (default: their arms).
     """
     if not baseline or not candidate:
         return {}
@@ -148,6 +151,9 @@ def compare_arms(
             starts(candidate, name, values),
             start_prompts(baseline, name, values),
             start_prompts(candidate, name, values),
+            kin=starts(kin, name, values),
+            kin_prompts=start_prompts(kin, name, values),
+            same_configuration=same_configuration,
         )
         for name in names
         for metric, (values, higher) in METRICS.items()

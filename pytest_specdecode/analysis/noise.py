@@ -1,97 +1,107 @@
 """Restart noise: how much a metric moves between two starts of the same configuration.
 
-Where it comes from, for a comparison, pooled by degrees of freedom over what was measured:
-1. stored runs of this host, model and vLLM version that started one configuration more than
-   once (A/A runs, `--spec-repeats`), recorded in the run as `restart_noise_prior`;
-2. this run's own starts of the original's configuration: the A/A arm (`--spec-config
-   baseline`) and the drift check's second baseline (`--spec-aba`);
-3. where nothing was measured, the documented assumption `[run] assumed_restart_noise`, and the
-   report says so. It is never silently zero.
+What a run measured (`of_run`): every configuration it started more than once (the original's
+arms are one configuration: the baseline, an A/A arm, the drift check's baseline; each candidate
+is another), per metric, `starts - 1` degrees of freedom per configuration. Stored, it is
+outside knowledge for the next runs of this host, model and vLLM version (`from_stored`), and an
+A/A run writes it into the host's profile (record/profile.py).
 
-Starts of the arms being compared are not their own evidence of noise: the spread of repeated
-starts of a compared arm enters its interval directly (`stats.nested_interval`).
+What a comparison uses as outside knowledge (`outside`): what stored runs and the host's profile
+measured, recorded in the run as `restart_noise_prior`; where nothing was, the documented
+assumption `[run] assumed_restart_noise` as a prior worth `ASSUMED_WEIGHT` degrees of freedom.
+This run's own repeated starts are in-run evidence, pooled with it by the interval
+(analysis/restarts.py), never a replacement for it.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
+
+from ..record.profile import HostProfile, ProfileEntry
 from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
-from .compare import METRICS, starts
-from .stats import RestartNoise, restart_noise_from_starts
+from .compare import METRICS, start_prompts, starts
+from .restarts import RestartNoise, StartFit, fit_starts, pooled, restart_noise_of
 
 AA_ARM = "baseline-again"  # the original's configuration started again, as a candidate
 ORIGINAL_ARMS = (BASELINE, AA_ARM, BASELINE_AFTER)  # every start of the original configuration
 
 
-def pooled(estimates: Iterable[RestartNoise | None], *, source: str) -> RestartNoise | None:
-    """Several measured estimates as one, weighted by their degrees of freedom."""
-    found = [e for e in estimates if e is not None and e.measured and e.df > 0]
-    if not found:
-        return None
-    df = sum(e.df for e in found)
-    variance = sum(e.df * e.sd**2 for e in found) / df
-    return RestartNoise(math.sqrt(variance), df, source)
-
-
-def measured_in(record: RunRecord, arms: Sequence[str]) -> dict[str, RestartNoise]:
-    """What these arms of a run measured of restart noise, per metric: each configuration
-    started more than once, per prompt type. The original's arms are one configuration."""
+def configurations(record: RunRecord) -> list[list[str]]:
+    """The run's arms by configuration: the original's arms together, each candidate alone."""
+    arms = list(dict.fromkeys(p.arm for p in record.phases.values() if not p.reused_from))
     original = [a for a in arms if a in ORIGINAL_ARMS]
-    configurations = [original] + [[a] for a in arms if a not in ORIGINAL_ARMS]
-    count = sum(len(record.arm_phases(a)) for a in arms)
+    return [original] + [[a] for a in arms if a not in ORIGINAL_ARMS]
+
+
+def fit_of(record: RunRecord, arms: Sequence[str], key: str, values: str) -> StartFit | None:
+    """The starts of these arms on one key, fitted together; None with fewer than two starts."""
+    phases = [p for arm in arms for p in record.arm_phases(arm) if not p.reused_from]
+    groups = starts(phases, key, values)
+    if len(groups) < 2:
+        return None
+    prompts = start_prompts(phases, key, values)
+    logs = [np.log(np.asarray(g, dtype=float)) for g in groups]
+    linked = all(i is not None for p in prompts for i in p)
+    return fit_starts(logs, prompts if linked else None)  # type: ignore[arg-type]
+
+
+def of_run(record: RunRecord) -> dict[str, RestartNoise]:
+    """Everything a run measured of restart noise, per metric: stored, it informs next runs."""
     out = {}
+    configs = configurations(record)
+    count = sum(len(record.arm_phases(a)) for arms in configs for a in arms)
     for metric, (values, _) in METRICS.items():
-        sets = [
-            [s for arm in config for s in starts(record.arm_phases(arm), name, values)]
-            for config in configurations
-            for name in record.keys
-        ]
-        found = restart_noise_from_starts(sets, source=f"{count} server starts of this run")
+        per_config = []
+        for arms in configs:
+            fits = [fit_of(record, arms, key, values) for key in record.keys]
+            per_config.append([f for f in fits if f is not None])
+        found = restart_noise_of(per_config, source=f"{count} server starts of this run")
         if found is not None:
             out[metric] = found
     return out
 
 
-def of_run(record: RunRecord) -> dict[str, RestartNoise]:
-    """Everything a run measured of restart noise: stored, it informs the next runs."""
-    return measured_in(record, list(dict.fromkeys(p.arm for p in record.phases.values())))
-
-
-def for_comparison(record: RunRecord, *, excluding: Sequence[str] = ()) -> dict[str, RestartNoise]:
-    """The restart noise a comparison uses, per metric: measured where it can be, else assumed."""
+def outside(record: RunRecord) -> dict[str, RestartNoise]:
+    """The outside knowledge a comparison of this run uses, per metric: what stored runs and
+    the host's profile measured, else the stated assumption."""
     prior = {
         metric: RestartNoise.from_dict(data)
         for metric, data in (record.restart_noise_prior or {}).items()
     }
-    own = measured_in(record, [a for a in ORIGINAL_ARMS if a not in excluding])  # not candidates
+    return {
+        metric: prior[metric]
+        if metric in prior and prior[metric].measured
+        else assumed(record.run.assumed_restart_noise)
+        for metric in METRICS
+    }
+
+
+def best_estimate(record: RunRecord) -> dict[str, RestartNoise]:
+    """Everything known of the restart noise at the end of a run, per metric: the outside
+    knowledge and what this run measured, pooled; else the assumption."""
+    own = of_run(record)
     out = {}
-    for metric in METRICS:
-        sources = [
-            text
-            for text, found in (
-                (prior[metric].source if metric in prior else "", prior.get(metric)),
-                ("this run's starts of the original", own.get(metric)),
-            )
-            if found is not None
-        ]
-        found = pooled([prior.get(metric), own.get(metric)], source="; ".join(sources))
-        out[metric] = found or assumed(record.run.assumed_restart_noise)
+    for metric, known in outside(record).items():
+        found = [e for e in (known, own.get(metric)) if e is not None and e.measured]
+        both = pooled(found, source="; ".join(e.source for e in found))
+        out[metric] = both or known
     return out
 
 
 def assumed(sd: float) -> RestartNoise:
-    return RestartNoise(
-        sd,
-        math.inf,
-        f"unmeasured: assumed {sd:.0%} (measure it with --spec-config baseline)",
-    )
+    return RestartNoise.assumed(sd)
 
 
-def from_stored(records: Sequence[RunRecord], *, version: str | None) -> dict[str, RestartNoise]:
-    """The restart noise stored runs measured, pooled per metric (this vLLM version only, when
-    it is known)."""
+def from_stored(
+    records: Sequence[RunRecord],
+    *,
+    version: str | None,
+    extra: Mapping[str, RestartNoise] | None = None,
+) -> dict[str, RestartNoise]:
+    """The restart noise stored runs measured, pooled per metric by degrees of freedom (this
+    vLLM version only, when it is known), with `extra` (a host profile's) beside them."""
     chosen = [r for r in records if version is None or _version(r) == version]
     found = [of_run(r) for r in chosen]
     out = {}
@@ -101,10 +111,71 @@ def from_stored(records: Sequence[RunRecord], *, version: str | None) -> dict[st
         text = f"{runs} stored run{'s' if runs != 1 else ''} of this host and model"
         if version:
             text += f" (vLLM {version})"
-        pooled_noise = pooled(estimates, source=text)
+        sources = [text] if runs else []
+        if extra and metric in extra:
+            estimates.append(extra[metric])
+            sources.append(extra[metric].source)
+        pooled_noise = pooled(estimates, source="; ".join(sources))
         if pooled_noise is not None:
             out[metric] = pooled_noise
     return out
+
+
+def known(
+    profile: HostProfile | None,
+    stored: Sequence[tuple[str, RunRecord]],
+    *,
+    version: str | None,
+    where: str,
+) -> dict[str, RestartNoise]:
+    """The outside knowledge for a run of this host and model, per metric: its profile, and
+    its stored runs (by folder name) that the profile does not already hold."""
+    in_profile = profile.runs if profile else set()
+    records = [r for name, r in stored if name not in in_profile]
+    extra = from_profile(profile, version=version, where=where) if profile else None
+    return from_stored(records, version=version, extra=extra)
+
+
+def from_profile(
+    profile: HostProfile, *, version: str | None, where: str
+) -> dict[str, RestartNoise]:
+    """What a host's profile holds, pooled per metric (this vLLM version only, when known)."""
+    entries = profile.matching(version)
+    starts = sum(e.starts for e in entries)
+    text = (
+        f"host profile {where}: {len(entries)} A/A run{'s' if len(entries) != 1 else ''}, "
+        f"{starts} starts"
+    )
+    out = {}
+    for metric in METRICS:
+        found = [
+            RestartNoise.from_dict(dict(e.noise[metric])) for e in entries if metric in e.noise
+        ]
+        pooled_noise = pooled(found, source=text)
+        if pooled_noise is not None:
+            out[metric] = pooled_noise
+    return out
+
+
+def profile_entry(record: RunRecord, *, run: str, date: str) -> ProfileEntry | None:
+    """What an A/A run adds to its host's profile; None where it measured nothing."""
+    measured = of_run(record)
+    if not measured:
+        return None
+    gpus = record.environment.get("gpus")
+    return ProfileEntry(
+        run=run,
+        date=date,
+        vllm_version=_version(record),
+        gpus=None if gpus is None else str(gpus),
+        starts=sum(1 for p in record.phases.values() if not p.reused_from),
+        noise={metric: n.to_dict() for metric, n in measured.items()},
+    )
+
+
+def is_aa_run(record: RunRecord) -> bool:
+    """A run whose every candidate is the original's configuration again (A/A)."""
+    return bool(record.candidates) and all(c == AA_ARM for c in record.candidates)
 
 
 def _version(record: RunRecord) -> str | None:
@@ -117,6 +188,8 @@ def between_runs(a: RunRecord, b: RunRecord) -> dict[str, RestartNoise]:
     found = [of_run(a), of_run(b)]
     out = {}
     for metric in METRICS:
-        both = pooled([f.get(metric) for f in found], source="the two runs' repeated starts")
+        both = pooled(
+            [f[metric] for f in found if metric in f], source="the two runs' repeated starts"
+        )
         out[metric] = both or assumed(a.run.assumed_restart_noise)
     return out

@@ -247,7 +247,7 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
 
     bases = _baseline_timing(record)
     fit = fit_cost(bases, observations) if observations else None
-    restart = noise.for_comparison(record)["throughput"]  # measured, or the stated assumption
+    restart = noise.best_estimate(record)["throughput"]  # measured, or the stated assumption
     predictions = predict(bases, replays, fit, restart_sd=restart.sd) if replays else {}
     advice = (
         recommend(predictions, measured=[n.settings for n in measured.values() if n.settings])

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord, cell_key
+from ..record.schema import BASELINE, BASELINE_AFTER, Phase, RunRecord, cell_key
 from ..targets.lifecycle import RestoreReport
 from ..targets.vllm_argv import option_value
 from . import noise
@@ -145,13 +145,16 @@ def candidate_verdicts(record: RunRecord, candidate: str) -> dict[str, PromptTyp
     """One candidate against the baseline, per prompt type."""
     spec = record.candidates.get(candidate) or {}
     k = spec.get("num_speculative_tokens")
+    same = candidate in noise.ORIGINAL_ARMS
     return compare_arms(
         record.arm_phases(BASELINE),
         record.arm_phases(candidate),
         alpha=record.run.alpha,
         min_effect=record.run.min_effect,
-        noise=noise.for_comparison(record, excluding=[candidate]),
+        noise=noise.outside(record),
         num_speculative_tokens=int(k) if isinstance(k, int) else None,
+        kin=_kin(record, (BASELINE, candidate)),
+        same_configuration=same,
     )
 
 
@@ -161,9 +164,23 @@ def drift(record: RunRecord) -> Drift | None:
         record.arm_phases(BASELINE_AFTER),
         alpha=record.run.alpha,
         min_effect=record.run.min_effect,
-        noise=noise.for_comparison(record, excluding=[BASELINE_AFTER]),
+        noise=noise.outside(record),
+        kin=_kin(record, (BASELINE, BASELINE_AFTER)),
+        same_configuration=True,
     )
     return Drift(verdicts) if verdicts else None
+
+
+def _kin(record: RunRecord, compared: tuple[str, str]) -> list[Phase]:
+    """The other starts of the original's configuration in this run (measured here, not
+    reused from a stored run)."""
+    return [
+        p
+        for arm in noise.ORIGINAL_ARMS
+        if arm not in compared
+        for p in record.arm_phases(arm)
+        if not p.reused_from
+    ]
 
 
 def analyze(record: RunRecord) -> RunAnalysis:
@@ -175,7 +192,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
     )
     checks = drift(record)
     outputs = equivalences(record)
-    assumed = noise.for_comparison(record)
+    assumed = noise.outside(record)
     prediction = predict_run(record) if record.arm_phases(BASELINE) else None
     points = level_points(record, verdicts) if len(record.run.levels) > 1 else {}
     return RunAnalysis(

@@ -30,6 +30,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as _st
 
+from .power import MAX_STARTS, starts_to_decide
+from .restarts import RestartNoise, fit_starts, interval_variance, t_quantile
+
 __all__ = [
     "Comparison",
     "Interval",
@@ -42,7 +45,6 @@ __all__ = [
     "min_achievable_p",
     "minimum_requests",
     "nested_interval",
-    "restart_noise_from_starts",
 ]
 
 
@@ -55,32 +57,6 @@ class Verdict(enum.StrEnum):
     INCONCLUSIVE = "inconclusive"
     INSUFFICIENT = "insufficient samples"
     CONTAMINATED = "contaminated"  # other clients' requests in a measured window
-
-
-@dataclass(frozen=True)
-class RestartNoise:
-    """How much a metric moves between two starts of the same server (log scale, ~relative)."""
-
-    sd: float
-    df: float  # degrees of freedom of the estimate; math.inf for an assumed value
-    source: str  # where it comes from, as the report says it
-
-    @property
-    def measured(self) -> bool:
-        return math.isfinite(self.df)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sd": self.sd,
-            "df": self.df if self.measured else None,
-            "source": self.source,
-            "measured": self.measured,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RestartNoise:
-        df = data.get("df")
-        return cls(float(data["sd"]), math.inf if df is None else float(df), data["source"])
 
 
 @dataclass(frozen=True)
@@ -100,7 +76,7 @@ class Interval:
 
     @property
     def ratio_ci(self) -> tuple[float, float]:
-        return math.exp(self.low), math.exp(self.high)
+        return math.exp(min(self.low, 700.0)), math.exp(min(self.high, 700.0))
 
 
 @dataclass(frozen=True)
@@ -115,23 +91,33 @@ class Question:
     # Per start, the prompt each request sent (aligned with the values); None: not recorded
     baseline_prompts: Sequence[Sequence[int | None]] | None = None
     candidate_prompts: Sequence[Sequence[int | None]] | None = None
+    # Other starts of this run in the baseline's configuration (the original started again:
+    # an A/A arm, the drift check's baseline): not compared, but they tell the restart noise
+    kin: Sequence[Sequence[float]] = ()
+    kin_prompts: Sequence[Sequence[int | None]] | None = None
+    same_configuration: bool = False  # both sides run the original's configuration
 
     @property
-    def prompts(self) -> tuple[list[list[int]], list[list[int]]] | None:
-        """The prompt indices of both sides when the requests pair by prompt: recorded for
-        every request, and more than one prompt shared by the two sides."""
+    def sides(
+        self,
+    ) -> list[tuple[Sequence[Sequence[float]], Sequence[Sequence[int | None]] | None]]:
+        out = [(self.baseline, self.baseline_prompts), (self.candidate, self.candidate_prompts)]
+        return out + ([(self.kin, self.kin_prompts)] if self.kin else [])
+
+    @property
+    def prompts(self) -> list[list[list[int]]] | None:
+        """The prompt indices of every side (baseline, candidate, kin) when the requests pair
+        by prompt: recorded for every request, and more than one prompt shared by the two
+        compared sides."""
         sides = []
-        for values, prompts in (
-            (self.baseline, self.baseline_prompts),
-            (self.candidate, self.candidate_prompts),
-        ):
+        for values, prompts in self.sides:
             if prompts is None or [len(p) for p in prompts] != [len(v) for v in values]:
                 return None
             if any(i is None for start in prompts for i in start):
                 return None
             sides.append([[int(i) for i in start if i is not None] for start in prompts])
         shared = {i for start in sides[0] for i in start} & {i for start in sides[1] for i in start}
-        return (sides[0], sides[1]) if len(shared) > 1 else None
+        return sides if len(shared) > 1 else None
 
 
 @dataclass(frozen=True)
@@ -253,144 +239,42 @@ def _logs(groups: Sequence[Sequence[float]], name: str) -> list[np.ndarray]:
     return out
 
 
-def _within(groups: Sequence[np.ndarray]) -> tuple[float, float]:
-    """Pooled within-start variance of the log values, and its degrees of freedom."""
-    df = sum(g.size - 1 for g in groups)
-    if df == 0:
-        return math.nan, 0.0
-    return sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / df, float(df)
-
-
-def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
-    """Degrees of freedom of a sum of variance estimates, each (variance, df)."""
-    total = sum(v for v, _ in parts)
-    denominator = sum(v * v / df for v, df in parts if v > 0 and math.isfinite(df))
-    if total <= 0 or denominator == 0:
-        return math.inf
-    return total * total / denominator
-
-
-def nested_interval(
-    baseline: Sequence[Sequence[float]],
-    candidate: Sequence[Sequence[float]],
-    *,
-    noise: RestartNoise,
-    confidence: float,
-    prompts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
-) -> Interval:
+def nested_interval(question: Question, *, noise: RestartNoise, confidence: float) -> Interval:
     """Interval of log(candidate / baseline), requests nested within server starts.
 
-    Each start is summarised by the mean of its log values. The variance of a start's mean is
-    the restart noise plus the within-start variance over its requests. Where an arm was
-    started more than once, the spread of its start means measures that variance directly,
-    pooled (weighted by degrees of freedom) with what the restart noise says when that was
-    measured too; an assumed restart noise is used only where nothing was measured.
-
-    With `prompts` (per start, the prompt of each request, as `Question.prompts` gives them)
-    the design is paired: each start's summary is its effect in `log value = start + prompt +
-    residual`, so the differences between prompts leave the comparison, and the within-start
-    variance is the residual's (:func:`_paired_starts`).
+    Each start is summarised by its effect in `log value = start + prompt + residual` (the
+    prompts' own levels removed where the requests pair by prompt; else its mean). The variance
+    of a start's effect, τ², is pooled by degrees of freedom from this run's repeated starts and
+    from `noise` (measured by stored runs, or assumed), each with the residual's share added
+    (analysis/restarts.py); the t quantile is taken on the pooled degrees of freedom.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    b, c = _logs(baseline, "baseline"), _logs(candidate, "candidate")
-    paired = _paired_starts(b, c, prompts) if prompts else None
-    if paired is not None:
-        means, s_w2, df_w, contrast = paired
-        inv_k = contrast / (1.0 / len(b) + 1.0 / len(c))
-    else:
-        means = [np.array([g.mean() for g in arm]) for arm in (b, c)]
-        s_w2, df_w = _within([*b, *c])
-        inv_k = float(np.mean([1.0 / g.size for g in (*b, *c)]))
-    estimate = float(means[1].mean() - means[0].mean())
-    parts: list[tuple[float, float]] = []  # (variance of one start's mean, df)
-    run_df = sum(m.size - 1 for m in means)
-    if run_df:
-        spread = sum(float(np.sum((m - m.mean()) ** 2)) for m in means) / run_df
-        parts.append((spread, float(run_df)))
-    if noise.measured or not run_df:
-        within = s_w2 * inv_k if df_w else 0.0
-        prior = noise.sd**2 + within
-        prior_df = _satterthwaite([(noise.sd**2, noise.df), (within, df_w or math.inf)])
-        if not df_w and noise.sd == 0:
-            prior_df = 0.0  # one request per start and nothing known: no interval
-        parts.append((prior, prior_df))
-    usable = [(v, df) for v, df in parts if df > 0]
-    if not usable:
-        return Interval(estimate, -math.inf, math.inf, math.inf, 0.0, confidence)
-    weights = [min(df, 1e6) for _, df in usable]
-    tau2 = sum(w * v for w, (v, _) in zip(weights, usable, strict=True)) / sum(weights)
-    df = sum(df for _, df in usable)
-    se = math.sqrt(tau2 * (1.0 / len(b) + 1.0 / len(c)))
-    t = (
-        float(_st.t.ppf(0.5 + confidence / 2, df))
-        if math.isfinite(df)
-        else float(_st.norm.ppf(0.5 + confidence / 2))
+    sides = [_logs(v, name) for (v, _), name in zip(question.sides, _SIDE_NAMES, strict=False)]
+    starts = [g for side in sides for g in side]
+    prompts = question.prompts
+    fit = fit_starts(starts, [p for side in prompts for p in side] if prompts else None)
+    index, members = 0, []
+    for side in sides:
+        members.append(list(range(index, index + len(side))))
+        index += len(side)
+    baseline, candidate = members[0], members[1]
+    kin = members[2] if len(members) > 2 else []
+    groups = (
+        [baseline, candidate, kin] if question.same_configuration else [baseline + kin, candidate]
     )
+    estimate = float(fit.effects[candidate].mean() - fit.effects[baseline].mean())
+    tau2, df, _ = interval_variance(
+        fit, baseline=baseline, candidate=candidate, groups=groups, outside=noise
+    )
+    if not df or not math.isfinite(tau2):
+        return Interval(estimate, -math.inf, math.inf, math.inf, 0.0, confidence)
+    se = math.sqrt(tau2 * (1.0 / len(baseline) + 1.0 / len(candidate)))
+    t = t_quantile(0.5 + confidence / 2, df)
     return Interval(estimate, estimate - t * se, estimate + t * se, se, df, confidence)
 
 
-def _paired_starts(
-    b: Sequence[np.ndarray],
-    c: Sequence[np.ndarray],
-    prompts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]],
-) -> tuple[list[np.ndarray], float, float, float] | None:
-    """The starts' effects with the prompts' own effects removed, by least squares on
-    `log value = start + prompt + residual` over both arms: (per arm, its starts' effects; the
-    residual variance; its df; the variance of the arms' contrast over the residual variance).
-    None where the prompts do not link every start to the others, or leave no residual."""
-    groups = [*b, *c]
-    per_start = [*prompts[0], *prompts[1]]
-    labels = sorted({i for start in per_start for i in start})
-    column = {label: j for j, label in enumerate(labels[1:])}  # the first prompt: the reference
-    n_starts, n_cols = len(groups), len(groups) + len(labels) - 1
-    rows = []
-    for s, start in enumerate(per_start):
-        for label in start:
-            row = np.zeros(n_cols)
-            row[s] = 1.0
-            if label in column:
-                row[n_starts + column[label]] = 1.0
-            rows.append(row)
-    x, y = np.array(rows), np.concatenate(groups)
-    rank = int(np.linalg.matrix_rank(x))
-    df = y.size - rank
-    if rank < n_cols or df <= 0:
-        return None
-    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
-    residual = y - x @ beta
-    weights = np.zeros(n_cols)
-    weights[: len(b)] = -1.0 / len(b)
-    weights[len(b) : n_starts] = 1.0 / len(c)
-    contrast = float(weights @ np.linalg.pinv(x.T @ x) @ weights)
-    effects = [beta[: len(b)], beta[len(b) : n_starts]]
-    return effects, float(residual @ residual) / df, float(df), contrast
-
-
-def restart_noise_from_starts(
-    groups: Sequence[Sequence[Sequence[float]]], *, source: str
-) -> RestartNoise | None:
-    """The restart noise, from several starts of one configuration (several such sets pooled).
-
-    `groups` holds sets of starts, each set one configuration (per prompt type, say), each start
-    its per-request values. The spread of the start means beyond what their requests explain is
-    the between-start variance. None where no set has two starts.
-    """
-    ss, df, within = 0.0, 0, []
-    for starts in groups:
-        logs = _logs(starts, "restart noise") if len(starts) >= 2 else []
-        if not logs:
-            continue
-        m = np.array([g.mean() for g in logs])
-        ss += float(np.sum((m - m.mean()) ** 2))
-        df += m.size - 1
-        s_w2, df_w = _within(logs)
-        if df_w:
-            within.append(s_w2 * float(np.mean([1.0 / g.size for g in logs])))
-    if not df:
-        return None
-    variance = max(0.0, ss / df - (float(np.mean(within)) if within else 0.0))
-    return RestartNoise(math.sqrt(variance), float(df), source)
+_SIDE_NAMES = ("baseline", "candidate", "kin")
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -408,9 +292,14 @@ def decide(
     p_adjusted: float,
     alpha: float,
     noise: RestartNoise,
+    family: int = 1,
+    starts: tuple[int, int] = (1, 1),
 ) -> tuple[Verdict, str]:
-    """Where a verdict is decided: the interval of the change against the ±min_effect margin."""
-    low, high = (math.exp(x) - 1 for x in (interval.low, interval.high))
+    """Where a verdict is decided: the interval of the change against the ±min_effect margin.
+
+    `family` (the comparisons the interval is adjusted for) and `starts` (per arm) only shape
+    what an undecided verdict says it would take."""
+    low, high = (math.expm1(min(x, 700.0)) for x in (interval.low, interval.high))
     where = f"the {interval.confidence:.2%} interval of the change [{_pct(low)}, {_pct(high)}]"
     if not (math.isfinite(low) and math.isfinite(high)):
         return Verdict.INSUFFICIENT, (
@@ -432,22 +321,45 @@ def decide(
     if -min_effect < low and high < min_effect:
         return Verdict.EQUIVALENT, f"{where} lies inside the {margin}"
     return Verdict.INCONCLUSIVE, f"{where} straddles the {margin}; " + _what_it_needs(
-        interval, min_effect=min_effect, noise=noise
+        interval, min_effect=min_effect, noise=noise, family=family, starts=starts, alpha=alpha
     )
 
 
-def _what_it_needs(interval: Interval, *, min_effect: float, noise: RestartNoise) -> str:
-    """How narrow the interval must get to decide, and what would get it there."""
-    margin = math.log1p(min_effect)
-    needed = abs(abs(interval.estimate) - margin)
-    half = (interval.high - interval.low) / 2
-    text = f"a decision needs it about {half / max(needed, 1e-9):.1f}x narrower"
-    if needed < 0.1 * half:
-        text += " (the estimate sits on the margin: only many more starts would settle it)"
+def _what_it_needs(
+    interval: Interval,
+    *,
+    min_effect: float,
+    noise: RestartNoise,
+    family: int,
+    starts: tuple[int, int],
+    alpha: float,
+) -> str:
+    """What would decide it: starts per arm, were the change to stay where it is now."""
+    needed = starts_to_decide(
+        estimate=interval.estimate,
+        se=interval.se,
+        df=interval.df,
+        starts=starts,
+        family=family,
+        alpha=alpha,
+        margin=min_effect,
+    )
+    now = f"{starts[1]} start{'s' if starts[1] != 1 else ''} per arm now"
+    if needed is None:
+        text = (
+            f"the change ({_pct(interval.ratio - 1)}) sits too near the margin to settle in "
+            f"{MAX_STARTS} starts per arm ({now})"
+        )
     else:
-        text += ": more server starts per arm (--spec-repeats), more requests per start"
+        text = (
+            f"it would take about {needed} starts per arm (--spec-repeats {needed}; {now}), "
+            f"were the change to stay near {_pct(interval.ratio - 1)}"
+        )
     if not noise.measured:
-        text += f"; the restart noise is {noise.source}"
+        text += (
+            "; the restart noise is assumed: an A/A run (--spec-config baseline --spec-repeats "
+            "4) measures it"
+        )
     return text
 
 
@@ -474,9 +386,7 @@ def compare_family(
     out = []
     for q, p, p_adj in zip(questions, raw, adjusted, strict=True):
         n_noise = noise[q.metric]
-        interval = nested_interval(
-            q.baseline, q.candidate, noise=n_noise, confidence=confidence, prompts=q.prompts
-        )
+        interval = nested_interval(q, noise=n_noise, confidence=confidence)
         verdict, reason = decide(
             interval,
             higher_is_better=q.higher_is_better,
@@ -484,6 +394,8 @@ def compare_family(
             p_adjusted=p_adj,
             alpha=alpha,
             noise=n_noise,
+            family=m,
+            starts=(len(q.baseline), len(q.candidate)),
         )
         out.append(
             Comparison(
@@ -517,6 +429,7 @@ def _rank_p(q: Question) -> float:
         return 1.0
     prompts = q.prompts
     if prompts is not None:
+        prompts = prompts[:2]
         b, c = np.log(b), np.log(c)
         pb = np.concatenate([np.asarray(s, dtype=int) for s in prompts[0]])
         pc = np.concatenate([np.asarray(s, dtype=int) for s in prompts[1]])

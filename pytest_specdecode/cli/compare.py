@@ -18,7 +18,8 @@ from ..report.text import fmt_num, fmt_p, fmt_pct
 
 
 def compare_runs(a: RunRecord, b: RunRecord, *, alpha: float, min_effect: float) -> list[Row]:
-    """Each phase both runs measured: B's against A's, Holm across prompt types per phase."""
+    """Each phase both runs measured: B's against A's, one family per phase (the intervals
+    Bonferroni-adjusted, the rank guard Holm-adjusted)."""
     found: list[Row] = []
     restart_noise = noise.between_runs(a, b)  # every phase of B is another start than A's
     for name in [p for p in a.phases if p in b.phases]:

@@ -23,7 +23,7 @@ from .load import (
     slo_config,
 )
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
-from .specconfig import SpecConfig, check_spec_shape, parse_spec_config
+from .specconfig import AA_ARM, SpecConfig, check_spec_shape, parse_spec_config
 
 
 @dataclass(frozen=True)
@@ -125,16 +125,18 @@ class RunConfig:
         """The load levels each phase measures, in order (config/load.py)."""
         return load_levels(self.concurrency, self.rate or None)
 
-    def requests_at(self, level: LoadLevel) -> tuple[int, int]:
+    def requests_at(self, level: LoadLevel, *, fixed: bool = False) -> tuple[int, int]:
         """The least and the most measured requests per prompt type at a level and start.
 
         A closed-loop level of N sends at least 2·N, so that it spends most of its time with N
-        in flight rather than filling up and draining.
+        in flight rather than filling up and draining. `fixed`: always the most (an A/A run,
+        whose starts measure the restart noise: many requests make their own share small).
         """
         least = self.samples
         if not level.open_loop and level.concurrency:
             least = max(least, 2 * level.concurrency)
-        return least, max(least, self.max_samples or 0)
+        most = max(least, self.max_samples or 0)
+        return (most, most) if fixed else (least, most)
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,12 @@ class Settings:
     candidates: tuple[SpecConfig, ...] = ()
     reports_dir: Path = field(default=Path("reports"))
     slo: SLOConfig = field(default_factory=SLOConfig)
+    host_profiles: Path | None = None  # the experiment's `host_profiles` folder (record/profile.py)
+
+    @property
+    def aa_only(self) -> bool:
+        """An A/A run: every candidate is the original's configuration again."""
+        return bool(self.candidates) and all(c.name == AA_ARM for c in self.candidates)
 
 
 _TOP_KEYS = {
@@ -156,6 +164,7 @@ _TOP_KEYS = {
     "prompt_types",
     "workloads",
     "reports_dir",
+    "host_profiles",
     "slo",
 }
 _TARGET_KEYS = {
@@ -247,7 +256,17 @@ def load_settings(
         candidates=candidates,
         reports_dir=(reports if reports.is_absolute() else Path.cwd() / reports).resolve(),
         slo=slo,
+        host_profiles=_folder(raw, "host_profiles", base, where),
     )
+
+
+def _folder(raw: Mapping[str, Any], key: str, base: Path, where: str) -> Path | None:
+    if key not in raw:
+        return None
+    value = raw[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: {key} must be a folder's path, got {value!r}")
+    return (base / value).resolve()
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

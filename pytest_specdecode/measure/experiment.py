@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
 
+from ..analysis.adaptive import pinned, target_se
+from ..analysis.restarts import RestartNoise
 from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
@@ -81,7 +81,7 @@ class Experiment:
         progress: Progress,
         headers: Mapping[str, str] | None = None,
         transports: Transports | None = None,
-        noise_sd: float | None = None,
+        outside: Mapping[str, RestartNoise] | None = None,
     ) -> None:
         self.settings = settings
         self.board = board
@@ -90,7 +90,12 @@ class Experiment:
         self.headers = dict(headers or {})
         self._transports = transports or Transports()
         self._clock = self._transports.clock
-        self._noise_sd = settings.run.assumed_restart_noise if noise_sd is None else noise_sd
+        # What the adaptive stop rule knows of the host: the restart noise, a request's residual
+        known = dict(outside or {})
+        throughput = known.get("throughput")
+        noise_sd = throughput.sd if throughput else settings.run.assumed_restart_noise
+        self._target = target_se(noise_sd, settings.run.min_effect)
+        self._residual = {metric: n.residual for metric, n in known.items()}
         reused = {p.arm for p in store.record.phases.values()}  # a stored baseline
         self.order = [
             entry
@@ -207,7 +212,7 @@ class Experiment:
     def _measure_level(self, window: _Window, indices: Sequence[int], service: Service) -> None:
         """One level's window: sent, checked for other clients' traffic, measured again."""
         run, m, where = self.settings.run, window.m, window.where
-        least, most = run.requests_at(m.level)
+        least, most = run.requests_at(m.level, fixed=self.settings.aa_only)
         self.progress(
             f"{where}: {least}{f'..{most}' if most > least else ''} requests at {m.level.label} "
             f"of up to {window.prompt_type.max_tokens} tokens"
@@ -216,7 +221,7 @@ class Experiment:
         for attempt in range(1, run.traffic_attempts + 1):
             before = self._counters(service)
             wall = self._send(window, indices[:least])
-            while len(m.samples) < most and not pinned(m, target=self._target_se()):
+            while len(m.samples) < most and not self._pinned(window):
                 # adaptive: only the spread decides, never the values themselves
                 sent = len(m.samples)
                 wall += self._send(window, indices[sent : sent + step])
@@ -318,8 +323,14 @@ class Experiment:
             )
         self.progress(f"the server did not fall quiet within {limit_s:.0f}s: measuring anyway")
 
-    def _target_se(self) -> float:
-        return target_se(self._noise_sd, self.settings.run.min_effect)
+    def _pinned(self, window: _Window) -> bool:
+        """The adaptive stop rule (analysis/adaptive.py), against this run's earlier starts."""
+        earlier = [
+            p.measurements[window.m.key]
+            for p in self.record.phases.values()
+            if p is not window.phase and window.m.key in p.measurements
+        ]
+        return pinned(earlier, window.m, target=self._target, residual=self._residual)
 
     def _counters(self, service: Service) -> ServerCounters:
         text = self._get(service, "/metrics")
@@ -341,27 +352,6 @@ class Experiment:
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None
-
-
-def target_se(noise_sd: float, min_effect: float) -> float:
-    """How tightly a start's mean must be pinned: the larger of the restart noise and half the
-    margin (log scale). Beyond that, more requests barely narrow a verdict's interval: the
-    restart noise dominates it, or it is already well inside the margin (benchmarks/
-    adaptive_samples.py measures the trade)."""
-    return max(noise_sd, math.log1p(min_effect) / 2)
-
-
-def pinned(measurement: Measurement, *, target: float) -> bool:
-    """Whether a start's requests pin its mean down: each metric's standard error (log scale)
-    at most `target`. A rule on the spread alone: for normal data the spread is independent of
-    the mean, so stopping on it does not bias the comparison."""
-    for values in (measurement.tokens_per_s, measurement.tpot_ms):
-        if len(values) < 2:
-            return False
-        logs = [math.log(v) for v in values]
-        if statistics.stdev(logs) / math.sqrt(len(logs)) > target:
-            return False
-    return True
 
 
 def merged(phases: Sequence[Phase]) -> Phase:

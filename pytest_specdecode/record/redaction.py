@@ -29,6 +29,13 @@ def register_secret(value: str) -> None:
         _KNOWN_SECRETS.add(value)
 
 
+def register_secret_values(env: Mapping[str, str]) -> None:
+    """The values of secret-looking names (HF_TOKEN=…, API_KEY=…) are never written anywhere."""
+    for name, value in env.items():
+        if _SECRET_NAME.search(name):
+            register_secret(value)
+
+
 def redact_text(text: str) -> str:
     """Text with registered secrets and secret-looking assignments hidden."""
     for secret in _KNOWN_SECRETS:

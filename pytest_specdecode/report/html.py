@@ -18,7 +18,7 @@ from ..record.redaction import redact_text
 from ..record.schema import RunRecord
 from . import levels, prediction
 from .plots import caption
-from .rows import TABLE_HEADER, Row, checks, headline, rows
+from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
 
 CSS = """
@@ -81,6 +81,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
     parts = [
         f"<section class='specdecode' id='specdecode-summary'><style>{CSS}</style>",
         f"<p class='headline {klass}'>Result: {_e(headline(analysis))}</p>",
+        *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis)),
         f"<p class='note'>{_e(design_text(record.run))}</p>",
     ]
     for name in analysis.verdicts:

@@ -10,7 +10,7 @@ from ..analysis.stats import Verdict
 from ..record.redaction import redact_text
 from ..record.schema import RunRecord
 from . import levels, prediction
-from .rows import TABLE_HEADER, checks, headline, rows
+from .rows import TABLE_HEADER, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, title
 
 
@@ -38,6 +38,8 @@ def summary(
         "",
         f"**Result: {headline(analysis)}**",
         "",
+        *(f"- {line}" for line in undecided(analysis)),
+        *([""] if undecided(analysis) else []),
     ]
     if failed:
         lines += [f"**Failed tests ({len(failed)}):** " + ", ".join(f"`{f}`" for f in failed), ""]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..analysis.design import design_to_detect, reach
+from ..analysis.power import MAX_STARTS
+from ..analysis.restarts import RestartNoise
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig
 from ..measure.experiment import design_order
@@ -141,6 +145,7 @@ def dry_run_lines(
     adopts_original: bool,
     noise: str = "",
     predicted: Sequence[str] = (),
+    design: Sequence[str] = (),
 ) -> list[str]:
     """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines."""
     t = settings.target
@@ -175,6 +180,7 @@ def dry_run_lines(
         lines.append(f"server starts, in order: {', '.join([first, *order[1:]])}")
     if noise:
         lines.append(f"restart noise: {noise}")
+    lines += design
     lines.append("steps, in order:")
     for i, step in enumerate(steps, start=1):
         first, *rest = step.splitlines()
@@ -196,3 +202,69 @@ def dry_run_lines(
         f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",
     ]
     return lines + list(predicted)
+
+
+def design_lines(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    *,
+    detect: float | None,
+    timing: Timing,
+    baseline: bool,
+    aba: bool,
+    adopts_original: bool,
+) -> list[str]:
+    """What this design can call on this host, and (`--spec-detect`) what would call a change
+    of the size the user names."""
+    if not settings.candidates:
+        return []
+    found = reach(settings, outside)
+    first = next(iter(found.values()))
+    noise = first.noise
+    told = (
+        f"restart noise {noise.sd:.1%} measured with {noise.df:.0f} degrees of freedom"
+        if noise.measured
+        else f"restart noise assumed {noise.sd:.0%} (weighted as {noise.df:g} df)"
+    )
+    residual = f"a request's own spread {first.residual_sd:.1%}" + (
+        "" if first.residual_measured else " (assumed)"
+    )
+    calls = ", ".join(f"{r.metric} {_change(r.detectable)}" for r in found.values())
+    run = settings.run
+    lines = [
+        f"what this design can call with 80% power: {calls} ({told}; {residual}; "
+        f"{run.repeats} start{'s' if run.repeats != 1 else ''} per arm, about "
+        f"{first.power.requests} requests per prompt type and start; margin "
+        f"±{run.min_effect:.0%})"
+    ]
+    if detect is None:
+        return lines
+
+    def seconds(starts: int, requests: int) -> float:
+        trial = replace(
+            settings, run=replace(run, repeats=starts, samples=requests, max_samples=requests)
+        )
+        return estimate_seconds(
+            trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
+        )[0]
+
+    design = design_to_detect(settings, outside, detect, seconds=seconds)
+    if design is None:
+        lines.append(
+            f"to call a {detect:.0%} change with 80% power: no design of up to {MAX_STARTS} "
+            "starts per arm can, at this restart noise and margin"
+        )
+    else:
+        power, cost = design
+        lines.append(
+            f"to call a {detect:.0%} change with 80% power: --spec-repeats {power.starts} "
+            f"--spec-samples {power.requests} --spec-max-samples {power.requests} "
+            f"({power.starts} start{'s' if power.starts != 1 else ''} per arm, "
+            f"{power.requests} requests per prompt type and start; about "
+            f"{fmt_duration(cost)} on this host, {timing.source})"
+        )
+    return lines
+
+
+def _change(value: float) -> str:
+    return f"±{value:.1%}" if math.isfinite(value) else "nothing (too few starts or requests)"

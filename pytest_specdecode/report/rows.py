@@ -12,7 +12,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.schema import RunRecord
 from ..targets.lifecycle import RestoreReport
-from .text import finite, fmt_num, fmt_p, fmt_pct
+from .text import finite, fmt_num, fmt_p, fmt_pct, noise_text
 
 TABLE_HEADER = (
     "Prompt",
@@ -109,6 +109,22 @@ def rows(analysis: RunAnalysis, candidate: str | None = None) -> list[Row]:
     return [Row.of(v) for name in names for v in analysis.verdicts.get(name, {}).values()]
 
 
+def undecided(analysis: RunAnalysis) -> list[str]:
+    """One line per comparison left undecided: where its interval lies, and what would
+    decide it (the reason's last words)."""
+    out = []
+    for name, per in analysis.verdicts.items():
+        for key, v in per.items():
+            if not v.undecided:
+                continue
+            c = next((c for c in v.comparisons if c.verdict is v.verdict), v.throughput)
+            low, high = c.ratio_ci
+            where = f"{c.metric} {c.change:+.1%} [{low - 1:+.1%}, {high - 1:+.1%}]"
+            why = v.reason.split("; ", 1)[1] if "; " in v.reason else v.reason
+            out.append(f"Not decided: {name} on {key} ({v.verdict.value}, {where}): {why}")
+    return out
+
+
 def headline(analysis: RunAnalysis) -> str:
     """One sentence: what the run found, and whether to trust it."""
     parts: list[str] = []
@@ -165,6 +181,10 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
         ]
     if analysis.drift is not None and not analysis.drift.unreliable:
         out.append(Check(f"Drift (ABA): {analysis.drift.text()}", False))
+    for metric, noise in analysis.measured_noise.items():
+        out.append(
+            Check(f"Restart noise measured by this run, {metric}: {noise_text(noise)}", False)
+        )
     if record.baseline_from:
         out.append(Check(f"Baseline reused from {record.baseline_from.get('path')}", False))
     if record.restore and not any(c.text.startswith("restore:") for c in out):

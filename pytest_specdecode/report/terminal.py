@@ -8,7 +8,7 @@ from ..analysis.run import RunAnalysis
 from ..record.schema import BASELINE, RunRecord
 from ..targets.lifecycle import RestoreReport
 from . import levels, prediction
-from .rows import checks, rows
+from .rows import checks, headline, rows, undecided
 from .text import fmt_num, fmt_p, fmt_pct
 
 HEADER = (
@@ -46,6 +46,8 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
                 f"  {candidate}: per-position acceptance [{rates}], draft acceptance "
                 f"{fmt_pct(acc.draft_acceptance_rate, sign=False)}"
             )
+    if analysis.verdicts:
+        out += [f"Result: {headline(analysis)}", *undecided(analysis)]
     out += levels.terminal_lines(record, analysis)
     out += prediction.terminal_lines(record, analysis)
     if record.restore:
@@ -53,7 +55,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     out += [
         f"warning: {c.text}" if c.warn else c.text
         for c in checks(record, analysis)
-        if c.warn or c.text.startswith("Drift")
+        if c.warn or c.text.startswith(("Drift", "Restart noise"))
     ]
     out += [f"{name}: {path}" for name, path in files.items()]
     return out

@@ -64,9 +64,14 @@ def design_text(run: RunConfig) -> str:
 
 
 def noise_text(noise: RestartNoise) -> str:
+    """ "1.2% [0.4%, 2.5%], measured (SOURCE; 7 degrees of freedom)", or the assumption."""
     if not noise.measured:
         return noise.source
-    return f"{noise.sd:.1%}, measured ({noise.source}; {noise.df:.0f} degrees of freedom)"
+    low, high = noise.interval()
+    return (
+        f"{noise.sd:.1%} [{low:.1%}, {high:.1%}] (90% interval), measured ({noise.source}; "
+        f"{noise.df:.0f} degrees of freedom)"
+    )
 
 
 def title(candidates: Sequence[str], model: str | None = None, host: str | None = None) -> str:
@@ -77,9 +82,10 @@ def title(candidates: Sequence[str], model: str | None = None, host: str | None 
 
 STATISTICS_NOTE = (
     "tok/s: geometric mean over the server starts of each start's geometric mean. Brackets: "
-    "the interval of the change, requests nested within server starts, with the restart "
-    "noise, adjusted for the family of comparisons (1 - 2 alpha / m). Regressed or improved: "
-    "the whole interval beyond the minimum effect, and the requests' ranks agree (p: "
-    "Holm-adjusted Mann-Whitney U); equivalent: the whole interval inside it; otherwise "
-    "inconclusive."
+    "the interval of the change, requests nested within server starts and the prompts' own "
+    "levels removed, with the restart noise (its own uncertainty in the t quantile), "
+    "Bonferroni-adjusted for the family of m comparisons (1 - 2 alpha / m). Regressed or "
+    "improved: the whole interval beyond the minimum effect, and the requests' ranks agree (p: "
+    "Mann-Whitney U, Holm-adjusted over the family); equivalent: the whole interval inside it; "
+    "otherwise inconclusive, with what would decide it."
 )

@@ -17,6 +17,7 @@ exactly those in a sudo rule; the Host wraps each command in `sudo -n` where nee
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import re
 import shlex
@@ -30,24 +31,33 @@ from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ConfigError, HostError, ServiceError
-from ..record.redaction import redact_text
+from ..record.redaction import redact_text, register_secret_values
 from . import gpu
 from .base import Progress, Transports, port_answers
 from .hosts import CommandResult, Host
+from .unit_environment import (
+    UnitEnvironment,
+    parse_env_file,
+    parse_environment_files,
+    parse_manager_environment,
+    parse_show_environment,
+)
 from .unitfile import (
     ANY_UNIT_NAME,
     DROPIN_NAME,
     RUNTIME_UNIT_DIR,
+    ExpandedExecStart,
     candidate_exec_start,
     check_unit_name,
     dropin_path,
     dropin_run_id,
     effective_exec_start,
+    expand_exec_start,
     own_dropins,
     render_dropin,
 )
-from .vllm_argv import option_value
-from .vllm_facts import VllmFactsError, ask_vllm
+from .vllm_argv import host_address, option_value
+from .vllm_facts import ask_in_container, ask_vllm
 
 if TYPE_CHECKING:
     from .tunnel import ApiTunnel
@@ -271,6 +281,7 @@ class SystemdTarget:
         self._stop_heartbeat = threading.Event()
         self._original: SystemdUnit | None = None
         self._unit_text: str | None = None
+        self._command: ExpandedExecStart | None = None
         self._boot_id: str | None = None
         self._locked = False
         self._armed = False
@@ -286,23 +297,93 @@ class SystemdTarget:
         self.api_base = tunnel.url
 
     def api_address(self) -> tuple[str, int]:
-        """Where the unit's API listens, as the host sees it: its ExecStart's --host/--port."""
-        exec_start = effective_exec_start(
-            self.unit_text(), where=f"unit {self.unit}", images=self.vllm_images
-        )
-        argv = exec_start.argv[exec_start.server.server_args :]  # a container's: inside it
+        """Where the unit's API answers, as the host sees it: from ExecStart as systemd expands
+        it, --host/--port, and for a container the -p that publishes that port."""
+        where = f"unit {self.unit} on {self.host_name}"
+        command = self.command()
+        argv = command.server_argv  # a container's: inside it
         host = option_value(argv, "--host") or "127.0.0.1"
         port_text = option_value(argv, "--port") or "8000"  # vLLM's defaults
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            origin = f" ({command.sources()})" if command.used else ""
             raise ConfigError(
-                f"unit {self.unit} on {self.host_name}: --port {port_text!r} is not a port; "
-                "cannot tell where its API listens"
+                f"{where}: --port {port_text!r}{origin} is not a port; cannot tell where its "
+                "API listens"
             )
+        host, port = host_address(command.server, (host, int(port_text)), where=where)
         if host in ("0.0.0.0", ""):
             host = "127.0.0.1"
         elif host in ("::", "[::]"):
             host = "::1"
-        return host, int(port_text)
+        return host, port
+
+    def command(self) -> ExpandedExecStart:
+        """The unit's ExecStart as its process receives it: words as systemd reports them, its
+        variables from the unit's environment. Read once; refused when a variable is unset."""
+        if self._command is None:
+            where = f"unit {self.unit} on {self.host_name}"
+            exec_start = effective_exec_start(
+                self.unit_text(), where=where, images=self.vllm_images
+            )
+            self._command = expand_exec_start(
+                exec_start,
+                self.unit_environment(),
+                where=where,
+                images=self.vllm_images,
+                words=self._systemd_words(),
+            )
+        return self._command
+
+    def unit_environment(self) -> UnitEnvironment:
+        """Environment= and EnvironmentFile= as systemd reports them, the files as they are now,
+        over the manager's environment: what the next start of the unit expands ExecStart with.
+        """
+        where = f"unit {self.unit} on {self.host_name}"
+        properties = ["--property=Environment", "--property=EnvironmentFiles"]
+        shown = self.host.check(
+            ["systemctl", "show", self.unit, *properties], timeout=30
+        ).stdout.splitlines()
+        assignments = [
+            word
+            for line in shown
+            if line.startswith("Environment=")
+            for word in parse_show_environment(line.split("=", 1)[1])
+        ]
+        manager = self.host.check(["systemctl", "show-environment"], timeout=30).stdout
+        files: list[tuple[str, bool, dict[str, str] | None]] = []
+        for path, optional in parse_environment_files(shown):
+            got = self.host.run(["cat", "--", path], timeout=30)
+            if got.ok:
+                files.append((path, optional, parse_env_file(got.stdout)))
+            elif optional and "No such file" in got.stderr:
+                files.append((path, optional, None))
+            else:
+                raise ConfigError(
+                    f"{where}: cannot read its EnvironmentFile={path} ({got.describe()}); "
+                    "systemd would refuse to start the unit without it, so neither a candidate "
+                    "nor the restore could start. Nothing was touched"
+                )
+        env = UnitEnvironment.merge(parse_manager_environment(manager), assignments, files)
+        register_secret_values(env.values)  # a token in an EnvironmentFile is never shown
+        return env
+
+    def _systemd_words(self) -> list[str] | None:
+        """ExecStart's words as the loaded unit has them (specifiers resolved), over D-Bus.
+
+        `systemctl show -p ExecStart` joins the words with spaces; busctl keeps them apart.
+        Readable by any user, so not under sudo. None where it cannot be asked.
+        """
+        path = "/org/freedesktop/systemd1/unit/" + bus_label(self.unit)
+        argv = ["busctl", "--json=short", "get-property", "org.freedesktop.systemd1", path]
+        argv += ["org.freedesktop.systemd1.Service", "ExecStart"]
+        try:
+            result = self.host.run(argv, timeout=30, privileged=False)
+            commands = json.loads(result.stdout)["data"] if result.ok else []
+        except (HostError, ValueError, KeyError, TypeError):
+            return None
+        if len(commands) != 1 or not isinstance(commands[0][1], list):
+            return None
+        return [str(word) for word in commands[0][1]]
 
     # -- Target -------------------------------------------------------------------------------
     def preflight(self) -> None:
@@ -338,15 +419,13 @@ class SystemdTarget:
             raise
 
     def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
-        """Asked of the Python in the unit's ExecStart, over SSH; reads, never changes."""
+        """Asked of the Python in the unit's ExecStart, over SSH (in its running container, for
+        a container unit); reads, never changes."""
         where = f"unit {self.unit} on {self.host_name}"
-        exec_start = effective_exec_start(self.unit_text(), where=where, images=self.vllm_images)
-        if exec_start.server.image is not None:
-            raise VllmFactsError(
-                f"{where} runs vLLM in a container ({exec_start.server.image}); its Python is "
-                "not asked from outside the container"
-            )
-        return ask_vllm(self.host, exec_start.argv, where=where, progress=progress)
+        command = self.command()
+        if command.server.image is not None:
+            return ask_in_container(self.host, command.server, where=where, progress=progress)
+        return ask_vllm(self.host, command.argv, where=where, progress=progress)
 
     def original(self) -> SystemdUnit:
         if self._original is None:
@@ -376,7 +455,12 @@ class SystemdTarget:
             f"while this controller runs); measure {self.unit} as it runs"
         ]
         if self.tunnel is not None:
-            steps.append(f"reach the API through SSH: {self.tunnel.describe()}")
+            command = self.command()
+            origin = f" (ExecStart as systemd expands it: {command.sources()})"
+            steps.append(
+                f"reach the API through SSH: {self.tunnel.describe()}"
+                + (origin if command.used else "")
+            )
         for spec in specs:
             text = render_dropin(
                 self.unit, self.unit_text(), spec, run_id=self.run_id, images=self.vllm_images
@@ -706,7 +790,7 @@ class SystemdTarget:
                 "# units that the stop also stopped, and that were active when the run began"
             )
             lines.append("systemctl start " + " ".join(q(u) for u in dependents))
-        port = urlsplit(self.api_base).port or 80
+        port = self._api_port()
         lines += [
             "# The lock says a restore is in progress until the original listens again.",
             f"i=0; while [ $i -lt {int(self.restore_timeout_s)} ] && command -v ss >/dev/null "
@@ -857,6 +941,14 @@ class SystemdTarget:
             f"{', '.join(HOST_PROGRAMS)} (see the README, 'A non-root user with sudo'). Nothing "
             "on the host was touched"
         )
+
+
+def bus_label(name: str) -> str:
+    """A unit name as a D-Bus object path element: other than [A-Za-z0-9] as _XX (hex)."""
+    return "".join(
+        c if c.isascii() and c.isalnum() and not (i == 0 and c.isdigit()) else f"_{ord(c):02x}"
+        for i, c in enumerate(name)
+    )
 
 
 def _sudo_refused(result: CommandResult) -> bool:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
+from ..record.redaction import redact_text
+from .unit_environment import UnitEnvironment, expand_words, refuse_unset
 from .vllm_argv import SPEC_FLAG, ServerCommand, parse_server_command, spec_flag_positions
 
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
@@ -72,6 +74,49 @@ class ExecStart:
     @property
     def argv(self) -> list[str]:
         return [t.value for t in self.tokens]
+
+
+@dataclass(frozen=True)
+class ExpandedExecStart:
+    """The command as the process receives it: systemd's specifiers and variables resolved."""
+
+    argv: list[str]
+    server: ServerCommand  # read from argv: a container's image, name, ports; the server's args
+    used: list[str]  # the variables it refers to
+    env: UnitEnvironment
+
+    @property
+    def server_argv(self) -> list[str]:
+        return self.argv[self.server.server_args :]
+
+    def sources(self) -> str:
+        """Where each variable it uses comes from (names only: values may be secrets)."""
+        return self.env.describe(self.used)
+
+
+def expand_exec_start(
+    exec_start: ExecStart,
+    env: UnitEnvironment,
+    *,
+    where: str,
+    images: Sequence[str] | None = (),
+    words: Sequence[str] | None = None,
+) -> ExpandedExecStart:
+    """ExecStart expanded with the unit's environment, as systemd will when it starts it.
+
+    `words`: the command's words as systemd itself reports them (specifiers resolved); when
+    absent, or not word for word the unit file's, the unit file's are used. A variable set
+    nowhere is refused.
+    """
+    if words is None or len(words) != len(exec_start.tokens):
+        words = exec_start.argv
+    expansion = expand_words(words, env)
+    refuse_unset(expansion, env, where=where)
+    try:
+        server = parse_server_command(expansion.argv, where=where, images=images)
+    except ConfigError as exc:  # the expanded words may hold a value of a secret
+        raise ConfigError(redact_text(str(exc))) from None
+    return ExpandedExecStart(expansion.argv, server, expansion.used, env)
 
 
 def split_exec(value: str) -> list[Token]:

@@ -82,6 +82,10 @@ class ServerCommand:
     server_args: int  # index of the first argument that the server itself receives
     image: str | None = None
     container_name: str | None = None
+    engine: tuple[str, ...] = ()  # a container's: the engine and its own options, before `run`
+    publish: tuple[str, ...] = ()  # a container's -p/--publish values, in order
+    network: str | None = None  # a container's --network/--net
+    publish_all: bool = False  # -P/--publish-all: every port on a random host port
 
 
 def parse_server_command(
@@ -148,6 +152,75 @@ def option_value(argv: Sequence[str], flag: str) -> str | None:
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def host_address(server: ServerCommand, listen: tuple[str, int], *, where: str) -> tuple[str, int]:
+    """Where a server listening at `listen` answers on the host: through a container's -p.
+
+    A server that is not in a container, or shares the host's network, answers where it
+    listens. Otherwise the API is wherever a -p/--publish maps its port to, on the host's side.
+    """
+    if server.image is None or server.network == "host":
+        return listen
+    port = listen[1]
+    for spec in server.publish:
+        mapped = _published(spec, port)
+        if mapped is not None:
+            host, host_port = mapped
+            if host_port is None:
+                raise ConfigError(
+                    f"{where}: `-p {spec}` publishes the server's port {port} on a random host "
+                    "port, so where its API answers changes with each start. Publish it on a "
+                    f"fixed one (-p HOSTPORT:{port})"
+                )
+            return host or "0.0.0.0", host_port
+    published = ", ".join(f"-p {p}" for p in server.publish) or "no -p at all"
+    random = " (-P picks random host ports)" if server.publish_all else ""
+    raise ConfigError(
+        f"{where}: the server listens on port {port} inside the container {server.image}, and "
+        f"the unit publishes no host port for it ({published}{random}); cannot tell where its "
+        f"API answers on the host. Publish it (-p HOSTPORT:{port}) or run it with --network=host"
+    )
+
+
+def _published(spec: str, port: int) -> tuple[str, int | None] | None:
+    """(host address, host port or None for a random one) if `spec` publishes TCP `port`."""
+    spec, _, proto = spec.partition("/")
+    if proto not in ("", "tcp"):
+        return None
+    host = ""
+    if spec.startswith("["):  # [IPv6]:HOSTPORT:PORT
+        host, _, spec = spec[1:].partition("]")
+        spec = spec.removeprefix(":")
+        parts = ["", *spec.split(":")] if spec.count(":") == 1 else spec.split(":")
+    else:
+        parts = spec.split(":")
+    if len(parts) == 3:
+        host = host or parts[0]
+        parts = parts[1:]
+    if len(parts) == 1:
+        parts = ["", parts[0]]
+    if len(parts) != 2:
+        return None
+    host_part, container_part = parts
+    inside = _port_range(container_part)
+    if inside is None or not inside[0] <= port <= inside[1]:
+        return None
+    if not host_part:
+        return host, None
+    outside = _port_range(host_part)
+    if outside is None:
+        return None
+    offset = port - inside[0] if outside[1] - outside[0] == inside[1] - inside[0] else 0
+    return host, outside[0] + offset
+
+
+def _port_range(text: str) -> tuple[int, int] | None:
+    found = re.fullmatch(r"(\d{1,5})(?:-(\d{1,5}))?", text)
+    if not found:
+        return None
+    low = int(found.group(1))
+    return low, int(found.group(2) or low)
 
 
 def check_image_names(names: Sequence[str], *, where: str) -> tuple[str, ...]:
@@ -218,8 +291,9 @@ def _container(argv: Sequence[str], *, where: str, images: Sequence[str]) -> Ser
             f"{where}: `{_shown(argv)}` is not `{engine} run …`: only a container run in the "
             "foreground can be a vLLM unit's ExecStart"
         )
+    engine_argv = tuple(argv[:i])
     i += 1
-    options: dict[str, str] = {}
+    options: dict[str, list[str]] = {}
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
@@ -242,7 +316,15 @@ def _container(argv: Sequence[str], *, where: str, images: Sequence[str]) -> Ser
             f"{where}: `docker run -d` returns at once and leaves the container to dockerd, so "
             "the unit cannot stop it or see it die. Run it in the foreground (drop -d/--detach)"
         )
-    entrypoint = options.get("entrypoint")
+    found = {
+        "image": image,
+        "container_name": _last(options, "name"),
+        "engine": engine_argv,
+        "publish": tuple(options.get("publish", ())),
+        "network": _last(options, "network") or _last(options, "net"),
+        "publish_all": "publish-all" in options,
+    }
+    entrypoint = _last(options, "entrypoint")
     if entrypoint:  # one executable; the words after the image are its arguments
         if posixpath.basename(entrypoint) in _SHELLS:
             raise ConfigError(_shell_refusal([entrypoint, *after], where))
@@ -253,7 +335,7 @@ def _container(argv: Sequence[str], *, where: str, images: Sequence[str]) -> Ser
                 f"not `vllm serve …` or `python -m {API_SERVER_MODULE} …`"
             )
         start = i + direct.server_args  # argv[i] is the image, in the entrypoint's place
-        return ServerCommand(f"{engine} run", start, image, options.get("name"))
+        return ServerCommand(f"{engine} run", start, **found)
     if after and (posixpath.basename(after[0]) in _SHELLS or after[0].endswith(".sh")):
         raise ConfigError(_shell_refusal(argv, where))
     if not image_is_vllm(image, images):
@@ -263,26 +345,31 @@ def _container(argv: Sequence[str], *, where: str, images: Sequence[str]) -> Ser
             f"api_server module), so that the arguments after the image are the server's, name "
             f'it in the config: [target] vllm_images = ["{_repo_of(image)}"]'
         )
-    return ServerCommand(f"{engine} run", i + 1, image, options.get("name"))
+    return ServerCommand(f"{engine} run", i + 1, **found)
+
+
+def _last(options: dict[str, list[str]], name: str) -> str | None:
+    values = options.get(name)
+    return values[-1] if values else None
 
 
 def _container_option(
-    argv: Sequence[str], i: int, options: dict[str, str], *, engine: str, where: str
+    argv: Sequence[str], i: int, options: dict[str, list[str]], *, engine: str, where: str
 ) -> int:
-    """Read one option at argv[i] into `options`; returns the index after it."""
+    """Read one option at argv[i] into `options` (every value kept); returns the index after."""
     arg = argv[i]
     if arg.startswith("--"):
         name, eq, value = arg[2:].partition("=")
         if eq:
-            options[name] = value
+            options.setdefault(name, []).append(value)
             return i + 1
         if name in _FLAG_OPTIONS:
-            options[name] = "true"
+            options.setdefault(name, []).append("true")
             return i + 1
         if name in _VALUE_OPTIONS:
             if i + 1 >= len(argv):
                 raise ConfigError(f"{where}: `{engine} run --{name}` lacks its value")
-            options[name] = argv[i + 1]
+            options.setdefault(name, []).append(argv[i + 1])
             return i + 2
         raise ConfigError(
             f"{where}: `{engine} run --{name}` is an option this tool does not know, so it "
@@ -293,16 +380,16 @@ def _container_option(
     for k, letter in enumerate(letters):
         long = _SHORT_LONG.get(letter, letter)
         if letter in _SHORT_FLAG:
-            options[long] = "true"
+            options.setdefault(long, []).append("true")
             continue
         if letter in _SHORT_VALUE:
             rest = letters[k + 1 :].removeprefix("=")
             if rest:
-                options[long] = rest
+                options.setdefault(long, []).append(rest)
                 return i + 1
             if i + 1 >= len(argv):
                 raise ConfigError(f"{where}: `{engine} run -{letter}` lacks its value")
-            options[long] = argv[i + 1]
+            options.setdefault(long, []).append(argv[i + 1])
             return i + 2
         raise ConfigError(
             f"{where}: `{engine} run -{letter}` is an option this tool does not know; write it "

@@ -27,7 +27,9 @@ from ..config.specconfig import (
 )
 from ..errors import HostError, SpecDecodeError
 from .base import Progress
+from .container import container_host, first_process
 from .hosts import Host
+from .vllm_argv import ServerCommand
 
 if TYPE_CHECKING:
     from .base import Target
@@ -289,6 +291,28 @@ def ask_vllm(
         f"{len(facts.keys)} keys, asked in {seconds:.0f}s"
     )
     return facts
+
+
+def ask_in_container(
+    host: Host, server: ServerCommand, *, where: str, progress: Progress | None = None
+) -> VllmFacts:
+    """Ask the vLLM inside the unit's running container (its first process's Python)."""
+    box = container_host(host, server)
+    if box is None:
+        raise VllmFactsError(
+            f"{where} runs vLLM in a container ({server.image}) without --name, so the running "
+            "container cannot be found to ask its vLLM; give it a --name"
+        )
+    try:
+        found = box.run(["cat", "/proc/1/cmdline"], timeout=60)
+    except HostError as exc:
+        raise VllmFactsError(f"{where}: {exc}") from None
+    if not found.ok:
+        raise VllmFactsError(f"{where}: cannot read the container's command: {found.describe()}")
+    argv = first_process(found.stdout)
+    if not argv:
+        raise VllmFactsError(f"{where}: {box.name} runs no command that could be read")
+    return ask_vllm(box, argv, where=where, progress=progress)
 
 
 def facts_or_offline(target: Target, *, progress: Progress | None = None) -> VllmFacts:

@@ -152,3 +152,32 @@ def test_unknown_host_key_through_the_suite(pytester, testbed, unchanged, tmp_pa
 def test_unreachable_host_fails_fast(pytester, testbed, unchanged):
     result = suite(pytester, testbed, "--spec-host", "ssh://root@127.0.0.1:1")
     refused(result, "root@127.0.0.1:1: cannot connect within 10s")
+
+
+def test_a_variable_set_nowhere_is_refused_with_where_it_was_looked_for(
+    pytester, testbed, unchanged
+):
+    """The real systemd reports the unit's environment; nothing sets ${SERVED_NAME}."""
+    python, *_ = testbed.exec_start()
+    unit = "vllm-unset.service"
+    path = f"/run/systemd/system/{unit}"  # runtime only, never started
+    testbed.write(
+        path,
+        "[Service]\nEnvironment=VLLM_PORT=8000\nEnvironmentFile=-/etc/vllm/unset.env\n"
+        f"ExecStart={python} -m vllm.entrypoints.openai.api_server --model /m "
+        "--port ${VLLM_PORT} --served-model-name ${SERVED_NAME}\n",
+    )
+    testbed.ssh("systemctl", "daemon-reload")
+    try:
+        result = suite(pytester, testbed, "--spec-unit", unit, "--spec-dry-run")
+        refused(
+            result,
+            f"unit {unit} on root@127.0.0.1:2222: ExecStart uses ${{SERVED_NAME}}, which is set "
+            "nowhere systemd looks: the manager's environment (systemctl show-environment); "
+            "Environment= of the unit and its drop-ins; EnvironmentFile=-/etc/vllm/unset.env "
+            "(missing: skipped, as systemd does).",
+        )
+        refused(result, "Nothing was touched")
+    finally:
+        testbed.ssh("rm", "-f", path)
+        testbed.ssh("systemctl", "daemon-reload")

@@ -1,5 +1,6 @@
 """Production units as they are written, on the real systemd test host: a template instance with
-a unit bound to it, a container-run unit, and a host reboot in the middle of a candidate.
+a unit bound to it, a podman-run unit on a locally built image, and a host reboot in the middle
+of a candidate.
 
 The extra units are installed over SSH by the fixtures here and removed after. Each test checks
 that the production unit still serves, that nothing of the tool's is left, and that nothing
@@ -9,6 +10,7 @@ under /etc/systemd/system changed.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+
+from pytest_specdecode.targets.unitfile import dropin_path
 
 from ..support.embedded import free_port
 from ..support.testbed import (
@@ -57,9 +61,10 @@ class ExtraUnit:
     def active(self, unit: str | None = None) -> bool:
         return self.bed.ssh("systemctl", "is-active", "--quiet", unit or self.unit).ok
 
-    def journal(self, grep: str) -> list[str]:
+    def journal(self, grep: str, *match: str) -> list[str]:
         since = ["--since", f"@{self.since}"] if self.since else []
-        out = self.bed.ssh("journalctl", "-u", self.unit, *since, "-o", "cat", "--no-pager").stdout
+        argv = ["journalctl", "-u", self.unit, *match, *since, "-o", "cat", "--no-pager"]
+        out = self.bed.ssh(*argv).stdout
         return [line for line in out.splitlines() if grep in line]
 
 
@@ -175,64 +180,116 @@ def test_template_instance_with_a_bound_unit_baseline_candidate_restore(
     assert bed.traces(inst.unit) == []
 
 
+PODMAN_UNIT = "vllm-podman.service"
+CONTAINER = "vllm-ctr"
+CONTAINER_MODEL = "/models/smol"  # the model directory as the container sees it
+
+
 @pytest.fixture
-def container_unit(testbed: Testbed) -> Iterator[ExtraUnit]:
-    """vllm-container.service: `docker run … vllm/vllm-openai:TAG --model …`, with a stand-in
-    docker (tests/support/standin_docker.py) that execs the server with the arguments after the
-    image."""
-    python, *_ = testbed.exec_start()
-    model_dir = model_path(testbed)
+def podman_unit(testbed: Testbed) -> Iterator[ExtraUnit]:
+    """vllm-podman.service: a real podman runs the image built on the test host (no registry),
+    with the venv and the model bind-mounted, and publishes the server's port 8000 on a host port
+    that a drop-in's Environment= sets (-p ${CTR_PORT}:8000)."""
+    if not testbed.ssh("podman", "image", "exists", testbed.image).ok:
+        pytest.fail(
+            f"the test host has no image {testbed.image}: it was booted from an older rootfs; "
+            "run scripts/testbed/systemd-host down, then up"
+        )
     port = free_port()
-    standin = (REPO / "tests" / "support" / "standin_docker.py").read_text()
-    standin = standin.replace("@SERVER_PYTHON@", python)
-    testbed.write("/usr/local/bin/docker", standin, mode="0755")
+    model_dir = model_path(testbed)
+    volumes = [f"-v {p}:{p}:ro" for p in testbed.binds if p != model_dir]
     units = {
-        "vllm-container.service": f"""[Unit]
-Description=test bed: vLLM in a container (docker is a stand-in here)
+        PODMAN_UNIT: f"""[Unit]
+Description=test bed: vLLM in a podman container, from an image built on the host
 
 [Service]
-ExecStart=/usr/local/bin/docker run --rm --name vllm-ctr --gpus all --ipc=host \\
-    -p {port}:{port} -e VLLM_CPU_KVCACHE_SPACE=1 -v {model_dir}:{model_dir}:ro \\
-    vllm/vllm-openai:v0.32.0 --model {model_dir} --served-model-name {testbed.model} \\
-    --host 127.0.0.1 --port {port} --enforce-eager --max-model-len 1024
+ExecStartPre=-/usr/bin/podman rm -f {CONTAINER}
+ExecStart=/usr/bin/podman run --rm --name {CONTAINER} --shm-size=1g \\
+    -e VLLM_CPU_KVCACHE_SPACE=1 -p ${{CTR_PORT}}:8000 {" ".join(volumes)} \\
+    -v {model_dir}:{CONTAINER_MODEL}:ro {testbed.image} \\
+    --model {CONTAINER_MODEL} --served-model-name {testbed.model} --enforce-eager \\
+    --max-model-len 1024
 Restart=on-failure
 TimeoutStopSec=30
-"""
+""",
+        f"{PODMAN_UNIT}.d/10-port.conf": f"[Service]\nEnvironment=CTR_PORT={port}\n",
     }
     since = testbed.ssh("date", "+%s").stdout.strip()  # earlier runs' lines are not this one's
-    install(testbed, units, ["vllm-container.service"])
+    install(testbed, units, [PODMAN_UNIT])
     try:
-        wait_until_serving(f"http://127.0.0.1:{port}", testbed.model, testbed, "vllm-container")
-        yield ExtraUnit("vllm-container.service", f"http://127.0.0.1:{port}", testbed, since)
+        wait_until_serving(f"http://127.0.0.1:{port}", testbed.model, testbed, PODMAN_UNIT)
+        yield ExtraUnit(PODMAN_UNIT, f"http://127.0.0.1:{port}", testbed, since)
     finally:
-        uninstall(testbed, units, ["vllm-container.service"])
-        testbed.ssh("rm", "-f", "/usr/local/bin/docker")
+        uninstall(testbed, units, [PODMAN_UNIT])
+        testbed.ssh("rm", "-rf", f"{UNIT_DIR}/{PODMAN_UNIT}.d")
 
 
-def test_container_run_unit_gets_the_config_among_the_servers_arguments(
-    pytester: pytest.Pytester, testbed: Testbed, container_unit: ExtraUnit
+def test_podman_unit_measured_through_its_port_mapping_and_ctrl_c_mid_candidate_restores(
+    pytester: pytest.Pytester, testbed: Testbed, podman_unit: ExtraUnit
 ) -> None:
-    bed, ctr = testbed, container_unit
-    data, err = run_ngram(pytester, bed, ctr, max_tokens=16)
-    assert data["phases"]["ngram"]["acceptance"]["present"] is True
-    assert "restored to active and serving" in err
+    """Baseline and candidate ngram measured in full, the API found through the unit's -p and
+    reached only through SSH, vLLM's facts asked inside the container; then SIGINT (Ctrl-C)
+    while candidate ngram-k3's container starts: the host restores the original at once."""
+    bed, ctr = testbed, podman_unit
+    repo = bed.image.rsplit(":", 1)[0]
+    config = write_remote_experiment(
+        pytester,
+        bed,
+        run={"samples": 5, "max_tokens": 16},
+        target={"watchdog_s": 900, "vllm_images": [repo]},
+    )
+    extra = ["--spec-config", "ngram-k3", "--spec-unit", ctr.unit, "--spec-api-via", "ssh"]
+    seen: list[str] = []
+    proc = run_until(pytester, bed, config, "starting candidate ngram-k3:", *extra, seen=seen)
+    # Mid-candidate: its container runs and its server has read its arguments, but it does not
+    # serve yet (its start takes a minute here).
+    deadline = time.monotonic() + 180
+    while not any(
+        "'num_speculative_tokens': 3" in line
+        for line in ctr.journal("non-default args:", f"CONTAINER_NAME={CONTAINER}")
+    ):
+        assert time.monotonic() < deadline, "candidate ngram-k3's server never started"
+        time.sleep(2)
+    assert bed.ssh("test", "-e", dropin_path(ctr.unit)).ok  # the candidate is what runs now
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=600)
+    err = "".join(seen) + rest
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
 
-    # What `docker run` received, as the stand-in logged it: the original's three runs (the
-    # fixture's start, and the restore's) without the config, the candidate's with it, after
-    # the image and among the server's own arguments.
-    runs = ctr.journal("stand-in docker: run name=vllm-ctr image=vllm/vllm-openai:v0.32.0")
-    assert len(runs) == 3, runs
-    argv = [json.loads(line.split("args=", 1)[1]) for line in runs]
-    assert all("--speculative-config" not in a for a in (argv[0], argv[2]))
-    candidate = argv[1]
-    assert candidate[:2] == ["--model", model_path(bed)]
-    assert candidate[-2] == "--speculative-config"
-    assert json.loads(candidate[-1]) == {
-        "method": "ngram",
-        "num_speculative_tokens": 5,
-        "prompt_lookup_max": 4,
-    }
-    assert bed.traces(ctr.unit) == []
+    # The API was found on the host's side of -p ${CTR_PORT}:8000, and reached through SSH.
+    port = httpx.URL(ctr.api_base).port
+    assert f"forwarded over SSH to 127.0.0.1:{port} on root@127.0.0.1:2222" in err, err
+    assert "CTR_PORT from Environment=" in err, err
+    # vLLM's facts were asked of the Python inside the running container.
+    inside = f"container {CONTAINER} on root@127.0.0.1:2222"
+    assert f"vLLM 0.32.0 on {inside} (" in err, err
+    data = results_of(pytester)
+    facts = data["environment"]["vllm"]
+    assert (facts["source"], facts["host"], facts["version"]) == ("host", inside, "0.32.0")
+
+    # Baseline and candidate ngram measured in full; ngram-k3 was interrupted as it started.
+    for phase in ("baseline", "ngram"):
+        assert data["phases"][phase]["measurements"]["coding"]["summary"]["n"] == 5, data
+    assert data["phases"]["baseline"]["acceptance"]["present"] is False
+    assert data["phases"]["ngram"]["acceptance"]["present"] is True
+    assert data["phases"]["ngram"]["service"].startswith(f"candidate ngram: unit {ctr.unit} on")
+    ending = data["ending"]
+    assert ending["how"] == "interrupted" and ending["signals"] == ["SIGINT"], ending
+    assert "pytest-specdecode-watchdog.service" in ending["handed_over"], ending
+    assert ending["restore_observed"] is True, ending
+    assert "restored to active and serving" in err, err
+
+    # What the server in the container received, as vLLM logs it (podman's journald log driver:
+    # the same lines also come through `podman run`'s stdout): the fixture's start and the
+    # restore without a speculative config, each candidate with its own, so the config went
+    # after the image, among the server's arguments.
+    starts = ctr.journal("non-default args:", f"CONTAINER_NAME={CONTAINER}")
+    assert len(starts) == 4, starts
+    assert ["speculative_config" in line for line in starts] == [False, True, True, False]
+    assert "'num_speculative_tokens': 5" in starts[1] and "'num_speculative_tokens': 3" in starts[2]
+    assert all(f"'model': '{CONTAINER_MODEL}'" in line for line in starts), starts
+    assert ctr.active() and bed.traces(ctr.unit) == []
+    wait_until_serving(ctr.api_base, bed.model, bed, ctr.unit)
 
 
 def test_reboot_mid_candidate_brings_back_the_original_and_leaves_no_trace(

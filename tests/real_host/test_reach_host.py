@@ -81,6 +81,10 @@ def test_alias_with_proxyjump_sudo_user_and_api_only_through_ssh_runs_the_workfl
 
     name = "deploy@127.0.0.1:2222 (specdecode-gpu; via jump@10.213.0.1:2223)"
     assert f"forwarded over SSH to 127.0.0.1:{api.port} on {name}" in err, err
+    # The unit says `--port ${VLLM_PORT}`: 8000 in Environment=, overridden by the file that a
+    # drop-in names (scripts/testbed/systemd-host), read as systemd expands it.
+    origin = "(ExecStart as systemd expands it: VLLM_PORT from EnvironmentFile=/etc/default/"
+    assert origin + "vllm-kimi-k25-int4)" in err, err
     assert err.count(f"stopping unit {testbed.unit} on {name}") == 1, err
     assert err.count(f"starting candidate ngram: unit {testbed.unit} on {name}") == 1, err
     assert re.search(r"restored to active and serving in \d+s", err), err

@@ -37,6 +37,8 @@ class Testbed:
     known_hosts: Path
     unit: str
     api_base: str
+    image: str = ""  # the podman image built on the host, whose entrypoint is vLLM's server
+    binds: tuple[str, ...] = ()  # what the venv's python needs, bound at the same paths
     model: str = "smollm2-135m-instruct"
     _ssh: SSHHost | None = field(default=None, repr=False)
 
@@ -56,6 +58,8 @@ class Testbed:
             known_hosts=Path(env["SPECDECODE_TEST_KNOWN_HOSTS"]),
             unit=env["SPECDECODE_TEST_UNIT"],
             api_base=env["SPECDECODE_TEST_API"],
+            image=env["SPECDECODE_TEST_IMAGE"],
+            binds=tuple(env["SPECDECODE_TEST_BINDS"].split()),
         )
 
     @property
@@ -82,7 +86,7 @@ class Testbed:
         self._ssh.check(["sh", "-c", script, "sh", path, mode], stdin=content, timeout=60)
 
     def exec_start(self) -> list[str]:
-        """The production unit's command, as the process receives it."""
+        """The production unit's command as written, its ${VLLM_PORT} unexpanded."""
         from pytest_specdecode.targets.unitfile import effective_exec_start
 
         text = self.ssh("systemctl", "cat", self.unit).stdout

@@ -145,7 +145,7 @@ def test_drift_check_consistent_and_undecided(tmp_path: Path) -> None:
     unsure = analyze(_aba(tmp_path / "b", after=0.97, samples=6)).drift
     assert unsure is not None and unsure.status == "undecided" and unsure.unreliable is False
     assert "it cannot be told whether the baseline drifted" in unsure.text()
-    assert "restart noise is unmeasured" in unsure.text()
+    assert "the restart noise is assumed" in unsure.text()
 
 
 def test_no_drift_check_without_the_second_baseline(run) -> None:

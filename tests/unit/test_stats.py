@@ -19,10 +19,9 @@ from pytest_specdecode.analysis.stats import (
     min_achievable_p,
     minimum_requests,
     nested_interval,
-    restart_noise_from_starts,
 )
 
-ASSUMED = RestartNoise(0.05, math.inf, "unmeasured: assumed 5%")
+ASSUMED = RestartNoise.assumed(0.05)
 KNOWN = RestartNoise(0.02, 10.0, "stored A/A runs")
 
 
@@ -63,53 +62,57 @@ def test_holm_rejects_invalid_p() -> None:
 # --------------------------------------------------------------------------- the interval
 
 
+def interval(b, c, *, noise: RestartNoise, confidence: float = 0.95, **kw) -> Interval:
+    return nested_interval(Question("p", "throughput", True, b, c, **kw), noise=noise,
+                           confidence=confidence)  # fmt: skip
+
+
 def test_one_start_each_adds_the_restart_noise_to_the_requests_spread() -> None:
     b = [[10.0, 11.0, 12.0, 10.5, 11.5]]
     c = [[9.0, 9.5, 10.0, 9.2, 9.8]]
-    interval = nested_interval(b, c, noise=KNOWN, confidence=0.95)
+    found = interval(b, c, noise=KNOWN)
     lb, lc = np.log(b[0]), np.log(c[0])
-    assert interval.estimate == pytest.approx(lc.mean() - lb.mean())
+    assert found.estimate == pytest.approx(lc.mean() - lb.mean())
     s_w2 = (np.var(lb, ddof=1) + np.var(lc, ddof=1)) / 2
     tau2 = KNOWN.sd**2 + s_w2 / 5
-    assert interval.se == pytest.approx(math.sqrt(2 * tau2))
+    assert found.se == pytest.approx(math.sqrt(2 * tau2))
     # Satterthwaite: the noise with its 10 df, the within part with 8.
     df = tau2**2 / (KNOWN.sd**4 / 10 + (s_w2 / 5) ** 2 / 8)
-    assert interval.df == pytest.approx(df)
+    assert found.df == pytest.approx(df)
     t = st.t.ppf(0.975, df)
-    assert (interval.low, interval.high) == pytest.approx(
-        (interval.estimate - t * interval.se, interval.estimate + t * interval.se)
+    assert (found.low, found.high) == pytest.approx(
+        (found.estimate - t * found.se, found.estimate + t * found.se)
     )
 
 
-def test_repeated_starts_measure_their_own_spread_and_ignore_an_assumption() -> None:
+def test_repeated_starts_pool_with_the_assumption_never_replace_it() -> None:
     b = [[10.0, 10.1, 9.9], [11.0, 11.1, 10.9]]  # two starts 10% apart
     c = [[10.5, 10.6, 10.4], [10.4, 10.5, 10.6]]
-    own = nested_interval(b, c, noise=ASSUMED, confidence=0.95)
-    starts_b = np.log([10.0, 11.0])  # (near enough) each start's mean
-    assert own.df == 2  # one df per arm from its two starts
-    assert own.se == pytest.approx(
-        math.sqrt(np.var(starts_b, ddof=1) / 2 * (1 / 2 + 1 / 2)), rel=0.05
-    )
-    pooled = nested_interval(b, c, noise=KNOWN, confidence=0.95)
-    assert pooled.df > own.df  # a measured noise adds its degrees of freedom
+    found = interval(b, c, noise=ASSUMED)
+    starts_b = np.log([10.0, 11.0])
+    spread = np.var(starts_b, ddof=1) / 2  # one df per arm; the candidate's starts barely move
+    # The prior keeps its weight (more with the residual's own df, by Satterthwaite)
+    assert 2 + ASSUMED.df <= found.df < 2 + ASSUMED.df + 1
+    tau2 = (2 * spread + ASSUMED.df * ASSUMED.sd**2) / (2 + ASSUMED.df)
+    assert found.se == pytest.approx(math.sqrt(tau2), rel=0.05)
+    own = interval(b, c, noise=RestartNoise(0.0, 0.0, "nothing", measured=False))
+    assert own.df == pytest.approx(2)  # with no outside knowledge: the run's own df alone
 
 
 def test_no_interval_without_any_spread_to_go_on() -> None:
-    interval = nested_interval([[10.0]], [[9.0]], noise=RestartNoise(0.0, 5.0, "x"), confidence=0.9)
-    assert interval.low == -math.inf and interval.high == math.inf
+    found = interval([[10.0]], [[9.0]], noise=RestartNoise(0.0, 5.0, "x"), confidence=0.9)
+    assert found.low == -math.inf and found.high == math.inf
 
 
-def test_restart_noise_from_many_starts_recovers_the_truth() -> None:
-    rng = np.random.default_rng(3)
-    sets = []
-    for _ in range(60):  # 60 prompt types or runs, 3 starts each, 8 requests a start
-        sets.append(
-            [list(30 * np.exp(rng.normal(0, 0.03) + rng.normal(0, 0.04, 8))) for _ in range(3)]
-        )
-    found = restart_noise_from_starts(sets, source="simulated")
-    assert found is not None and found.df == 120 and found.measured
-    assert found.sd == pytest.approx(0.03, abs=0.006)
-    assert restart_noise_from_starts([[[1.0, 2.0]]], source="x") is None  # one start only
+def test_an_outside_estimate_from_few_starts_widens_the_interval() -> None:
+    """The same restart noise, measured with 3 df or with 30: the t quantile on the honest df."""
+    b = [[10.0, 10.2, 9.8, 10.1, 9.9, 10.0]]
+    c = [[9.0, 9.2, 8.8, 9.1, 8.9, 9.0]]
+    few = interval(b, c, noise=RestartNoise(0.02, 3.0, "one A/A run"), confidence=0.99)
+    many = interval(b, c, noise=RestartNoise(0.02, 30.0, "ten A/A runs"), confidence=0.99)
+    assert few.se == pytest.approx(many.se)
+    assert few.df < 4 < 25 < many.df
+    assert few.high - few.low > 1.5 * (many.high - many.low)
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -157,7 +160,7 @@ def test_a_difference_needs_the_ranks_to_agree() -> None:
     assert verdict is Verdict.INCONCLUSIVE and "ranks do not confirm it" in reason
 
 
-def test_inconclusive_says_what_a_decision_needs_and_names_an_assumed_noise() -> None:
+def test_inconclusive_says_what_would_decide_it_and_names_an_assumed_noise() -> None:
     _, reason = decide(
         interval_of(-0.15, 0.05),
         higher_is_better=True,
@@ -165,10 +168,26 @@ def test_inconclusive_says_what_a_decision_needs_and_names_an_assumed_noise() ->
         p_adjusted=0.5,
         alpha=0.05,
         noise=ASSUMED,
+        family=8,
+        starts=(1, 1),
     )
     assert "straddles the ±3% margin" in reason
-    assert "narrower" in reason and "--spec-repeats" in reason
-    assert "the restart noise is unmeasured: assumed 5%" in reason
+    assert "it would take about" in reason and "starts per arm (--spec-repeats" in reason
+    assert "were the change to stay near -5.5%" in reason
+    assert "the restart noise is assumed" in reason
+
+
+def test_a_change_on_the_margin_says_it_cannot_be_settled() -> None:
+    _, reason = decide(
+        interval_of(-0.10, 0.04),  # centred at -3%: the margin itself
+        higher_is_better=True,
+        min_effect=0.03,
+        p_adjusted=0.5,
+        alpha=0.05,
+        noise=KNOWN,
+        family=8,
+    )
+    assert "sits too near the margin to settle in 50 starts per arm" in reason
 
 
 # --------------------------------------------------------------------------- the family
@@ -196,6 +215,9 @@ def test_compare_family_adjusts_intervals_and_ranks_for_its_size() -> None:
         "df": 10.0,
         "source": "stored A/A runs",
         "measured": True,
+        "spread": None,
+        "within": 0.0,
+        "residual": None,
     }
 
 
@@ -209,4 +231,4 @@ def test_invalid_alpha(alpha: float) -> None:
 @pytest.mark.parametrize("bad", [0.0, -3.0, float("nan"), float("inf")])
 def test_non_positive_or_non_finite_values_are_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="not finite and > 0"):
-        nested_interval([[1.0, 2.0]], [[1.0, bad]], noise=KNOWN, confidence=0.95)
+        interval([[1.0, 2.0]], [[1.0, bad]], noise=KNOWN)

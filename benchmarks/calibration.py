@@ -1,0 +1,105 @@
+"""The verdict's error rates through the whole chain: docs/statistics.md's tables.
+
+Every simulated run is written as results.json; A/A runs go into the host's profile as the
+plugin writes it; the run is analysed from its own file with the restart noise the plugin
+would know (tests/support/chain.py). The host: four prompt types of twelve prompts whose own
+levels spread by 10%, a request's own noise 4%, and a shift per server start shared by its
+prompt types (the restart noise). Run from the repository root:
+
+    .venv/bin/python -m benchmarks.calibration [--runs 300] [--table routes|adaptive|pairing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from pytest_specdecode.config.settings import RunConfig
+from tests.support.chain import Route, SimHost, rates
+
+ROUTES = {
+    "A/A of 8 starts, then 1 start per arm": Route(aa_runs=1, aa_repeats=4, repeats=1),
+    "A/A of 2 starts, then 1 start per arm": Route(aa_runs=1, aa_repeats=1, repeats=1),
+    "nothing measured, 1 start per arm": Route(aa_runs=0, repeats=1),
+    "nothing measured, 2 starts per arm": Route(aa_runs=0, repeats=2),
+    "nothing measured, 3 starts per arm": Route(aa_runs=0, repeats=3),
+}
+SHIFTS = (0.0, 0.01, 0.02, 0.046, 0.06)
+
+
+def routes_table(runs: int, seed: int, tmp: Path) -> None:
+    print("| route | restart noise | false regressed | false improved | A/A undecided | "
+          "power, true -10% | requests per start |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name, route in ROUTES.items():
+        for shift in SHIFTS:
+            host = SimHost(start_sd=shift)
+            aa = rates(host, route, effect=0.0, runs=runs, seed=seed, tmp=tmp / "aa")
+            power = rates(host, route, effect=-0.10, runs=runs, seed=seed + 1, tmp=tmp / "p")
+            print(f"| {name} | {shift:.1%} | {aa.regressed:.1%} | {aa.improved:.1%} | "
+                  f"{aa.inconclusive:.1%} | {power.regressed:.1%} | {aa.requests:.1f} |",
+                  flush=True)  # fmt: skip
+
+
+def adaptive_table(runs: int, seed: int, tmp: Path) -> None:
+    """The adaptive stop rule against a fixed 16 requests, after the documented A/A run."""
+    designs = {
+        "fixed 16": RunConfig(samples=16, max_samples=16),
+        "adaptive 6..16": RunConfig(samples=6, max_samples=16),
+    }
+    print("| restart noise | true change | design | right verdict | false alarm | "
+          "requests per start |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    used = dict.fromkeys(designs, 0.0)
+    for shift in (0.01, 0.02, 0.046):
+        for effect in (0.0, -0.10, 0.10):
+            for name, run in designs.items():
+                route = Route(aa_runs=1, aa_repeats=4, repeats=1, run=run)
+                host = SimHost(start_sd=shift)
+                r = rates(host, route, effect=effect, runs=runs, seed=seed, tmp=tmp / "a")
+                right = r.regressed if effect < 0 else r.improved if effect > 0 else None
+                false = (
+                    r.improved
+                    if effect < 0
+                    else r.regressed
+                    if effect > 0
+                    else max(r.regressed, r.improved)
+                )
+                used[name] += r.requests
+                shown = "n/a" if right is None else f"{right:.1%}"
+                print(f"| {shift:.1%} | {effect:+.0%} | {name} | {shown} | {false:.1%} | "
+                      f"{r.requests:.1f} |", flush=True)  # fmt: skip
+    share = used["adaptive 6..16"] / used["fixed 16"]
+    print(f"\nadaptive used {share:.0%} of the fixed design's requests over these scenarios")
+
+
+def pairing_table(runs: int, seed: int, tmp: Path) -> None:
+    """Paired by prompt, the same requests with their prompts not recorded, or new prompts."""
+    print("| prompts' own spread | true change | design | regressed |")
+    print("|---|---|---|---|")
+    route = Route(aa_runs=1, aa_repeats=4, repeats=1, run=RunConfig(samples=12, max_samples=12))
+    for prompt_sd in (0.05, 0.15):
+        for effect in (0.0, -0.10):
+            for pairing in ("paired", "ignored", "unpaired"):
+                host = replace(SimHost(start_sd=0.02, prompt_sd=prompt_sd), pairing=pairing)
+                r = rates(host, route, effect=effect, runs=runs, seed=seed, tmp=tmp / "q")
+                print(f"| {prompt_sd:.0%} | {effect:+.0%} | {pairing} | {r.regressed:.1%} |",
+                      flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--table", choices=("routes", "adaptive", "pairing"), default="routes")
+    args = parser.parse_args()
+    print(f"{args.runs} runs per row, seed {args.seed}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        table = {"routes": routes_table, "adaptive": adaptive_table, "pairing": pairing_table}
+        table[args.table](args.runs, args.seed, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

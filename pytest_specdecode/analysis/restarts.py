@@ -1,0 +1,327 @@
+"""Server starts, the unit of replication: each start's effect, the restart noise, the interval.
+
+Every request of one server start shares that start's shift, so a metric is compared through
+each start's effect in `log value = start + prompt + residual` (the prompts' own levels
+removed, since every start sends the same prompts). The variance of one start's effect has two
+parts: the restart noise `sigma_b^2`, and the residual's share over its requests.
+
+That variance, `tau^2`, is known from three kinds of evidence, pooled by degrees of freedom:
+- this run's own repeated starts (`--spec-repeats`, an A/A arm, the drift check's baseline):
+  the spread of their effects, `starts - 1` degrees of freedom per configuration;
+- outside knowledge: the restart noise measured by stored runs of this host (A/A runs), with
+  its own degrees of freedom, or where nothing was measured, the assumed value as a prior with
+  a stated weight (`ASSUMED_WEIGHT` degrees of freedom);
+- and the residual, estimated from every request.
+
+The interval is then `δ ± t·SE` on the pooled degrees of freedom, so that an estimate from few
+starts widens the interval rather than passing for knowledge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats as _st
+
+__all__ = [
+    "ASSUMED_WEIGHT",
+    "RestartNoise",
+    "StartFit",
+    "fit_starts",
+    "interval_variance",
+    "restart_noise_of",
+]
+
+# The assumed restart noise counts as this many degrees of freedom where nothing was measured:
+# false alarms then stay within alpha up to a true restart noise of 8% (1.6 times the default
+# assumption). docs/statistics.md has the calibration that chose it.
+ASSUMED_WEIGHT = 12.0
+
+
+@dataclass(frozen=True)
+class RestartNoise:
+    """How much a metric moves between two starts of one configuration (log scale, ~relative).
+
+    Measured, it keeps what it was estimated from: the variance of one start's effect in the
+    runs that measured it (`spread`), and that variance's within-start part (`within`), so that
+    its own uncertainty (`2·spread²/df`) can be carried into an interval. Assumed, `df` is the
+    weight the assumption is given.
+    """
+
+    sd: float
+    df: float
+    source: str
+    measured: bool = True
+    spread: float | None = None  # variance of one start's effect where measured; None: sd²
+    within: float = 0.0  # its within-start part
+    residual: float | None = None  # one request's variance around its start and prompt
+
+    @property
+    def variance(self) -> float:
+        return self.sd**2
+
+    @property
+    def start_variance(self) -> float:
+        """The variance of one start's effect in the runs this comes from."""
+        return self.spread if self.spread is not None else self.sd**2
+
+    def interval(self, confidence: float = 0.9) -> tuple[float, float]:
+        """Where the restart noise lies, at this confidence, from its own degrees of freedom:
+        a start's variance scaled by chi-square, less its within-start part (never below 0)."""
+        if not self.measured or self.df <= 0:
+            return math.nan, math.nan
+        tail = (1 - confidence) / 2
+        spread = self.start_variance
+        low = spread * self.df / float(_st.chi2.ppf(1 - tail, self.df)) - self.within
+        high = spread * self.df / float(_st.chi2.ppf(tail, self.df)) - self.within
+        return math.sqrt(max(0.0, low)), math.sqrt(max(0.0, high))
+
+    @classmethod
+    def assumed(cls, sd: float, *, weight: float = ASSUMED_WEIGHT) -> RestartNoise:
+        return cls(
+            sd,
+            weight,
+            f"unmeasured: assumed {sd:.0%}, weighted as {weight:g} degrees of freedom "
+            "(measure it with --spec-config baseline --spec-repeats 4)",
+            measured=False,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sd": self.sd,
+            "df": self.df,
+            "source": self.source,
+            "measured": self.measured,
+            "spread": self.spread,
+            "within": self.within,
+            "residual": self.residual,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RestartNoise:
+        df = data.get("df")
+        measured = bool(data.get("measured", df is not None))
+        if df is None or not math.isfinite(float(df)):  # an earlier version's assumption
+            return cls.assumed(float(data["sd"]))
+        spread, residual = data.get("spread"), data.get("residual")
+        return cls(
+            float(data["sd"]),
+            float(df),
+            str(data["source"]),
+            measured=measured,
+            spread=None if spread is None else float(spread),
+            within=float(data.get("within") or 0.0),
+            residual=None if residual is None else float(residual),
+        )
+
+
+def pooled(estimates: Sequence[RestartNoise], *, source: str) -> RestartNoise | None:
+    """Several measured estimates as one, weighted by their degrees of freedom."""
+    found = [e for e in estimates if e.measured and e.df > 0]
+    if not found:
+        return None
+    df = sum(e.df for e in found)
+    spread = sum(e.df * e.start_variance for e in found) / df
+    within = sum(e.df * e.within for e in found) / df
+    between = sum(e.df * _between(e) for e in found) / df
+    known = [e for e in found if e.residual is not None]
+    residual = (
+        sum(e.df * (e.residual or 0.0) for e in known) / sum(e.df for e in known) if known else None
+    )
+    return RestartNoise(math.sqrt(max(0.0, between)), df, source, True, spread, within, residual)
+
+
+def _between(e: RestartNoise) -> float:
+    """The unclipped estimate of sigma_b^2 (below 0: no more than the requests explain)."""
+    return e.start_variance - e.within if e.spread is not None else e.sd**2
+
+
+# --------------------------------------------------------------------------- the starts' effects
+
+
+@dataclass(frozen=True)
+class StartFit:
+    """Each start's effect, with the prompts' own levels removed when the requests pair."""
+
+    effects: np.ndarray  # one per start
+    residual_var: float  # of one request around its start and prompt; nan where df is 0
+    residual_df: float
+    cov: np.ndarray  # the effects' covariance over the residual variance
+    paired: bool
+
+    def spread(self, members: Sequence[int]) -> tuple[float, float, float]:
+        """For starts of one configuration: the sum of squares of their effects about their
+        mean, its degrees of freedom, and the part of it the residual is expected to make."""
+        e = self.effects[list(members)]
+        n = e.size
+        if n < 2:
+            return 0.0, 0.0, 0.0
+        centre = np.eye(n) - 1.0 / n
+        part = float(np.trace(centre @ self.cov[np.ix_(members, members)] @ centre))
+        within = self.residual_var * part if self.residual_df else 0.0
+        return float(np.sum((e - e.mean()) ** 2)), float(n - 1), within
+
+
+def fit_starts(
+    starts: Sequence[np.ndarray], prompts: Sequence[Sequence[int]] | None = None
+) -> StartFit:
+    """Least squares on `log value = start + prompt + residual` over every start given.
+
+    Without prompts (or where they do not link the starts), each start's effect is the mean of
+    its log values and the residual is the pooled within-start variance.
+    """
+    if prompts is not None:
+        fit = _paired(starts, prompts)
+        if fit is not None:
+            return fit
+    df = sum(g.size - 1 for g in starts)
+    var = sum(float(np.sum((g - g.mean()) ** 2)) for g in starts) / df if df else math.nan
+    return StartFit(
+        effects=np.array([g.mean() for g in starts]),
+        residual_var=var,
+        residual_df=float(df),
+        cov=np.diag([1.0 / g.size for g in starts]),
+        paired=False,
+    )
+
+
+def _paired(starts: Sequence[np.ndarray], prompts: Sequence[Sequence[int]]) -> StartFit | None:
+    labels = sorted({i for start in prompts for i in start})
+    if len(labels) < 2:
+        return None
+    column = {label: j for j, label in enumerate(labels[1:])}  # the first prompt: the reference
+    n_starts = len(starts)
+    n_cols = n_starts + len(labels) - 1
+    rows = sum(len(p) for p in prompts)
+    x = np.zeros((rows, n_cols))
+    r = 0
+    for s, start in enumerate(prompts):
+        for label in start:
+            x[r, s] = 1.0
+            if label in column:
+                x[r, n_starts + column[label]] = 1.0
+            r += 1
+    y = np.concatenate(starts)
+    xtx = x.T @ x
+    rank = int(np.linalg.matrix_rank(xtx))
+    df = y.size - rank
+    if rank < n_cols or df <= 0:
+        return None
+    inverse = np.linalg.inv(xtx)
+    beta = inverse @ (x.T @ y)
+    residual = y - x @ beta
+    return StartFit(
+        effects=beta[:n_starts],
+        residual_var=float(residual @ residual) / df,
+        residual_df=float(df),
+        cov=inverse[:n_starts, :n_starts],
+        paired=True,
+    )
+
+
+# --------------------------------------------------------------------------- restart noise
+
+
+def restart_noise_of(
+    configurations: Sequence[Sequence[StartFit | tuple[StartFit, Sequence[int]]]],
+    *,
+    source: str,
+) -> RestartNoise | None:
+    """The restart noise measured by configurations started more than once.
+
+    Each configuration gives, per key (prompt type and level), a fit and the starts of it that
+    belong to the configuration. The keys of one configuration share its starts, and a start's
+    shift is shared by its keys: so they are averaged, and the configuration counts
+    `starts - 1` degrees of freedom, however many keys it has. Configurations pool by df.
+    """
+    estimates = []
+    for keys in configurations:
+        parts, residuals = [], []
+        for entry in keys:
+            fit, members = entry if isinstance(entry, tuple) else (entry, range(len(entry.effects)))
+            ss, df, within = fit.spread(list(members))
+            if df:
+                parts.append((ss / df, within / df, df))
+            if fit.residual_df:
+                residuals.append((fit.residual_var, fit.residual_df))
+        if not parts:
+            continue
+        spread = float(np.mean([p[0] for p in parts]))
+        within = float(np.mean([p[1] for p in parts]))
+        df = max(p[2] for p in parts)
+        residual = (
+            sum(v * d for v, d in residuals) / sum(d for _, d in residuals) if residuals else None
+        )
+        between = max(0.0, spread - within)
+        estimates.append(
+            RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
+        )
+    return pooled(estimates, source=source)
+
+
+# --------------------------------------------------------------------------- the interval
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One estimate of tau^2, the variance of one start's effect in this comparison."""
+
+    variance: float
+    df: float
+    what: str
+
+
+def interval_variance(
+    fit: StartFit,
+    *,
+    baseline: Sequence[int],
+    candidate: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    outside: RestartNoise,
+) -> tuple[float, float, list[Evidence]]:
+    """The variance of one start's effect (tau^2) for this comparison, its degrees of freedom,
+    and the evidence it was pooled from.
+
+    `groups` are the starts of this run that share a configuration (each group about its own
+    mean); `outside` is what stored runs measured, or the assumed value.
+    """
+    n_b, n_c = len(baseline), len(candidate)
+    weights = np.zeros(len(fit.effects))
+    weights[list(baseline)] = -1.0 / n_b
+    weights[list(candidate)] = 1.0 / n_c
+    arms = 1.0 / n_b + 1.0 / n_c
+    within = fit.residual_var * float(weights @ fit.cov @ weights) / arms if fit.residual_df else 0
+    evidence = []
+    ss = df = 0.0
+    for members in groups:
+        s, d, _ = fit.spread(members)
+        ss, df = ss + s, df + d
+    if df:
+        evidence.append(Evidence(ss / df, df, "this run's repeated starts"))
+    found = outside_evidence(outside, within=within, residual_df=fit.residual_df)
+    if found.df > 0:
+        evidence.append(found)
+    total = sum(e.df for e in evidence)
+    if not total:
+        return math.inf, 0.0, evidence
+    return sum(e.df * e.variance for e in evidence) / total, total, evidence
+
+
+def outside_evidence(outside: RestartNoise, *, within: float, residual_df: float) -> Evidence:
+    """The outside knowledge as an estimate of tau^2 for starts whose requests' share is
+    `within`: its restart noise plus that share. Its degrees of freedom (Satterthwaite) carry
+    the estimate's own uncertainty (its start variance over its df) and the residual's."""
+    value = max(0.0, _between(outside)) + within
+    spread_part = outside.start_variance**2 / outside.df if outside.df > 0 else math.inf
+    within_part = within**2 / residual_df if residual_df else (math.inf if within else 0.0)
+    uncertainty = spread_part + within_part
+    df = value**2 / uncertainty if uncertainty > 0 and value > 0 else 0.0
+    return Evidence(value, df, outside.source)
+
+
+def t_quantile(p: float, df: float) -> float:
+    return float(_st.t.ppf(p, df)) if math.isfinite(df) else float(_st.norm.ppf(p))

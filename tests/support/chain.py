@@ -1,0 +1,249 @@
+"""The whole chain, simulated: runs written as results.json, read back, analysed as the plugin does.
+
+A simulated host draws each request's throughput on the log scale:
+
+    log tok/s = log(base) + effect·[candidate] + start shift + prompt + request noise
+
+Every prompt type of one server start shares its shift (or, with `shared_shift=False`, each has
+its own); each prompt of a prompt type has its own level, the same in every start; each request
+has its own noise. TPOT follows from the same request (a fixed TTFT), as on a real server.
+
+A route is what a user does: `aa_runs` A/A runs of `aa_repeats` starts per arm, each written to
+the reports folder as the plugin writes it, then the run itself (`repeats` starts per arm). The run
+reads the stored runs, takes the restart noise they measured, and is analysed from its own
+results.json by `candidate_verdicts`: the path of the pytest verdict tests. The adaptive stop rule
+is the experiment's own. Nothing is handed to the analysis beside the files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from pytest_specdecode.analysis.compare import PromptTypeVerdict
+from pytest_specdecode.analysis.noise import AA_ARM
+from pytest_specdecode.analysis.restarts import RestartNoise
+from pytest_specdecode.analysis.run import candidate_verdicts
+from pytest_specdecode.analysis.stats import Verdict
+from pytest_specdecode.config.prompts import Prompt, request_plan
+from pytest_specdecode.config.settings import PromptType, RunConfig
+from pytest_specdecode.measure.experiment import design_order
+from pytest_specdecode.measure.loadgen import RequestSample
+from pytest_specdecode.record.profile import read_profile
+from pytest_specdecode.record.schema import BASELINE, Measurement, Phase, RunRecord, TargetInfo
+
+from . import chain_rules
+
+PROMPT_TYPES = ("coding", "math", "structured", "explanatory")
+TOKENS = 64
+TTFT_S = 0.05
+HOST, MODEL, VERSION = "sim-host", "sim-model", "0.32.0"
+CANDIDATE = "ngram"
+
+
+@dataclass(frozen=True)
+class SimHost:
+    """What the simulated host does: its true noise, and its prompts' own spread."""
+
+    start_sd: float = 0.046  # restart noise (log scale): the shift of a server start
+    shared_shift: bool = True  # one shift per start for all prompt types, or one each
+    request_sd: float = 0.04  # each request's own noise (log scale)
+    prompts: int = 12  # prompts per prompt type (0: one prompt, repeated)
+    prompt_sd: float = 0.10  # the prompts' own levels' spread (log scale)
+    prompt_types: tuple[str, ...] = PROMPT_TYPES
+    # "paired": every start sends the same prompts, each request records its prompt;
+    # "ignored": the same requests, their prompts not recorded; "unpaired": every request a
+    # new prompt from a large pool (nothing to pair)
+    pairing: str = "paired"
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the user runs: stored A/A runs first (maybe none), then the run."""
+
+    aa_runs: int = 1
+    aa_repeats: int = 1  # starts per arm of each A/A run
+    repeats: int = 1  # starts per arm of the run
+    run: RunConfig = field(default_factory=RunConfig)  # the design: samples, margin, alpha, ...
+
+
+def _prompt_types(host: SimHost) -> dict[str, PromptType]:
+    n = max(1, host.prompts)
+    return {
+        t: PromptType(
+            name=t,
+            prompt=f"{t} prompt 0",
+            max_tokens=TOKENS,
+            min_tokens_per_s=None,
+            max_tpot_ms=None,
+            prompts=tuple(Prompt(f"{t} prompt {i}") for i in range(n)),
+        )
+        for t in host.prompt_types
+    }
+
+
+def _record(route: Route, host: SimHost, candidate: str, repeats: int) -> RunRecord:
+    return RunRecord(
+        plugin_version="sim",
+        config_file="simulated.toml",
+        target=TargetInfo(backend="local", host=HOST, api_base="http://sim", model=MODEL),
+        run=replace(route.run, repeats=repeats),
+        candidates={candidate: {} if candidate == AA_ARM else {"method": "ngram"}},
+        prompt_types=_prompt_types(host),
+    )
+
+
+def _sample(
+    prompt_type: str, phase: str, index: int, rate: float, prompt: int | None
+) -> RequestSample:
+    return RequestSample(
+        prompt_type=prompt_type,
+        phase=phase,
+        index=index,
+        warmup=False,
+        started_at=0.0,
+        ttft_s=TTFT_S,
+        e2e_s=TTFT_S + (TOKENS - 1) / rate,
+        output_tokens=TOKENS,
+        prompt_tokens=40,
+        chunks=TOKENS,
+        prompt_index=prompt,
+    )
+
+
+def _measure_run(
+    record: RunRecord,
+    host: SimHost,
+    levels: dict[str, np.ndarray],
+    effect: float,
+    rng: np.random.Generator,
+    stop: Callable[[RunRecord, Phase, Measurement], bool],
+) -> None:
+    """Every start of the run's design, in the experiment's order."""
+    (candidate,) = record.candidates
+    run = record.run
+    least, most = run.requests_at(run.levels[0], fixed=candidate == AA_ARM)
+    n = max(1, host.prompts)
+    plan = request_plan(n, samples=most).levels[0]
+    for name, arm in design_order([candidate], run.repeats):
+        phase = Phase(name=name, arm=arm, spec=record.candidates.get(arm), server_version=VERSION)
+        record.phases[name] = phase
+        true = 0.0 if arm in (BASELINE, AA_ARM) else math.log1p(effect)
+        shared = rng.normal(0.0, host.start_sd)
+        for t in host.prompt_types:
+            shift = shared if host.shared_shift else rng.normal(0.0, host.start_sd)
+            m = Measurement(prompt_type=t)
+            phase.measurements[t] = m
+            for i in plan:
+                if len(m.samples) >= least and (len(m.samples) >= most or stop(record, phase, m)):
+                    break
+                own = (
+                    rng.normal(0.0, host.prompt_sd)
+                    if host.pairing == "unpaired"
+                    else float(levels[t][i])
+                )
+                rate = math.exp(
+                    math.log(30.0) + true + shift + own + rng.normal(0, host.request_sd)
+                )
+                told = int(i) if host.pairing == "paired" else None
+                m.samples.append(_sample(t, name, len(m.samples), rate, told))
+            m.wall_s = sum(s.e2e_s for s in m.samples)
+
+
+def simulate_route(
+    host: SimHost,
+    route: Route,
+    *,
+    effect: float,
+    rng: np.random.Generator,
+    reports: Path,
+) -> dict[str, PromptTypeVerdict]:
+    """The route on a fresh reports folder; the run's verdicts, from its results.json."""
+    levels = {  # each prompt's own level: the same in every start of every run on this host
+        t: rng.normal(0.0, host.prompt_sd, max(1, host.prompts)) if host.prompts else np.zeros(1)
+        for t in host.prompt_types
+    }
+    profiles = reports / "host-profiles"
+    for k in range(route.aa_runs):
+        record = _record(route, host, AA_ARM, route.aa_repeats)
+        run_dir = reports / f"aa-{k}"
+        stop = chain_rules.stop_rule_for(reports, profiles, record, run_dir)
+        _measure_run(record, host, levels, 0.0, rng, stop)
+        chain_rules.finish(record, reports, profiles, run_dir)
+    record = _record(route, host, CANDIDATE, route.repeats)
+    run_dir = reports / "run"
+    stop = chain_rules.stop_rule_for(reports, profiles, record, run_dir)
+    _measure_run(record, host, levels, effect, rng, stop)
+    chain_rules.finish(record, reports, profiles, run_dir)
+    written = RunRecord.from_json(json.loads((reports / "run" / "results.json").read_text()))
+    return candidate_verdicts(written, CANDIDATE)
+
+
+def aa_estimates(
+    host: SimHost, route: Route, *, runs: int, seed: int, tmp: Path
+) -> list[dict[str, RestartNoise]]:
+    """The restart noise each of `runs` A/A runs (the route's first) wrote into its host's
+    profile, read back from the file, per metric."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(runs):
+        reports = tmp / f"aa{i}"
+        shutil.rmtree(reports, ignore_errors=True)
+        levels = {
+            t: rng.normal(0.0, host.prompt_sd, max(1, host.prompts)) for t in host.prompt_types
+        }
+        record = _record(route, host, AA_ARM, route.aa_repeats)
+        profiles = reports / "host-profiles"
+        stop = chain_rules.stop_rule_for(reports, profiles, record, reports / "aa-0")
+        _measure_run(record, host, levels, 0.0, rng, stop)
+        chain_rules.finish(record, reports, profiles, reports / "aa-0")
+        profile = read_profile(profiles, HOST, MODEL)
+        assert profile is not None
+        (entry,) = profile.entries
+        found.append({m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()})
+        shutil.rmtree(reports, ignore_errors=True)
+    return found
+
+
+@dataclass(frozen=True)
+class Rates:
+    runs: int
+    regressed: float  # share of runs with any prompt type called regressed
+    improved: float
+    inconclusive: float  # share of runs with any prompt type undecided
+    requests: float  # mean measured requests per prompt type and start of the run
+    missed: float = 0.0  # share of the comparisons whose interval misses the true change
+
+    def mc_error(self, p: float) -> float:
+        """Two standard errors of a Monte Carlo share near p."""
+        return 2 * math.sqrt(max(p * (1 - p), 0.25 / self.runs) / self.runs)
+
+
+def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, tmp: Path) -> Rates:
+    rng = np.random.default_rng(seed)
+    regressed = improved = undecided = requests = missed = comparisons = 0
+    truth = math.log1p(effect)
+    for i in range(runs):
+        reports = tmp / f"r{i}"
+        shutil.rmtree(reports, ignore_errors=True)  # a fresh host: no runs, no profile
+        verdicts = simulate_route(host, route, effect=effect, rng=rng, reports=reports).values()
+        shutil.rmtree(reports, ignore_errors=True)
+        regressed += any(v.verdict is Verdict.REGRESSED for v in verdicts)
+        improved += any(v.verdict is Verdict.IMPROVED for v in verdicts)
+        undecided += any(v.undecided for v in verdicts)
+        requests += sum(v.throughput.n_candidate + v.throughput.n_baseline for v in verdicts)
+        for c in (c for v in verdicts for c in v.comparisons):
+            true = truth if c.higher_is_better else -truth  # TPOT moves the other way
+            comparisons += 1
+            missed += not c.interval.low <= true <= c.interval.high
+    per_start = requests / (runs * len(host.prompt_types) * 2 * route.repeats)
+    return Rates(
+        runs, regressed / runs, improved / runs, undecided / runs, per_start,
+        missed / max(comparisons, 1),
+    )  # fmt: skip
