@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from .errors import ConfigError
 from .session import PLUGIN_NAME, SpecDecodeSession, session_of, settings_from_options
 from .targets import open_target
 from .targets.base import Target
-from .targets.lifecycle import note_signal
+from .targets.lifecycle import interrupt_on_signals
 
 GROUP = "specdecode"
 _EXPERIMENT_OPTIONS = (
@@ -234,7 +233,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from .report import html_hooks
 
         html_hooks.register(config, session)
-    _sigterm_as_interrupt()
+    interrupt_on_signals()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -310,23 +309,3 @@ def _relative_change(text: str) -> float:
     if not 0 < value < 10:
         raise argparse.ArgumentTypeError(f"a relative change must be above 0, got {text!r}")
     return value
-
-
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM (a cancelled CI job), SIGHUP (a closed terminal) and Ctrl-C all unwind like
-    Ctrl-C, so the restore runs; the first of them first hands the restore to the host."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        note_signal(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig, default in (
-        (signal.SIGTERM, signal.SIG_DFL),
-        (signal.SIGHUP, signal.SIG_DFL),
-        (signal.SIGINT, signal.default_int_handler),
-    ):
-        try:
-            if signal.getsignal(sig) in (default, None):
-                signal.signal(sig, interrupt)
-        except ValueError:  # not the main thread
-            pass

@@ -299,6 +299,7 @@ class SpecDecodeSession:
                 headers=headers,
                 transport=transports.sync,
                 record_ending=record_ending,
+                clock=transports.clock,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
                 self.experiment = Experiment(

@@ -95,6 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="exit 1 when run B is significantly and materially slower on any row",
     )
+    parser.add_argument(
+        "--fail-on-undecided",
+        action="store_true",
+        help="exit 1 when any row has no verdict (inconclusive, insufficient samples, "
+        "contaminated) or nothing was compared: as the pytest gate, never green on nothing",
+    )
     args = parser.parse_args(argv)
     try:
         a, b = load_run(args.a), load_run(args.b)
@@ -109,8 +115,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for line in comparison_lines(a, b, found, names=(args.a, args.b), markdown=args.markdown):
         print(line)
-    regressed = any(r.verdict == Verdict.REGRESSED.value for r in found)
-    return 1 if args.fail_on_regression and regressed else 0
+    failing = gate_failures(
+        found, regression=args.fail_on_regression, undecided=args.fail_on_undecided
+    )
+    for reason in failing:
+        print(f"specdecode-compare: {reason}", file=sys.stderr)
+    return 1 if failing else 0
+
+
+UNDECIDED = {Verdict.INCONCLUSIVE.value, Verdict.INSUFFICIENT.value, Verdict.CONTAMINATED.value}
+
+
+def gate_failures(found: Sequence[Row], *, regression: bool, undecided: bool) -> list[str]:
+    """Why the comparison fails the gate asked for; [] when it passes."""
+    out = []
+    regressed = [r for r in found if r.verdict == Verdict.REGRESSED.value]
+    if regression and regressed:
+        out.append(
+            "B regressed on " + ", ".join(f"{r.candidate}/{r.prompt_type}" for r in regressed)
+        )
+    if undecided:
+        open_rows = [r for r in found if r.verdict in UNDECIDED]
+        if open_rows:
+            out.append(
+                "no verdict on "
+                + ", ".join(f"{r.candidate}/{r.prompt_type} ({r.verdict})" for r in open_rows)
+            )
+        elif not found:
+            out.append("nothing was compared: no phase and prompt type is in both runs")
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -94,6 +92,7 @@ class Experiment:
         self.progress = progress
         self.headers = dict(headers or {})
         self._transports = transports or Transports()
+        self._clock = self._transports.clock
         # What the adaptive stop rule knows of the host: the restart noise, a request's residual
         known = dict(outside or {})
         throughput = known.get("throughput")
@@ -291,7 +290,7 @@ class Experiment:
             kept.append(sample)
             self.store.add_sample(phase.name, sample)
 
-        result = asyncio.run(
+        result = self._clock.run(
             run_level(
                 planned_specs(window.base, prompt_type.prompts, indices),
                 m.level,
@@ -303,6 +302,7 @@ class Experiment:
                 headers=self.headers,
                 transport=self._transports.async_,
                 on_sample=keep,
+                clock=self._clock,
             )
         )
         if not warmup:
@@ -330,20 +330,20 @@ class Experiment:
     def watch(self, service: Service, seconds: float) -> Traffic:
         """The server's traffic over a while, with nothing sent by this run."""
         before = self._counters(service)
-        time.sleep(seconds)
+        self._clock.sleep(seconds)
         return traffic_between(before, self._counters(service))
 
     def wait_for_quiet(self, service: Service) -> None:
         """Until a stretch passes without other clients' traffic; bounded, with progress."""
         run = self.settings.run
         limit_s, step_s = run.quiet_wait_s, min(5.0, run.traffic_watch_s)
-        start = time.monotonic()
-        while time.monotonic() - start < limit_s:
+        start = self._clock.now()
+        while self._clock.now() - start < limit_s:
             seen = self.watch(service, step_s)
             if quiet(seen):
                 return
             self.progress(
-                f"  … {time.monotonic() - start:.0f}s waiting for the server to be quiet: "
+                f"  … {self._clock.now() - start:.0f}s waiting for the server to be quiet: "
                 f"{rate_text(seen, step_s)}"
             )
         self.progress(f"the server did not fall quiet within {limit_s:.0f}s: measuring anyway")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from ..clock import MACHINE, Clock
 from ..errors import RequestError
 from .levels import SLO, LevelStats, LoadLevel, level_stats, poisson_arrivals
 from .sse_transport import LeanSSETransport
@@ -119,12 +120,16 @@ async def timed_request(
     warmup: bool,
     prompt_index: int | None = None,
     level: str | None = None,
+    clock: Clock = MACHINE,
 ) -> RequestSample:
-    """Send one streaming request and time it. Raises RequestError on any protocol problem."""
+    """Send one streaming request and time it on `clock`. Raises RequestError on any protocol
+    problem."""
     url, payload = spec.url_and_payload()
     try:
         async with asyncio.timeout(spec.timeout_s):
-            sample = await _stream(client, url, payload, spec, prompt_type, phase, index, warmup)
+            sample = await _stream(
+                client, url, payload, spec, prompt_type, phase, index, warmup, clock.now
+            )
     except TimeoutError:
         raise RequestError(
             f"{url}: the stream did not end within {spec.timeout_s:g}s ({prompt_type}, {phase})"
@@ -156,6 +161,7 @@ async def _stream(
     phase: str,
     index: int,
     warmup: bool,
+    clock: Callable[[], float],
 ) -> RequestSample:
     """The hot path: one stream, its SSE lines split from raw bytes, one clock read per read.
 
@@ -163,7 +169,6 @@ async def _stream(
     """
     timeout = httpx.Timeout(10.0, read=spec.read_timeout_s)
     started_at = time.time()
-    clock = time.perf_counter
     t0 = clock()
     first = last = 0.0
     gaps: list[float] = []
@@ -366,20 +371,21 @@ class LevelResult:
 class _CpuWindows:
     """The client process's CPU time over wall time, whole and per window of `window_s`."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, clock: Clock) -> None:
         self.window_s = window_s
+        self.clock = clock
         self.peak = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.wall0, self.cpu0 = self.clock.now(), time.process_time()
         self._task = asyncio.ensure_future(self._sample())
 
     async def _sample(self) -> None:
         wall, cpu = self.wall0, self.cpu0
         while True:
             await asyncio.sleep(self.window_s)
-            now, used = time.perf_counter(), time.process_time()
+            now, used = self.clock.now(), time.process_time()
             if now - wall > 0:
                 self.peak = max(self.peak, (used - cpu) / (now - wall))
             wall, cpu = now, used
@@ -406,6 +412,7 @@ async def run_level(
     transport: httpx.AsyncBaseTransport | None = None,
     on_sample: Callable[[RequestSample], None] = lambda s: None,
     cpu_window_s: float = 1.0,
+    clock: Clock = MACHINE,
 ) -> LevelResult:
     """Send one load level: request i is `specs[i]`, sent in that order; returns the samples.
 
@@ -413,6 +420,7 @@ async def run_level(
     Open loop (rate): request i leaves at its Poisson arrival time (seeded), with at most
     `concurrency` in flight if that is set too. The first RequestError cancels the rest and is
     raised. The client's CPU share is measured over the level and per `cpu_window_s` window.
+    Times are read on `clock`; run this on its event loop (`clock.run`).
     """
     if not specs:
         raise ValueError("a load level needs at least one request")
@@ -433,12 +441,12 @@ async def run_level(
         async def one(i: int) -> RequestSample:
             nonlocal in_flight, peak
             if arrivals is not None:
-                await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+                await asyncio.sleep(max(0.0, t0 + arrivals[i] - clock.now()))
             if gate is not None:
                 await gate.acquire()
             try:
                 if arrivals is not None:
-                    lags.append(time.perf_counter() - t0 - arrivals[i])
+                    lags.append(clock.now() - t0 - arrivals[i])
                 in_flight += 1
                 peak = max(peak, in_flight)
                 sample = await timed_request(
@@ -450,6 +458,7 @@ async def run_level(
                     warmup=warmup,
                     prompt_index=indices[i],
                     level=label,
+                    clock=clock,
                 )
             finally:
                 in_flight -= 1
@@ -458,8 +467,8 @@ async def run_level(
             on_sample(sample)
             return sample
 
-        cpu = _CpuWindows(cpu_window_s)
-        t0 = time.perf_counter()
+        cpu = _CpuWindows(cpu_window_s, clock)
+        t0 = clock.now()
         cpu.start()
         tasks = [asyncio.ensure_future(one(i)) for i in range(len(specs))]
         try:
@@ -470,7 +479,7 @@ async def run_level(
             await asyncio.gather(*tasks, return_exceptions=True)
             await cpu.stop()
             raise
-        wall = time.perf_counter() - t0
+        wall = clock.now() - t0
         cpu_s = await cpu.stop()
     slo = slo or SLO()
     stats = level_stats(

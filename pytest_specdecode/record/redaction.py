@@ -14,7 +14,7 @@ _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I
 RULES = {
     "secret flag": re.compile(r"(--(?:api-key|hf-token|token)(?:=|\s+))(\S+)"),
     "secret key in JSON or Python": re.compile(
-        r"((?:api_key|hf_token|token)['\"]?\s*[:=]\s*\[?\s*['\"])([^'\"]+)"
+        r"((?:api_key|hf_token|token)['\"]?\s*[:=]\s*\[?\s*['\"])([^'\"]+)", re.IGNORECASE
     ),
     "secret variable": re.compile(r"(\b\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\S+)"),
     "bearer header": re.compile(r"(Authorization:\s*Bearer\s+)(\S+)", re.IGNORECASE),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -12,6 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ServiceError
 from .hosts import Host
@@ -21,10 +21,12 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Transports:
-    """httpx transports to the services' API; None means a real network connection."""
+    """How the services' API is reached and timed: httpx transports (None means a real network
+    connection) and the clock (the machine's, unless a test's seam keeps virtual time)."""
 
     sync: httpx.BaseTransport | None = None
     async_: httpx.AsyncBaseTransport | None = None
+    clock: Clock = MACHINE
 
 
 class Service(Protocol):
@@ -124,17 +126,18 @@ def wait_until_ready(
     report_every_s: float = 15.0,
     headers: dict[str, str] | None = None,
     transport: httpx.BaseTransport | None = None,
+    clock: Clock = MACHINE,
 ) -> float:
     """Block until /health answers and /v1/models lists the model; returns the seconds waited."""
-    start = time.monotonic()
+    start = clock.now()
     last_report = start
     progress(f"waiting for {service.label} at {service.api_base} (up to {timeout_s:.0f}s)")
     with httpx.Client(timeout=5.0, headers=headers, transport=transport) as client:
         while True:
-            elapsed = time.monotonic() - start
+            elapsed = clock.now() - start
             reason = service.failure()
             if reason:
-                time.sleep(2)  # let the dying server finish writing its traceback
+                clock.sleep(2)  # let the dying server finish writing its traceback
                 tail = service.log_tail(30)
                 cause = cause_in(tail)
                 raise ServiceError(
@@ -151,14 +154,14 @@ def wait_until_ready(
                     f"(no healthy /health and /v1/models at {service.api_base})"
                     + _tail_text(service.label, service.log_tail(30))
                 )
-            if time.monotonic() - last_report >= report_every_s:
-                last_report = time.monotonic()
+            if clock.now() - last_report >= report_every_s:
+                last_report = clock.now()
                 tail = service.log_tail(1)
                 progress(
                     f"  … {elapsed:.0f}s elapsed, waiting for {service.label}; "
                     f"last log line: {tail[-1][:160] if tail else '(none yet)'}"
                 )
-            time.sleep(poll_s)
+            clock.sleep(poll_s)
 
 
 def _serves(client: httpx.Client, service: Service) -> bool:

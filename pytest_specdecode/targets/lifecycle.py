@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig
 from ..errors import HostError, ServiceError
 from .base import Progress, Service, Target, wait_until_ready
@@ -162,8 +163,29 @@ INTERRUPTS = Interrupts()
 
 
 def note_signal(signum: int) -> None:
-    """For the plugin's signal handlers: record the signal and, the first time, hand over."""
+    """For the signal handlers: record the signal and, the first time, hand over."""
     INTERRUPTS.signalled(signum)
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM (a cancelled CI job), SIGHUP (a closed terminal) and Ctrl-C all unwind like
+    Ctrl-C, so the restore runs; the first of them first hands the restore to the host.
+    Handlers someone else installed are left alone. Installed by the plugin for a run."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        note_signal(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig, default in (
+        (signal.SIGTERM, signal.SIG_DFL),
+        (signal.SIGHUP, signal.SIG_DFL),
+        (signal.SIGINT, signal.default_int_handler),
+    ):
+        try:
+            if signal.getsignal(sig) in (default, None):
+                signal.signal(sig, interrupt)
+        except ValueError:  # not the main thread
+            pass
 
 
 class Switchboard:
@@ -179,6 +201,7 @@ class Switchboard:
         headers: dict[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
         interrupts: Interrupts | None = None,
+        clock: Clock = MACHINE,
     ) -> None:
         self.target = target
         self.original = target.original()
@@ -195,6 +218,7 @@ class Switchboard:
         self._headers = headers
         self._transport = transport
         self._progress = progress
+        self._clock = clock
 
     def activate(self, spec: SpecConfig | None, *, restart: bool = False) -> Service:
         """Make the original (spec None) or the candidate for `spec` the one serving.
@@ -226,11 +250,12 @@ class Switchboard:
             progress=self._progress,
             headers=self._headers,
             transport=self._transport,
+            clock=self._clock,
         )
 
     def restore(self, record: Callable[[RunEnding], None] | None = None) -> RestoreReport:
         """Put the original back as it was found: here, or by watching the host do it."""
-        start = time.monotonic()
+        start = self._clock.now()
         errors: list[str] = []
         observed = True
         self._serving = False
@@ -268,17 +293,21 @@ class Switchboard:
             original=self.original.label,
             was_active=self.was_active,
             is_active=is_active,
-            seconds=time.monotonic() - start,
+            seconds=self._clock.now() - start,
             errors=errors,
             serving=self._serving,
             observed=observed,
             notes=notes,
         )
         self.ending.signals = list(self.interrupts.signals)  # a second one may have come
-        began = self.interrupts.first_at if self.ending.signals else start
         self.ending.restore_observed = observed
         if observed and is_active == self.was_active:
-            self.ending.restore_s = time.monotonic() - (began or start)
+            first = self.interrupts.first_at
+            self.ending.restore_s = (
+                time.monotonic() - first  # a signal's time is the machine's
+                if self.ending.signals and first is not None
+                else self._clock.now() - start
+            )
         self._progress(f"run ending: {self.ending.describe()}")
         if record is not None:
             record(self.ending)
@@ -344,10 +373,10 @@ class Switchboard:
             except HostError as exc:
                 failures += 1
                 away = not self.target.reachable()
-                if time.monotonic() < deadline and (away or failures < 3):
+                if self._clock.now() < deadline and (away or failures < 3):
                     why = "the host is unreachable" if away else "trying again"
                     self._progress(f"restore: {what}: {exc}; {why}, retrying")
-                    time.sleep(5)
+                    self._clock.sleep(5)
                     continue
                 errors.append(f"{what}: {exc}")
                 return
@@ -366,11 +395,13 @@ def experiment_services(
     headers: dict[str, str] | None = None,
     transport: httpx.BaseTransport | None = None,
     record_ending: Callable[[RunEnding], None] | None = None,
+    clock: Clock = MACHINE,
 ) -> Iterator[Switchboard]:
     """Yield a Switchboard; on any exit, restore the original service and check it.
 
     Call `target.preflight()` first: it refuses, before anything is touched, what is unsafe.
-    `record_ending` receives how the run ended, as soon as each part of it is known.
+    `record_ending` receives how the run ended, as soon as each part of it is known; `clock`
+    times the waits and the restore's retries.
     """
     board = Switchboard(
         target,
@@ -379,6 +410,7 @@ def experiment_services(
         progress=progress,
         headers=headers,
         transport=transport,
+        clock=clock,
     )
     board.interrupts.watch(target, progress)
     try:

@@ -4,6 +4,8 @@ Nothing here stands in for a fault of a real server: the same logic is tested ag
 CPU vLLM (tests/real_vllm) and the real systemd host (tests/real_host). Here, each service's
 speed per prompt, and its failures (a crash at start, a server that never gets ready, a slow
 restore), are scripted, and its HTTP API is answered through `httpx.MockTransport`, no socket.
+Time is virtual (support/virtual_clock.py): a scripted 10 ms is measured as 10 ms, however busy
+the machine, and a wait costs no real time.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +25,13 @@ from pytest_specdecode.config.specconfig import SpecConfig, VllmFacts
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.record.store import RunStore
-from pytest_specdecode.targets.base import Transports
+from pytest_specdecode.targets.base import Progress, Transports
 from pytest_specdecode.targets.hosts import LocalHost
 from pytest_specdecode.targets.lifecycle import experiment_services
 from pytest_specdecode.targets.vllm_facts import VllmFactsError
 
 from .synthetic import record
+from .virtual_clock import VirtualTime
 
 API = "http://scripted.invalid:8000"
 
@@ -79,7 +81,7 @@ class ScriptedService:
     def start(self) -> None:
         self.target.events.append(f"start {self.name}")
         self.starts += 1
-        self.started_at = time.monotonic()
+        self.started_at = self.target.time.now
         self.active = self.script.crash_at_start is None
         if self.active:
             self.target.serving = self
@@ -94,7 +96,7 @@ class ScriptedService:
         delay = self.script.ready_after_s
         if self.name == "original" and self.starts > 1:
             delay = self.script.restore_s
-        return self.active and time.monotonic() - self.started_at >= delay
+        return self.active and self.target.time.now - self.started_at >= delay
 
     def failure(self) -> str | None:
         if self.script.crash_at_start is not None and not self.active and self.starts:
@@ -125,6 +127,7 @@ class ScriptedTarget:
         background: bool = False,
     ) -> None:
         self.model = model
+        self.time = VirtualTime()  # the clock of every wait and timing over this target
         self.host = LocalHost()
         self.adopts_running_original = running
         self.events: list[str] = []
@@ -161,7 +164,23 @@ class ScriptedTarget:
         raise VllmFactsError("a scripted target has no vLLM to ask")
 
     def transports(self) -> Transports:
-        return Transports(httpx.MockTransport(self._answer), httpx.MockTransport(self._stream))
+        return Transports(
+            httpx.MockTransport(self._answer),
+            httpx.MockTransport(self._stream),
+            clock=self.time.clock,
+        )
+
+    def hand_over(self, reason: str) -> str | None:
+        return None  # nothing on a host: the controller restores by itself
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        return None
+
+    def reachable(self) -> bool:
+        return True
+
+    def after_restore(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         self.events.append("close")
@@ -312,7 +331,7 @@ def measure_arms(target: ScriptedTarget, s: Settings, where: Path, *arms: str) -
     store = RunStore(where / "run", record(s))
     with experiment_services(
         target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
-        transport=target.transports().sync,
+        transport=target.transports().sync, clock=target.time.clock,
     ) as board:  # fmt: skip
         exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
         for arm in arms:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from pytest_specdecode.analysis.compare import compare_arms
 from pytest_specdecode.analysis.stats import RestartNoise, Verdict
 from pytest_specdecode.record.schema import Measurement, Phase
@@ -57,3 +61,43 @@ def test_repeated_starts_of_both_arms_enter_the_comparison() -> None:
     v = compare(base, cand)["coding"]
     assert (v.throughput.starts_baseline, v.throughput.starts_candidate) == (2, 2)
     assert (v.throughput.n_baseline, v.throughput.n_candidate) == (10, 10)
+
+
+# The gate's order: a regression on either metric wins, then no verdict, then improved, then
+# equivalent (only when both are). An undecided metric is never hidden behind the other's.
+ORDER = [
+    Verdict.REGRESSED,
+    Verdict.INSUFFICIENT,
+    Verdict.INCONCLUSIVE,
+    Verdict.IMPROVED,
+    Verdict.EQUIVALENT,
+]
+
+
+@pytest.mark.parametrize("tpot", ORDER, ids=str)
+@pytest.mark.parametrize("throughput", ORDER, ids=str)
+def test_the_prompt_types_verdict_is_the_first_of_its_metrics_in_the_gates_order(
+    throughput: Verdict, tpot: Verdict
+) -> None:
+    v = compare([phase("baseline", {"coding": BASE})], [phase("ngram", {"coding": BASE})])["coding"]
+    assert v.tpot is not None
+    v = replace(
+        v,
+        throughput=replace(v.throughput, verdict=throughput, reason=f"throughput {throughput}"),
+        tpot=replace(v.tpot, verdict=tpot, reason=f"TPOT {tpot}"),
+    )
+    first = min(throughput, tpot, key=ORDER.index)
+    assert v.verdict is first
+    assert v.reason == (f"throughput {first}" if throughput is first else f"TPOT {first}")
+    assert v.undecided is (first in {Verdict.INSUFFICIENT, Verdict.INCONCLUSIVE})
+
+
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_other_clients_in_either_sides_window_give_no_verdict(side: str) -> None:
+    base, cand = phase("baseline", {"coding": BASE}), phase("ngram", {"coding": SLOWER})
+    dirty = (base if side == "baseline" else cand).measurements["coding"]
+    dirty.foreign = "3 other requests finished"
+    v = compare([base], [cand])["coding"]
+    assert v.verdict is Verdict.CONTAMINATED and v.undecided
+    assert v.contaminated == f"{side if side == 'baseline' else 'ngram'} 3 other requests finished"
+    assert v.reason.startswith("other clients used the server while it was measured")

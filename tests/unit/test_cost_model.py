@@ -10,6 +10,7 @@ import pytest
 from pytest_specdecode.analysis.cost_model import (
     BaselineTiming,
     CandidateTiming,
+    Prediction,
     fit_cost,
     predict,
     recommend,
@@ -159,7 +160,9 @@ def test_recommend_the_best_unmeasured_config_or_none():
     rec = recommend(only_bad)
     assert rec.settings is None and "not worth it" in rec.reason and "k=8 n=1..1" in rec.reason
     assert "slower on 4 of 4" in rec.reason
-    assert recommend({n: {measured: preds[n][measured]} for n in preds}, measured=[measured]).reason
+    # The only config predicted was measured already: nothing to recommend, and why.
+    done = recommend({n: {measured: preds[n][measured]} for n in preds}, measured=[measured])
+    assert done.settings is None and done.reason == "every predicted config was measured already"
 
 
 def test_relative_noise():
@@ -220,3 +223,70 @@ def test_the_restart_noise_widens_the_band_of_a_new_start():
     assert low < shifted < quiet.tokens_per_s < high
     # 95% of the difference of two starts: 1.96 * 3% * sqrt(2) = 8.3%, in quadrature.
     assert 1 - low / noisy.tokens_per_s == pytest.approx(0.083, abs=0.02)
+
+
+def test_the_restart_noise_widens_both_ends_of_the_band() -> None:
+    cands = [candidate(n, BASES[n], tau, m, 0.08, 0.03) for n, (tau, m) in SHAPES.items()]
+    fit = fit_cost(BASES, cands)
+    s = S(3, 2, 3)
+    replays = {"math": {s: stats_for(s, tau=1.6, m=2.4)}}
+    (q_low, q_high), (n_low, n_high) = (
+        predict(BASES, replays, fit, restart_sd=sd)["math"][s].speedup_band for sd in (0.0, 0.03)
+    )
+    assert n_low < q_low and n_high > q_high
+    # 1.96 * 3% * sqrt(2) = 8.3% of TPOT, in quadrature with the cost's own band, each way
+    assert n_high / q_high > 1.05 and q_low / n_low > 1.05
+
+
+def test_least_squares_needs_three_observations() -> None:
+    # Two observations with a spread in draft tokens: a line through two points has no
+    # residual to go on, so the band would be NaN. The bounds method takes them.
+    cands = [candidate("coding", BASES["coding"], 1.1, 0.4, 0.08, 0.05)]
+    cands.append(candidate("math", BASES["math"], 1.9, 3.5, 0.08, 0.05))
+    fit = fit_cost(BASES, cands)
+    assert fit is not None and fit.method == "bounds" and fit.observations == 2
+    point, low, high = fit.step_cost(2.0)
+    assert all(math.isfinite(v) for v in (point, low, high)) and low <= point <= high
+    three = fit_cost(
+        BASES, [*cands, candidate("structured", BASES["structured"], 1.5, 2.0, 0.08, 0.05)]
+    )
+    assert three is not None and three.method == "least-squares"
+
+
+def prediction(name: str, settings: NgramSettings, speedup: float, p_faster: float) -> Prediction:
+    return Prediction(
+        prompt_type=name,
+        settings=settings,
+        decode_tokens_per_step=1.5,
+        draft_tokens_per_step=2.0,
+        ceiling_tokens_per_s=50.0,
+        ceiling_speedup=1.5,
+        tokens_per_s=30.0 * speedup,
+        tokens_per_s_band=(25.0, 40.0),
+        speedup=speedup,
+        speedup_band=(speedup * 0.8, speedup * 1.2),
+        p_faster=p_faster,
+    )
+
+
+ONE_OF_FOUR = {"coding": (1.6, 0.6), "math": (0.95, 0.0), "structured": (0.95, 0.0)}
+ONE_OF_FOUR["explanatory"] = (0.95, 0.0)  # faster on average, likely faster on one type only
+
+
+@pytest.mark.parametrize(
+    ("per_type", "worth"),
+    [
+        ({"coding": (1.6, 0.75), "math": (1.1, 0.25)}, True),  # mean P(faster) exactly 0.5
+        ({"coding": (1.6, 0.74), "math": (1.1, 0.25)}, False),
+        (ONE_OF_FOUR, False),
+    ],
+    ids=["P 0.50", "P 0.495", "P 0.15"],
+)
+def test_worth_a_reload_only_when_more_likely_faster_than_not(per_type, worth) -> None:
+    s = S(3, 2, 3)
+    preds = {n: {s: prediction(n, s, speed, p)} for n, (speed, p) in per_type.items()}
+    rec = recommend(preds)
+    assert rec.mean_speedup is not None and rec.mean_speedup > 1
+    assert (rec.settings == s) is worth
+    assert ("worth a reload" in rec.reason) is worth
+    assert ("a reload is not worth it" in rec.reason) is not worth

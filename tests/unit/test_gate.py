@@ -172,12 +172,11 @@ def pytest_specdecode_open_target(config, settings, log_dir):
 def test_an_aa_run_passes_unless_it_calls_a_false_difference(pytester: pytest.Pytester) -> None:
     args = write_gate(pytester, AA)
     args[args.index("ngram")] = "baseline"  # --spec-config baseline: the A/A candidate
-    result = pytester.runpytest_subprocess(*args)
+    result = pytester.runpytest_subprocess(*args, "-v")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out
-    assert "test_speculation_does_not_regress[baseline-again-coding] PASSED" in out or (
-        "passed" in out
-    )
+    for prompt_type in ("coding", "math"):  # each ran, and passed: no false difference
+        assert f"test_speculation_does_not_regress[baseline-again-{prompt_type}] PASSED" in out
 
 
 TRAFFIC = """
@@ -246,3 +245,21 @@ def test_a_busy_running_service_is_refused_before_anything_is_touched(
     allowed = pytester.runpytest_subprocess(*args, "--spec-allow-traffic")
     assert "is serving other clients" not in allowed.stdout.str() + allowed.stderr.str()
     assert "contaminated" in allowed.stdout.str()  # each window then shows the other client
+
+
+def test_a_design_that_cannot_reach_a_verdict_is_refused_before_anything_starts(
+    pytester: pytest.Pytester,
+) -> None:
+    # 2 prompt types x 2 metrics: Holm over 4 comparisons needs 5 requests a side at least.
+    conftest = CONFTEST.format(base_coding="Speed()", cand_coding="Speed()")
+    result = pytester.runpytest_subprocess(*write_gate(pytester, conftest), "--spec-samples", "4")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    assert (
+        "with 4 requests per prompt type and server start, and 1 start per arm, no verdict can "
+        "be reached: 4 comparisons (2 prompt types x throughput and TPOT) at alpha 0.05 need at "
+        "least 5 requests per comparison and arm. Take --spec-samples 5 (or --spec-repeats 2); "
+        "nothing was started"
+    ) in out
+    assert "starting" not in out
+    assert not (pytester.path / "reports").exists()

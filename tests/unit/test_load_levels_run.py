@@ -13,6 +13,7 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.prompts import request_plan
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.measure.loadgen import RequestSample
 from pytest_specdecode.record.schema import BASELINE, RunRecord
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import write_reports
@@ -90,6 +91,24 @@ def test_every_level_of_every_phase_on_the_plans_prompts(tmp_path: Path) -> None
     assert [p.level for p in cross.points] == ["c1", "c4"]
 
 
+def order(sample: RequestSample) -> tuple[bool, int]:
+    return not sample.warmup, sample.index
+
+
+def test_every_phase_is_sent_the_same_prompts_in_the_same_order(tmp_path: Path) -> None:
+    # Per-prompt pairing and the n-gram replay rest on it (config/prompts.py `request_plan`).
+    rec = run(tmp_path, level_settings(tmp_path))
+    sent = {  # in the order sent (at 4 in flight, requests end in another order)
+        phase: [
+            (key, [s.prompt_index for s in sorted([*m.warmup, *m.samples], key=order)])
+            for key, m in rec.phases[phase].measurements.items()
+        ]
+        for phase in (BASELINE, "ngram")
+    }
+    assert sent[BASELINE] == sent["ngram"]
+    assert sent[BASELINE][0] == ("coding@c1", [1, 0, 1, 2, 3, 4, 0])  # the warm-up first
+
+
 def test_reports_show_the_levels_the_crossover_and_the_plot(tmp_path: Path) -> None:
     rec = run(tmp_path, level_settings(tmp_path))
     analysis = analyze(rec)
@@ -111,6 +130,24 @@ def test_one_level_keeps_the_prompt_type_as_the_key(tmp_path: Path) -> None:
     assert list(rec.phases[BASELINE].measurements) == ["coding"]
     analysis = analyze(rec)
     assert analysis.crossovers == {} and analysis.dynamic_k == []
+
+
+def test_the_dynamic_k_table_ends_at_the_units_max_num_seqs(tmp_path: Path) -> None:
+    k3 = '"ngram-k3" = { method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 4 }'
+    path = tmp_path / "experiment.toml"
+    text = level_settings(tmp_path).source.read_text()
+    path.write_text(text.replace("[presets]\n", f"[presets]\n{k3}\n"))
+    s = load_settings(path, spec_configs=["ngram", "ngram-k3"])
+    target = ScriptedTarget(
+        Script(speeds(1)), {"ngram": Script(speeds(2)), "ngram-k3": Script(speeds(2))}
+    )
+    rec = measure_arms(target, s, tmp_path, "ngram", "ngram-k3").record
+    rec.target.command = [*s.target.command, "--max-num-seqs", "64"]  # as the unit runs vLLM
+    (table,) = analyze(rec).dynamic_k
+    assert (table.max_batch, table.max_batch_source) == (64, "max_num_seqs")
+    rec.target.command = list(s.target.command)  # vLLM's own default then
+    (table,) = analyze(rec).dynamic_k
+    assert table.max_batch_source == "default"
 
 
 def test_slo_goodput_per_level(tmp_path: Path) -> None:

@@ -127,9 +127,11 @@ async def test_multi_token_chunks_count_tokens_from_usage_not_chunks(standin, tr
 async def test_multi_token_chunks_timings(standin, transport):
     sample = await send(transport, spec_for(standin, "multi_token_chunks"))
 
-    assert 0 < sample.ttft_s < sample.e2e_s < WALL_LIMIT_S
-    # The stand-in sleeps 20 ms before each of the five chunks after the role chunk.
-    assert sample.e2e_s - sample.ttft_s > 0.05
+    # The stand-in sleeps 20 ms before each chunk: the last can be read no sooner than 120 ms
+    # after the request, however busy the machine. A starved client may read every chunk at
+    # once, so the gaps' own sizes are timed on virtual time instead (test_loadgen.py).
+    assert 0.12 <= sample.e2e_s < WALL_LIMIT_S
+    assert 0.02 <= sample.ttft_s <= sample.e2e_s
     assert sample.tpot_s == pytest.approx((sample.e2e_s - sample.ttft_s) / (11 - 1))
     assert len(sample.chunk_gaps_s) == sample.chunks - 1 == 5
     assert all(gap >= 0 for gap in sample.chunk_gaps_s)
@@ -173,8 +175,9 @@ async def test_silent_stream_hits_the_read_timeout(standin, transport):
 
 @pytest.mark.asyncio
 async def test_trickle_of_comments_hits_the_overall_deadline(standin, transport):
-    # Pings every 0.2 s keep the 0.5 s read timeout from firing: only timeout_s can end it.
-    spec = spec_for(standin, "slow_trickle", read_timeout_s=0.5, timeout_s=1.0)
+    # Pings every 0.2 s keep the 0.9 s read timeout from firing (even with either side held up
+    # for half a second on a busy machine): only timeout_s can end it.
+    spec = spec_for(standin, "slow_trickle", read_timeout_s=0.9, timeout_s=1.0)
 
     message, wall = await send_failing(transport, spec)
 

@@ -158,6 +158,38 @@ def test_foreign_traffic_is_what_the_server_counted_beyond_this_runs_requests():
     assert rate_text(Traffic(), 10).startswith("unknown")
 
 
+@pytest.mark.parametrize(
+    ("traffic", "seen"),
+    [
+        (Traffic(requests=6, generation_tokens=320), "1 other requests finished"),
+        (
+            Traffic(requests=5, generation_tokens=320, busy_before=0, busy_after=1),
+            "1 requests were in flight when the window ended",
+        ),
+        (
+            Traffic(requests=5, generation_tokens=320, busy_before=2, busy_after=0),
+            "2 requests were in flight when the window began",
+        ),
+    ],
+    ids=["one request more", "one still running at the end", "two running at the start"],
+)
+def test_each_margin_of_foreign_traffic_alone_marks_a_window(traffic, seen) -> None:
+    from pytest_specdecode.measure.traffic import foreign
+
+    from ..support.synthetic import sample
+
+    ours = [sample("coding", "baseline", i, 30.0, tokens=64) for i in range(5)]  # 320 tokens
+    assert foreign(traffic, ours) == seen
+
+
+def test_a_request_in_flight_is_not_quiet() -> None:
+    from pytest_specdecode.measure.traffic import quiet
+
+    # Nothing finished during the watch, but someone's long request is still running.
+    assert not quiet(Traffic(requests=0, generation_tokens=0, busy_before=1, busy_after=1))
+    assert quiet(Traffic(requests=0, generation_tokens=0, busy_before=1, busy_after=0))
+
+
 @pytest.mark.parametrize("k", [2, 3])
 def test_cross_check_slack_of_k_per_request_is_reached(k: int) -> None:
     """Why the acceptance cross-check allows k cut tokens per request, not k - 1.

@@ -251,3 +251,17 @@ def test_a_server_without_token_ids_is_recorded_with_the_reason(tmp_path: Path) 
         "request: "
     )
     assert not analyze(rec).prediction.available
+
+
+def test_the_runs_restart_noise_widens_the_bands_of_its_predictions(tmp_path: Path) -> None:
+    # Each predicted config would run in a start of its own: the run's restart noise (here the
+    # assumption, with no repeated starts to measure it) enters every band.
+    rec = recorded_run(tmp_path)
+    bands = {}
+    for sd in (0.0, 0.05):
+        rec.run = dataclasses.replace(rec.run, assumed_restart_noise=sd)
+        preds = predict_run(rec).predictions["coding"]
+        bands[sd] = {s: p.speedup_band for s, p in preds.items()}
+    for s, (low, high) in bands[0.05].items():
+        quiet_low, quiet_high = bands[0.0][s]
+        assert low < quiet_low and high > quiet_high, s

@@ -367,12 +367,6 @@ def test_plan_levels_run_on_through_the_set_or_restart_it():
     assert same.warmup == (4,) and not same.warmup_overlaps
 
 
-def test_every_phase_gets_the_same_plan():
-    assert request_plan(10, samples=16, warmup=1, levels=3) == request_plan(
-        10, samples=16, warmup=1, levels=3
-    )
-
-
 def test_one_prompt_is_the_seed_design():
     plan = request_plan(1, samples=5, warmup=1)
     assert plan.measured == (0,) * 5 and plan.warmup == (0,)

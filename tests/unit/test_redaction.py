@@ -8,18 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.record.redaction import (
     REDACTED,
     redact_argv,
+    redact_data,
     redact_env,
     redact_text,
     register_secret,
 )
 from pytest_specdecode.record.store import JOURNAL_FILE, RunStore
+from pytest_specdecode.report import html, write_reports
 from pytest_specdecode.session import ProgressLog
 from pytest_specdecode.targets.local import LocalProcessService
 
-from ..support.synthetic import record, sample, settings
+from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
 
 KEY = "sk-live-0123456789abcdef"  # registered: the value of api_key_env's variable
 CASES = {
@@ -30,6 +33,10 @@ CASES = {
     "a *KEY*= variable": ("export OPENAI_API_KEY=sk-other-98765", "sk-other"),
     "a Bearer header": ("Authorization: Bearer tok-4242-4242-4242", "tok-4242"),
     "a key in JSON": ('{"api_key": "json-secret-777"}', "json-secret-777"),
+    "a *PASSWORD*= variable": ("Environment=DB_PASSWORD=hunter2-hunter2", "hunter2"),
+    "a bearer header in lower case": ("authorization: bearer tok-lower-5555", "tok-lower"),
+    "hf_token in JSON": ('{"hf_token": "hf_json_secret_888"}', "hf_json_secret"),
+    "HF_TOKEN in JSON": ('{"HF_TOKEN": "hf_upper_secret_999"}', "hf_upper_secret"),
 }
 LEAKY = "\n".join(text for text, _ in CASES.values())
 
@@ -102,3 +109,33 @@ def test_a_server_log_in_the_run_folder(tmp_path: Path) -> None:
     assert_clean("\n".join(service.log_tail(20)))
     service._redact_log()  # what stop() does before the log stays behind
     assert_clean(log.read_text())
+
+
+def test_values_inside_lists_and_tuples_are_redacted() -> None:
+    data = {"argv": ("vllm", f"--api-key={KEY}"), "turns": [("user", LEAKY)], "n": 3}
+    clean = redact_data(data)
+    assert_clean(json.dumps(clean))
+    assert clean["n"] == 3 and clean["argv"][0] == "vllm"
+
+
+def test_summary_md_the_job_summary_and_the_html_report(tmp_path: Path) -> None:
+    # summary.md goes to the GitHub job summary, and the HTML report to whoever opens it: a
+    # secret in any text they show (here a candidate's values and a failed test's id) is hidden.
+    rec = record(settings(tmp_path))
+    rec.candidates["ngram"]["draft_model"] = f"https://{KEY}@models.internal/draft"
+    add_phase(rec, "baseline", {"coding": 20.0, "math": 20.0})
+    add_phase(rec, "ngram", {"coding": 26.0, "math": 20.0}, acceptance=NGRAM_ACCEPTANCE)
+    analysis = analyze(rec)
+    (tmp_path / "run").mkdir()
+    job_summary = tmp_path / "step-summary.md"
+    written = write_reports(
+        rec,
+        analysis,
+        tmp_path / "run",
+        failed=[f"test_x[{line}]" for line in LEAKY.splitlines()],
+        step_summary=str(job_summary),
+    )
+    for text in (written.summary.read_text(), job_summary.read_text()):
+        assert_clean(text)
+    page = html.summary(rec, analysis, plots=None) + html.extra(rec, analysis, "ngram", None)
+    assert KEY not in page and REDACTED in page

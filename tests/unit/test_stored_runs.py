@@ -149,6 +149,27 @@ def test_specdecode_compare_console_script(
     assert "inconclusive" in done.stdout
 
 
+def test_specdecode_compare_is_never_green_on_nothing_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = stored_run(tmp_path / "a", rates={"coding": 20.0}, candidate={"coding": 25.0})
+    same = stored_run(tmp_path / "same", rates={"coding": 20.0}, candidate={"coding": 25.0})
+    # Run B as fast as A: with the restart noise unmeasured (assumed 5%), no verdict either way.
+    assert compare.main([str(a), str(same), "--fail-on-regression"]) == 0
+    assert compare.main([str(a), str(same), "--fail-on-undecided"]) == 1
+    err = capsys.readouterr().err
+    assert "specdecode-compare: no verdict on baseline/coding (inconclusive), ngram/coding" in err
+    # 50% faster on every row: decided, so the gate passes.
+    fast = stored_run(tmp_path / "fast", rates={"coding": 30.0}, candidate={"coding": 37.5})
+    args = [str(a), str(fast), "--fail-on-undecided", "--fail-on-regression"]
+    assert compare.main(args) == 0
+    assert "improved" in capsys.readouterr().out
+    # Nothing in common: nothing compared is not a pass.
+    other = stored_run(tmp_path / "other", rates={"math": 20.0}, candidate={"math": 25.0})
+    assert compare.main([str(a), str(other), "--fail-on-undecided"]) == 1
+    assert "nothing was compared" in capsys.readouterr().err
+
+
 def test_compare_names_what_differs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = stored_run(tmp_path / "a", rates={"coding": 20.0}, candidate={"coding": 25.0})
     b = stored_run(tmp_path / "b", rates={"coding": 20.0}, candidate={"coding": 25.0})
