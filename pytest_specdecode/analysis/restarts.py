@@ -40,6 +40,7 @@ __all__ = [
 # false alarms then stay within alpha up to a true restart noise of 8% (1.6 times the default
 # assumption). docs/statistics.md has the calibration that chose it.
 ASSUMED_WEIGHT = 12.0
+CONFLICT_P = 0.001  # an assumption this run's own starts rule out at this level is set aside
 
 
 @dataclass(frozen=True)
@@ -303,12 +304,21 @@ def interval_variance(
     if df:
         evidence.append(Evidence(ss / df, df, "this run's repeated starts"))
     found = outside_evidence(outside, within=within, residual_df=fit.residual_df)
-    if found.df > 0:
+    if found.df > 0 and not (df and _contradicts(outside, ss, df, within)):
         evidence.append(found)
     total = sum(e.df for e in evidence)
     if not total:
         return math.inf, 0.0, evidence
     return sum(e.df * e.variance for e in evidence) / total, total, evidence
+
+
+def _contradicts(outside: RestartNoise, ss: float, df: float, within: float) -> bool:
+    """An assumed restart noise that this run's own starts rule out (p < CONFLICT_P: their
+    spread is far beyond what it allows) is set aside: the run's evidence then speaks alone."""
+    if outside.measured:
+        return False
+    expected = outside.sd**2 + within
+    return expected > 0 and float(_st.chi2.sf(ss / expected, df)) < CONFLICT_P
 
 
 def outside_evidence(outside: RestartNoise, *, within: float, residual_df: float) -> Evidence:

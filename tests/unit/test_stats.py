@@ -232,3 +232,14 @@ def test_invalid_alpha(alpha: float) -> None:
 def test_non_positive_or_non_finite_values_are_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="not finite and > 0"):
         interval([[1.0, 2.0]], [[1.0, bad]], noise=KNOWN)
+
+
+def test_an_assumption_the_runs_own_starts_rule_out_is_set_aside() -> None:
+    """Two starts of the baseline twice apart: no 5% restart noise explains that, so the
+    assumption's 12 degrees of freedom do not dilute it; the run's own 2 df speak alone."""
+    b = [[10.0, 10.1, 9.9], [20.0, 20.2, 19.8]]
+    c = [[15.0, 15.1, 14.9], [15.1, 15.0, 15.2]]
+    found = interval(b, c, noise=ASSUMED)
+    assert found.df == pytest.approx(2)
+    near = interval([[10.0, 10.1, 9.9], [10.6, 10.7, 10.5]], c, noise=ASSUMED)  # 6%: plausible
+    assert near.df > 2 + ASSUMED.df
