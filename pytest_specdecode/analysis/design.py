@@ -74,27 +74,38 @@ def expected_requests(
     return min(most, max(least, wanted))
 
 
-def reach(
-    settings: Settings, outside: Mapping[str, RestartNoise], *, repeats: int | None = None
-) -> dict[str, Reach]:
-    """Per metric, the smallest change the configured design calls with 80% power."""
+def _host(
+    settings: Settings, outside: Mapping[str, RestartNoise], metric: str
+) -> tuple[RestartNoise, float, bool]:
+    """What is known of this host for a metric: the restart noise (measured, else assumed), a
+    request's residual variance, and whether that was measured."""
     run = settings.run
+    noise = outside.get(metric) or RestartNoise.assumed(run.assumed_restart_noise)
+    measured = bool(noise.measured and noise.residual)
+    return noise, (noise.residual or 0.0) if measured else ASSUMED_RESIDUAL_SD**2, measured
+
+
+def _power(settings: Settings, noise: RestartNoise, residual_var: float, starts: int, k: int):
+    run = settings.run
+    return design_power(
+        noise,
+        residual_var=residual_var,
+        starts=starts,
+        requests=k,
+        family=family_size(settings),
+        alpha=run.alpha,
+        margin=run.min_effect,
+    )
+
+
+def reach(settings: Settings, outside: Mapping[str, RestartNoise]) -> dict[str, Reach]:
+    """Per metric, the smallest change the configured design calls with 80% power."""
     out = {}
     for metric in METRICS:
-        noise = outside.get(metric) or RestartNoise.assumed(run.assumed_restart_noise)
-        residual = noise.residual if noise.measured and noise.residual else None
-        residual_var = residual if residual is not None else ASSUMED_RESIDUAL_SD**2
-        k = expected_requests(run, noise, residual_var, fixed=settings.aa_only)
-        power = design_power(
-            noise,
-            residual_var=residual_var,
-            starts=repeats or run.repeats,
-            requests=k,
-            family=family_size(settings),
-            alpha=run.alpha,
-            margin=run.min_effect,
-        )
-        out[metric] = Reach(metric, power, noise, math.sqrt(residual_var), residual is not None)
+        noise, residual_var, measured = _host(settings, outside, metric)
+        k = expected_requests(settings.run, noise, residual_var, fixed=settings.aa_only)
+        power = _power(settings, noise, residual_var, settings.run.repeats, k)
+        out[metric] = Reach(metric, power, noise, math.sqrt(residual_var), measured)
     return out
 
 
@@ -107,32 +118,15 @@ def design_to_detect(
 ) -> tuple[DesignPower, float] | None:
     """The quickest design (starts per arm, requests per start) that calls a change of this
     size on every metric with 80% power, and its estimated seconds; None if none can."""
-    run = settings.run
-    least, most = run.requests_at(run.levels[0])
+    least, most = settings.run.requests_at(settings.run.levels[0])
     counts = sorted({least, most, max(least, min(most, 2 * least))})
-    best: tuple[DesignPower, float] | None = None
+    hosts = [_host(settings, outside, metric) for metric in METRICS]
     for starts in range(1, MAX_STARTS + 1):
+        found = []
         for k in counts:
-            found = []
-            for metric in METRICS:
-                noise = outside.get(metric) or RestartNoise.assumed(run.assumed_restart_noise)
-                residual = noise.residual if noise.measured and noise.residual else None
-                found.append(
-                    design_power(
-                        noise,
-                        residual_var=residual if residual is not None else ASSUMED_RESIDUAL_SD**2,
-                        starts=starts,
-                        requests=k,
-                        family=family_size(settings),
-                        alpha=run.alpha,
-                        margin=run.min_effect,
-                    )
-                )
-            if max(p.detectable for p in found) > change:
-                continue
-            cost = seconds(starts, k)
-            if best is None or cost < best[1]:
-                best = (max(found, key=lambda p: p.detectable), cost)
-        if best is not None:
-            return best
+            powers = [_power(settings, noise, var, starts, k) for noise, var, _ in hosts]
+            if max(p.detectable for p in powers) <= change:
+                found.append((max(powers, key=lambda p: p.detectable), seconds(starts, k)))
+        if found:
+            return min(found, key=lambda f: f[1])
     return None

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pytest_specdecode.analysis.power import design_power
+from pytest_specdecode.analysis.stats import Verdict
 from pytest_specdecode.config.settings import RunConfig
 
 from ..support.chain import Rates, Route, SimHost, aa_estimates, rates, simulate_route
@@ -138,3 +140,23 @@ def test_the_runs_own_starts_never_count_as_measured_noise(tmp_path: Path) -> No
         for c in v.comparisons:
             assert not c.noise.measured and c.noise.source.startswith("unmeasured: assumed 5%")
             assert c.interval.df > 2 + 12  # the run's own 2 df, beside the assumption's 12
+
+
+def test_the_plans_smallest_callable_change_is_called_four_times_in_five(tmp_path: Path) -> None:
+    """The plan says what a design can call with 80% power (analysis/power.py); the chain,
+    given a true change of that size, calls it in about 80% of the comparisons."""
+    host, route = SimHost(start_sd=0.01), ROUTES["aa-then-run"]
+    noise = aa_estimates(host, route, runs=1, seed=3, tmp=tmp_path / "aa")[0]["throughput"]
+    assert noise.residual is not None
+    plan = design_power(
+        noise, residual_var=noise.residual, starts=1, requests=16, family=8, alpha=ALPHA,
+        margin=0.03,
+    )  # fmt: skip
+    rng = np.random.default_rng(9)
+    called = []
+    for i in range(40):
+        verdicts = simulate_route(
+            host, route, effect=-plan.detectable, rng=rng, reports=tmp_path / f"r{i}"
+        )
+        called += [v.throughput.verdict is Verdict.REGRESSED for v in verdicts.values()]
+    assert np.mean(called) == pytest.approx(0.80, abs=0.12), plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,25 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
     assert "estimated duration: about" in out
     assert "ran" not in out and "passed" not in out  # no test ran: nothing was collected
     assert not (pytester.path / "reports").exists()  # no run folder, no report.html
+
+
+def test_dry_run_says_what_the_design_can_call_and_what_would_call_a_named_change(
+    pytester: pytest.Pytester, config
+) -> None:
+    result = pytester.runpytest_subprocess(
+        "--spec-file", str(config), "--spec-config", "ngram", "--spec-dry-run",
+        "--spec-detect", "25%",
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
+    found = re.search(r"what this design can call with 80% power: throughput ±([\d.]+)%", out)
+    assert found and float(found.group(1)) > 25, out  # one start per arm, the noise assumed
+    assert "restart noise assumed 5% (weighted as 12 df)" in out
+    found = re.search(r"to call a 25% change with 80% power: --spec-repeats (\d+) ", out)
+    assert found and int(found.group(1)) > 1, out
+    bad = pytester.runpytest_subprocess("--spec-file", str(config), "--spec-detect", "lots")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "not a relative change: 'lots' (say 10% or 0.1)" in bad.stderr.str()
 
 
 def test_dry_run_without_pytest_html(pytester: pytest.Pytester, config) -> None:
