@@ -1,5 +1,5 @@
 # The two commands of the README. Both set everything up first (idempotent).
-.PHONY: setup experiment test lint
+.PHONY: setup experiment test testbed-build lint
 
 setup:
 	bash scripts/setup-dev
@@ -9,11 +9,18 @@ setup:
 experiment: setup
 	.venv/bin/pytest suites/ --spec-config ngram
 
-# The plugin's own tests, unit and end to end against the real CPU vLLM.
-test: setup
+# The systemd test host's root filesystem (apt and debootstrap, minutes on a fresh machine), built
+# in the background while the rest is set up and the unit tests run; the real-host tests boot it.
+testbed-build:
+	bash scripts/testbed/systemd-host build --background
+
+# The plugin's own tests, unit and end to end against the real CPU vLLM and the systemd host.
+# The real ones in two workers: the test host's tests in order in one (tests/conftest.py groups
+# them), the embedded vLLM's files in either; each vLLM has a core of its own.
+test: testbed-build setup
 	.venv/bin/ruff check .
-	.venv/bin/pytest tests/unit -n 2 -p no:cacheprovider
-	.venv/bin/pytest tests/real_vllm tests/real_host -v -p no:cacheprovider --durations=15
+	.venv/bin/pytest tests/unit -n 2 --dist worksteal -p no:cacheprovider
+	.venv/bin/pytest tests/real_host tests/real_vllm -n 2 --dist loadgroup -v -p no:cacheprovider --durations=30
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -29,6 +29,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
         if folder in MARKERS:
             item.add_marker(MARKERS[folder])
+        # With `-n 2 --dist loadgroup` (make test): the one test host's tests in one worker,
+        # in order; each embedded-vLLM file whole (its module-scoped server) in either.
+        if folder == "real_host":
+            item.add_marker(pytest.mark.xdist_group("testbed"))
+        elif folder == "real_vllm":
+            item.add_marker(pytest.mark.xdist_group(Path(item.path).stem))
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,8 @@ main PID (it was never restarted), and that no candidate unit, lock or watchdog 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,20 @@ def suite(pytester, bed: Testbed, *extra: str, config=None) -> pytest.RunResult:
     return pytester.runpytest_subprocess(*args, *extra)
 
 
+@contextmanager
+def stopped_unit(bed: Testbed, unit: str, service: str) -> Iterator[str]:
+    """A unit of the tests' own, written to /run (runtime only) and never started; removed
+    after. `service` is its [Service] section's body."""
+    path = f"/run/systemd/system/{unit}"
+    bed.write(path, f"[Service]\n{service}")
+    bed.ssh("systemctl", "daemon-reload")
+    try:
+        yield unit
+    finally:
+        bed.ssh("rm", "-f", path)
+        bed.ssh("systemctl", "daemon-reload")
+
+
 def refused(result: pytest.RunResult, message: str) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     assert message in result.stdout.str() + result.stderr.str()
@@ -46,22 +62,23 @@ def test_unit_not_found(pytester, testbed, unchanged):
     refused(result, "nothing was touched")
 
 
-def test_original_not_active_is_refused_and_left_stopped(pytester, testbed):
-    testbed.wait_serving()
-    testbed.ssh("systemctl", "stop", testbed.unit)
-    try:
-        result = suite(pytester, testbed)
+def test_original_not_active_is_refused_and_left_stopped(pytester, testbed, unchanged):
+    """A vLLM unit that is installed but stopped (a unit of its own, so that the production
+    unit keeps serving and needs no restart): refused, and never started."""
+    python, *_ = testbed.exec_start()
+    port = testbed.api_base.rsplit(":", 1)[1]
+    command = f"{python} -m vllm.entrypoints.openai.api_server --model /m --port {port}"
+    with stopped_unit(testbed, "vllm-stopped.service", f"ExecStart={command}\n") as unit:
+        result = suite(pytester, testbed, "--spec-unit", unit)
         refused(
             result,
-            f"unit {testbed.unit} on root@127.0.0.1:2222 is inactive/dead, not "
-            "active: refusing to experiment",
+            f"unit {unit} on root@127.0.0.1:2222 is inactive/dead, not active: refusing to "
+            "experiment",
         )
         # Never "restored" into a state that was not there: it stays stopped.
-        assert testbed.state()["ActiveState"] == "inactive"
-        assert testbed.traces() == []
-    finally:
-        testbed.ssh("systemctl", "start", testbed.unit)
-        testbed.wait_serving()
+        state = testbed.ssh("systemctl", "show", unit, "--property=ActiveState").stdout
+        assert state.strip() == "ActiveState=inactive"
+        assert testbed.traces(unit) == []
 
 
 def test_a_held_lock_names_its_owner(pytester, testbed, unchanged):
@@ -159,16 +176,12 @@ def test_a_variable_set_nowhere_is_refused_with_where_it_was_looked_for(
 ):
     """The real systemd reports the unit's environment; nothing sets ${SERVED_NAME}."""
     python, *_ = testbed.exec_start()
-    unit = "vllm-unset.service"
-    path = f"/run/systemd/system/{unit}"  # runtime only, never started
-    testbed.write(
-        path,
-        "[Service]\nEnvironment=VLLM_PORT=8000\nEnvironmentFile=-/etc/vllm/unset.env\n"
+    service = (
+        "Environment=VLLM_PORT=8000\nEnvironmentFile=-/etc/vllm/unset.env\n"
         f"ExecStart={python} -m vllm.entrypoints.openai.api_server --model /m "
-        "--port ${VLLM_PORT} --served-model-name ${SERVED_NAME}\n",
+        "--port ${VLLM_PORT} --served-model-name ${SERVED_NAME}\n"
     )
-    testbed.ssh("systemctl", "daemon-reload")
-    try:
+    with stopped_unit(testbed, "vllm-unset.service", service) as unit:
         result = suite(pytester, testbed, "--spec-unit", unit, "--spec-dry-run")
         refused(
             result,
@@ -178,6 +191,3 @@ def test_a_variable_set_nowhere_is_refused_with_where_it_was_looked_for(
             "(missing: skipped, as systemd does).",
         )
         refused(result, "Nothing was touched")
-    finally:
-        testbed.ssh("rm", "-f", path)
-        testbed.ssh("systemctl", "daemon-reload")

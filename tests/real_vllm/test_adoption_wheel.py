@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ..support.embedded import MODEL, MODEL_DIR, REPO, SERVER_PYTHON, free_port, require_embedded
+from ..support.embedded import (
+    CPU_BIND,
+    MODEL,
+    MODEL_DIR,
+    REPO,
+    SERVER_PYTHON,
+    free_port,
+    require_embedded,
+)
 
 
 def run(*argv: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -46,6 +54,7 @@ command = ["{SERVER_PYTHON}", "-m", "vllm.entrypoints.openai.api_server", "--mod
 startup_timeout_s = 400
 [target.env]
 VLLM_CPU_KVCACHE_SPACE = "1"
+VLLM_CPU_OMP_THREADS_BIND = "{CPU_BIND}"
 
 """
     config.write_text(re.sub(r"(?s)\[target\].*?(?=\[run\])", target, config.read_text()))

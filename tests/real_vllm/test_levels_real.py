@@ -2,13 +2,11 @@
 
 `pytest suites/ --spec-config ngram --spec-concurrency 1,4,8`, smaller: two of the shipped prompt
 sets and short outputs. Each phase measures the three levels with no extra restart, the verdicts
-come per prompt type and level, the crossover (or its absence) is told and drawn. A Spec-Bench
-file's categories become prompt types.
+come per prompt type and level, the crossover (or its absence) is told and drawn.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -103,42 +101,3 @@ def assert_acceptance_per_request_and_step(data: dict, summary: str, keys: list[
         assert f"| ngram (k=5 n=4..4) | {key.replace('@', ' @ ')} | {n} |" in summary
     assert by_level["batch_predictable"] is True, by_level["batch_rule"]
     assert "Above the first level: in a batch (c4, c8) the n-gram proposer drafted" in summary
-
-
-SPEC_BENCH = [
-    {"question_id": i, "category": category, "turns": [text]}
-    for i, (category, text) in enumerate(
-        [
-            ("writing", "Write a two-sentence note thanking a colleague for a code review."),
-            ("writing", "Write a short haiku about a compiler."),
-            ("writing", "Write one sentence announcing a release of a small library."),
-            ("math_reasoning", "What is 17 times 23? Show the steps."),
-            ("math_reasoning", "A train travels 60 km in 45 minutes. What is its speed in km/h?"),
-            ("math_reasoning", "Is 221 a prime number? Explain briefly."),
-            ("coding", "Write a Python one-liner that reverses a string."),
-        ]
-    )
-]
-
-
-def test_a_spec_bench_file_gives_a_prompt_type_per_category(pytester: pytest.Pytester) -> None:
-    questions = pytester.path / "question.jsonl"
-    questions.write_text("".join(json.dumps(q) + "\n" for q in SPEC_BENCH))
-    table = (
-        f'[prompt_types.sb]\nprompts_file = "{questions}"\nformat = "spec-bench"\n'
-        'categories = ["writing", "math_reasoning"]\n'
-    )
-    exp = write_experiment(
-        pytester, run={"samples": 3, "max_samples": 3, "max_tokens": 24}, prompt_types=table
-    )
-    result = pytester.runpytest_subprocess(*exp.args("-rA"))  # the baseline, as it serves
-    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
-    data = exp.results()
-    ms = data["phases"]["baseline"]["measurements"]
-    assert list(ms) == ["sb.writing", "sb.math_reasoning"]  # coding was not chosen
-    for name, m in ms.items():
-        prompts = [p["text"] for p in data["prompt_types"][name]["prompts"]]
-        category = name.split(".", 1)[1]
-        assert prompts == [q["turns"][0] for q in SPEC_BENCH if q["category"] == category]
-        assert {s["prompt_index"] for s in m["samples"]} == {0, 1, 2}
-        assert len({s["text"] for s in m["samples"]}) == 3
