@@ -238,7 +238,7 @@ def test_a_handover_that_fails_falls_back_to_the_controllers_own_restore():
 # ------------------------------------------------------------ a real signal, a closed terminal
 
 CHILD = """
-import threading
+import time
 from pytest_specdecode.targets import lifecycle
 from tests.support.standin_target import SPEC, StandInTarget
 from tests.support.virtual_clock import VirtualTime
@@ -253,7 +253,10 @@ try:
     ) as board:
         board.activate(SPEC)
         print("measuring", flush=True)
-        threading.Event().wait(30)
+        # Short waits: a signal that lands just before a blocking call starts is only seen
+        # when that call returns (CPython checks for signals on EINTR).
+        for _ in range(300):
+            time.sleep(0.1)
 except KeyboardInterrupt:
     print("unwound", flush=True)
 print("log:", target.log, flush=True)
@@ -278,6 +281,8 @@ def test_a_closed_terminals_sighup_hands_the_restore_over_and_unwinds():
         out = child.communicate(timeout=20)[0]
     finally:
         child.kill()
+        child.wait()
+        child.stdout.close()
     assert child.returncode == 0, out  # not killed by the signal
     assert "run ending: interrupted by SIGHUP; the restore was handed over" in out
     assert "unwound" in out
