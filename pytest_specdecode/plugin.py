@@ -83,7 +83,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         metavar="N",
         help="server starts per arm, in a balanced order (baseline, candidate, candidate, "
-        "baseline, ...); restart noise is then measured in the run itself",
+        "baseline, ...); the spread of the run's own starts narrows its intervals, pooled with "
+        "what is known of the host (with --spec-config baseline: an A/A run that measures it)",
     )
     add("--spec-warmup", type=int, metavar="N", help="warm-up requests, not measured")
     add("--spec-max-tokens", type=int, metavar="N", help="max output tokens per request")

@@ -238,12 +238,14 @@ def test_a_handover_that_fails_falls_back_to_the_controllers_own_restore():
 # ------------------------------------------------------------ a real signal, a closed terminal
 
 CHILD = """
+import signal
 import time
 from pytest_specdecode.targets import lifecycle
 from tests.support.standin_target import SPEC, StandInTarget
 from tests.support.virtual_clock import VirtualTime
 
 lifecycle.wait_until_ready = lambda service, **kw: 0.0
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's, even if the tests run under nohup
 lifecycle.interrupt_on_signals()  # what the plugin installs for a run
 target = StandInTarget()
 try:
