@@ -354,7 +354,7 @@ def _baseline_ids(
             continue
         ids = m.token_ids
         if ids is None:
-            sources[name] = "no token ids recorded (a run of an earlier version)"
+            sources[name] = "no token ids recorded (the run ended before it recorded them)"
             continue
         if ids.missing is not None:
             sources[name] = f"no token ids: {ids.missing}"

@@ -36,7 +36,7 @@ from .server_metrics import (
     parse_counters,
     traffic_between,
 )
-from .token_ids import record_token_ids
+from .token_ids import TokenIds, record_token_ids
 from .traffic import foreign, quiet, rate_text
 
 
@@ -99,6 +99,7 @@ class Experiment:
         noise_sd = throughput.sd if throughput else settings.run.assumed_restart_noise
         self._target = target_se(noise_sd, settings.run.min_effect)
         self._residual = {metric: n.residual for metric, n in known.items()}
+        self._ids_recorded: set[str] = set()  # prompt types whose token ids this run recorded
         reused = {p.arm for p in store.record.phases.values()}  # a stored baseline
         self.order = [
             entry
@@ -222,8 +223,15 @@ class Experiment:
                 if plan.warmup:
                     self._send(window, plan.warmup, warmup=True)
             self._measure_level(window, indices, service)
-        if first is not None and phase.arm != BASELINE_AFTER:
-            self._record_token_ids(first)
+        if first is None or phase.arm == BASELINE_AFTER:
+            return
+        if self.settings.aa_only and prompt_type.name in self._ids_recorded:
+            # An A/A run starts one configuration again and again: its ids, at temperature 0,
+            # are the first start's, and recording them again would cost as much as measuring.
+            first.m.token_ids = TokenIds(missing="an A/A run records them at its first start")
+            return
+        self._record_token_ids(first)
+        self._ids_recorded.add(prompt_type.name)
 
     def _measure_level(self, window: _Window, indices: Sequence[int], service: Service) -> None:
         """One level's window: sent, checked for other clients' traffic, measured again."""

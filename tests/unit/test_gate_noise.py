@@ -101,6 +101,12 @@ def test_the_noise_an_aa_run_measured_outlives_a_cleaned_workspace(
     assert "host profile" in first and "restart noise added" in first, first
     profiles = list((home / ".local/state/pytest-specdecode/host-profiles").glob("*.json"))
     assert len(profiles) == 1, first
+    # Token ids once per prompt type, at the first of the four starts: the others skip them.
+    (aa,) = (workspace / "reports").iterdir()
+    phases = json.loads((aa / "results.json").read_text())["phases"]
+    ids = [m["token_ids"] for p in phases.values() for m in p["measurements"].values()]
+    skipped = [i for i in ids if i and i["missing"] == "an A/A run records them at its first start"]
+    assert (len(ids), len(skipped)) == (8, 6), ids
 
     checkout(workspace)
     assert not (workspace / "reports").exists()  # the A/A run's folder is gone
