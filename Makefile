@@ -20,7 +20,7 @@ testbed-build:
 test: testbed-build setup
 	.venv/bin/ruff check .
 	.venv/bin/pytest tests/unit -n 2 --dist worksteal -p no:cacheprovider
-	.venv/bin/pytest tests/real_host tests/real_vllm -n 2 --dist loadgroup -v -p no:cacheprovider --durations=30
+	.venv/bin/pytest tests/real_host tests/real_vllm -n 2 --dist loadscope -v -p no:cacheprovider --durations=30
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -24,17 +24,30 @@ HERE = Path(__file__).parent
 MARKERS = {"real_vllm": "vllm", "real_host": "remote"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        folder = Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
-        if folder in MARKERS:
-            item.add_marker(MARKERS[folder])
-        # With `-n 2 --dist loadgroup` (make test): the one test host's tests in one worker,
-        # in order; each embedded-vLLM file whole (its module-scoped server) in either.
-        if folder == "real_host":
-            item.add_marker(pytest.mark.xdist_group("testbed"))
-        elif folder == "real_vllm":
-            item.add_marker(pytest.mark.xdist_group(Path(item.path).stem))
+def _folder(item: pytest.Item) -> str:
+    return Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Markers by folder, as each test is collected."""
+    folder = _folder(item)
+    if folder in MARKERS:
+        item.add_marker(MARKERS[folder])
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`-n 2 --dist loadscope` (make test): each file whole in either worker (a module's own
+    server), except the one test host's tests, which share it: one scope, in order."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneTestHost(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/real_host" if path.startswith("tests/real_host/") else path
+
+    return OneTestHost(config, log)
 
 
 @pytest.fixture(autouse=True)
