@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import termios
 import threading
@@ -19,8 +20,17 @@ import pytest
 
 
 def _take_terminal() -> None:
-    """In the child, after setsid: the pty on stdin becomes the controlling terminal."""
+    """In the child, after setsid: the pty on stdin becomes the controlling terminal, and
+    Ctrl-C and a hang-up act as in a login shell, even if these tests were started in the
+    background (`cmd &` in a script ignores SIGINT) or under nohup."""
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    default_signals()
+
+
+def default_signals() -> None:
+    """For a child's preexec_fn: SIGINT and SIGHUP as a terminal's processes get them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 class Terminal:

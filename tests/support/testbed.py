@@ -25,6 +25,8 @@ from pytest_specdecode.targets.systemd import (
 )
 from pytest_specdecode.targets.unitfile import PERSISTENT_UNIT_DIR, dropin_path
 
+from .terminal import default_signals
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -320,7 +322,12 @@ def run_until(
         *suite_args(pytester, testbed, config, "--spec-config", "ngram", *extra),
     ]
     proc = subprocess.Popen(
-        cmd, cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,  # the tests send it Ctrl-C, as a terminal would
     )
     seen = [] if seen is None else seen
     deadline = time.monotonic() + 600
