@@ -35,6 +35,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(MARKERS[folder])
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """`-n 2 --dist loadscope` (make test): each file whole in either worker (a module's own
     server), except the one test host's tests, which share it: one scope, in order."""
