@@ -24,15 +24,11 @@ HERE = Path(__file__).parent
 MARKERS = {"real_vllm": "vllm", "real_host": "remote"}
 
 
-def _folder(item: pytest.Item) -> str:
-    return Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Markers by folder, as each test is collected."""
-    folder = _folder(item)
-    if folder in MARKERS:
-        item.add_marker(MARKERS[folder])
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
+        if folder in MARKERS:
+            item.add_marker(MARKERS[folder])
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist, never called

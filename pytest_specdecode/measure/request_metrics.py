@@ -49,7 +49,7 @@ class RequestSpecDecode:
             raise ValueError(f"acceptance_histogram must list {k + 1} counts, got {hist!r}")
         drafted = _ints(payload.get("per_step_drafted"), "per_step_drafted")
         accepted = _ints(payload.get("per_step_accepted"), "per_step_accepted")
-        if drafted is None and accepted is None and hist is not None and not any(hist):
+        if drafted is None and accepted is None and not any(hist):
             drafted = accepted = ()  # vLLM omits empty arrays: no verify step, nothing to list
         if (drafted is None) != (accepted is None):
             raise ValueError("per_step_drafted and per_step_accepted come together")

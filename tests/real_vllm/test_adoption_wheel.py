@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from ..support.embedded import (
-    CPU_BIND,
     MODEL,
     MODEL_DIR,
     REPO,
+    SERVER_ENV_TOML,
     SERVER_PYTHON,
     free_port,
     require_embedded,
@@ -53,8 +53,7 @@ command = ["{SERVER_PYTHON}", "-m", "vllm.entrypoints.openai.api_server", "--mod
            "--enforce-eager", "--max-model-len", "1024", "--seed", "0"]
 startup_timeout_s = 400
 [target.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-VLLM_CPU_OMP_THREADS_BIND = "{CPU_BIND}"
+{SERVER_ENV_TOML}
 
 """
     config.write_text(re.sub(r"(?s)\[target\].*?(?=\[run\])", target, config.read_text()))

@@ -27,6 +27,7 @@ MODEL = "smollm2-135m-instruct"
 CPUS = os.cpu_count() or 1
 CPU_BIND = str(CPUS - 1) if CPUS > 1 else "auto"
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": CPU_BIND}
+SERVER_ENV_TOML = "\n".join(f"{k} = {json.dumps(v)}" for k, v in SERVER_ENV.items())
 
 
 def free_port() -> int:
@@ -107,8 +108,7 @@ command = ["{SERVER_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
   "--port", "{port}", "--enforce-eager", "--max-model-len", "1024", "--seed", "0"]
 startup_timeout_s = 400
 [target.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-VLLM_CPU_OMP_THREADS_BIND = "{CPU_BIND}"
+{SERVER_ENV_TOML}
 [run]
 {run_table}
 [thresholds]
