@@ -110,6 +110,7 @@ class RunConfig:
     traffic_watch_s: float = 10.0  # a running service is watched this long before it is touched
     quiet_wait_s: float = 120.0  # before measuring a window again, wait at most this for quiet
     allow_traffic: bool = False  # measure a service that others are using (their traffic shows)
+    record_token_ids: bool = True  # untimed requests for the n-gram prediction (analysis/)
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
 
@@ -338,8 +339,9 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
             f"{where}: on_traffic must be 'remeasure' or 'mark', got {run.on_traffic!r}"
         )
     _positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
-    if not isinstance(run.allow_traffic, bool):
-        raise ConfigError(f"{where}: allow_traffic must be true or false")
+    for key in ("allow_traffic", "record_token_ids", "ignore_eos"):
+        if not isinstance(getattr(run, key), bool):
+            raise ConfigError(f"{where}: {key} must be true or false")
     return run
 
 

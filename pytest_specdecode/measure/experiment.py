@@ -225,6 +225,9 @@ class Experiment:
             self._measure_level(window, indices, service)
         if first is None or phase.arm == BASELINE_AFTER:
             return
+        if not self.settings.run.record_token_ids:
+            first.m.token_ids = TokenIds(missing="not recorded: [run] record_token_ids = false")
+            return
         if self.settings.aa_only and prompt_type.name in self._ids_recorded:
             # An A/A run starts one configuration again and again: its ids, at temperature 0,
             # are the first start's, and recording them again would cost as much as measuring.

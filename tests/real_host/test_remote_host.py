@@ -45,7 +45,9 @@ def test_seed_workflow_baseline_candidate_restore_through_a_dropped_ssh_connecti
     """The whole workflow with two candidates. Mid-way through the first candidate's requests,
     every SSH session on the host is killed: the controller reconnects and goes on."""
     # The candidate's TPOT ceiling is impossible: a failing assertion must still restore.
-    config = write_remote_experiment(pytester, testbed, thresholds="max_tpot_ms = 1000")
+    config = write_remote_experiment(
+        pytester, testbed, run={"record_token_ids": True}, thresholds="max_tpot_ms = 1000"
+    )
     config.write_text(
         config.read_text().replace(
             "[prompt_types.coding]\n", "[prompt_types.coding]\nmin_tokens_per_s = 1.0\n"

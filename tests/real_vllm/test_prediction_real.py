@@ -80,7 +80,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
     exp = write_experiment(
         _Dir(where),  # type: ignore[arg-type]  # write_experiment needs only .path
-        run={"samples": SAMPLES, "warmup": WARMUP, "max_tokens": MAX_TOKENS},
+        run={
+            "samples": SAMPLES,
+            "warmup": WARMUP,
+            "max_tokens": MAX_TOKENS,
+            "record_token_ids": True,
+        },
         prompt_types=tables,
     )
     preset = ", ".join(f"{k} = {json.dumps(v)}" for k, v in OTHER_MIN.items())

@@ -131,6 +131,7 @@ class ScriptedTarget:
         self.host = LocalHost()
         self.adopts_running_original = running
         self.events: list[str] = []
+        self.token_id_requests = 0  # untimed requests for token ids, over all starts
         self.serving: ScriptedService | None = None
         self.counters: dict[str, float] = {}
         self.in_flight = 0
@@ -208,6 +209,7 @@ class ScriptedTarget:
 
     def _token_ids(self, service: ScriptedService, body: dict[str, Any]) -> httpx.Response:
         """An untimed greedy request: the stream's text, one id per token (100 + word index)."""
+        self.token_id_requests += 1
         prompt = body["messages"][0]["content"]
         speed = service.script.speed(prompt)
         n = min(speed.tokens, body["max_tokens"])

@@ -207,7 +207,9 @@ def write_remote_experiment(
         pytester.path / "suites",
         ignore=shutil.ignore_patterns("*.toml", "__pycache__"),
     )
-    run_values = {"samples": 5, "max_samples": 5, "warmup": 1, "max_tokens": 32, **(run or {})}
+    # Token ids only where a test asks (the seed workflow), a short look for other clients
+    run_values = {"samples": 5, "max_samples": 5, "warmup": 1, "max_tokens": 32,
+                  "record_token_ids": False, "traffic_watch_s": 2.0, **(run or {})}  # fmt: skip
     target_values = {
         "startup_timeout_s": 400,
         "restore_timeout_s": 600,

@@ -253,6 +253,19 @@ def test_a_server_without_token_ids_is_recorded_with_the_reason(tmp_path: Path) 
     assert not analyze(rec).prediction.available
 
 
+def test_record_token_ids_false_sends_no_untimed_request_and_says_so(tmp_path: Path) -> None:
+    s = settings(
+        tmp_path, samples=3, prompt_types=("coding",), run_extra="record_token_ids = false"
+    )
+    target = ScriptedTarget(Script(token_ids=True), {"ngram": Script(token_ids=True)})
+    rec = measure_arms(target, s, tmp_path, "ngram").record
+    for phase in (BASELINE, "ngram"):
+        m = rec.phases[phase].measurements["coding"]
+        assert m.token_ids == TokenIds(missing="not recorded: [run] record_token_ids = false")
+    assert target.token_id_requests == 0  # no untimed request after the windows
+    assert "not recorded: [run] record_token_ids = false" in predict_run(rec).token_ids["coding"]
+
+
 def test_the_runs_restart_noise_widens_the_bands_of_its_predictions(tmp_path: Path) -> None:
     # Each predicted config would run in a start of its own: the run's restart noise (here the
     # assumption, with no repeated starts to measure it) enters every band.

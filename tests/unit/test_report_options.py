@@ -84,7 +84,7 @@ def test_dry_run_says_what_the_design_can_call_and_what_would_call_a_named_chang
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     found = re.search(r"what this design can call with 80% power: throughput ±([\d.]+)%", out)
     assert found and float(found.group(1)) > 25, out  # one start per arm, the noise assumed
-    assert "restart noise assumed 5% (weighted as 12 df)" in out
+    assert "restart noise assumed 5% (weighted as 8 df)" in out
     found = re.search(r"to call a 25% change with 80% power: --spec-repeats (\d+) ", out)
     assert found and int(found.group(1)) > 1, out
     bad = pytester.runpytest_subprocess("--spec-file", str(config), "--spec-detect", "lots")

@@ -236,7 +236,7 @@ def test_non_positive_or_non_finite_values_are_refused(bad: float) -> None:
 
 def test_an_assumption_the_runs_own_starts_rule_out_is_set_aside() -> None:
     """Two starts of the baseline twice apart: no 5% restart noise explains that, so the
-    assumption's 12 degrees of freedom do not dilute it; the run's own 2 df speak alone."""
+    assumption's degrees of freedom do not dilute it; the run's own 2 df speak alone."""
     b = [[10.0, 10.1, 9.9], [20.0, 20.2, 19.8]]
     c = [[15.0, 15.1, 14.9], [15.1, 15.0, 15.2]]
     found = interval(b, c, noise=ASSUMED)
