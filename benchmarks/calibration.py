@@ -26,7 +26,7 @@ ROUTES = {
     "nothing measured, 2 starts per arm": Route(aa_runs=0, repeats=2),
     "nothing measured, 3 starts per arm": Route(aa_runs=0, repeats=3),
 }
-SHIFTS = (0.0, 0.01, 0.02, 0.046, 0.06)
+SHIFTS = (0.0, 0.01, 0.02, 0.046, 0.06, 0.08, 0.10)
 
 
 def routes_table(runs: int, seed: int, tmp: Path) -> None:
