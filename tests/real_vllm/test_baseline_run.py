@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -43,11 +42,6 @@ class Run:
     data: dict
 
 
-@dataclass
-class _Dir:
-    path: Path
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The suite as it serves (no candidate), its prompt types from a Spec-Bench file, the
@@ -61,7 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         'categories = ["writing", "math_reasoning"]\n'
     )
     exp = write_experiment(
-        _Dir(where),  # type: ignore[arg-type]  # write_experiment needs only .path
+        where,
         run={"samples": 3, "max_samples": 3, "max_tokens": 24},
         prompt_types=table,
     )

@@ -1,50 +1,100 @@
-"""The experiment end to end on the real CPU vLLM (minutes each): the tests that matter."""
+"""The experiment end to end on the real CPU vLLM (minutes each): the tests that matter.
+
+One run (baseline, ngram, and the original again with --spec-aba; four prompt types) serves the
+end-to-end test and the report test; the faults each start servers of their own.
+"""
 
 from __future__ import annotations
 
+import html
+import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from ..support.embedded import all_samples, write_experiment
+from pytest_specdecode.cli import compare
+
+from ..support.embedded import EmbeddedExperiment, all_samples, require_embedded, write_experiment
 
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
+PLOTS = ("throughput", "tpot", "acceptance")
 
 
-def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
+@dataclass
+class NgramRun:
+    exp: EmbeddedExperiment
+    out: str
+    err: str
+    returncode: int
+    data: dict
+    step_summary: Path
+
+    def pytest(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """pytest again in the run's folder, with the run's environment."""
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", *self.exp.args(*args)],
+            cwd=self.exp.dir,
+            env=_env(self.exp.dir, self.step_summary),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+
+def _env(where: Path, step_summary: Path) -> dict[str, str]:
+    profiles = where / "host-profiles"
+    profiles.mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "SPECDECODE_HOST_PROFILES": str(profiles),  # never the user's
+        "GITHUB_STEP_SUMMARY": str(step_summary),
+    }
+
+
+@pytest.fixture(scope="module")
+def ngram_run(tmp_path_factory: pytest.TempPathFactory) -> NgramRun:
     # An impossible TPOT ceiling on one prompt type: exactly those tests must fail.
-    exp = write_experiment(
-        pytester,
-        thresholds="min_tokens_per_s = 1.0\nmax_tpot_ms = 5000",
-    )
+    require_embedded()
+    where = tmp_path_factory.mktemp("ngram-run")
+    exp = write_experiment(where, thresholds="min_tokens_per_s = 1.0\nmax_tpot_ms = 5000")
     text = exp.config.read_text().replace(
         "[prompt_types.structured]\n", "[prompt_types.structured]\nmax_tpot_ms = 0.5\n"
     )
     exp.config.write_text(text)
+    run = NgramRun(exp, "", "", -1, {}, where / "github-step-summary.md")
+    done = run.pytest("--spec-config", "ngram", "--spec-aba", "-rA")
+    run.out, run.err, run.returncode = done.stdout, done.stderr, done.returncode
+    assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
+    run.data = exp.results()
+    return run
 
-    result = pytester.runpytest_subprocess(*exp.args("--spec-config", "ngram", "-rA"))
-    out = result.stdout.str()
-    err = result.stderr.str()
-    data = exp.results()
 
+def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
+    exp, out, err, data = ngram_run.exp, ngram_run.out, ngram_run.err, ngram_run.data
     verdicts = data["analysis"]["verdicts"]["ngram"]
     not_passed = {w for w, v in verdicts.items() if v["verdict"] not in ("improved", "equivalent")}
     expected_failures = {
         "test_tpot_threshold[baseline-structured]",
         "test_tpot_threshold[ngram-structured]",
         *(f"test_speculation_does_not_regress[ngram-{w}]" for w in not_passed),
+        *(["test_baseline_did_not_drift"] if data["analysis"]["drift"]["unreliable"] else []),
     }
     failed = set(re.findall(r"^FAILED \S+::(\S+)", out, re.M))
     assert failed == expected_failures, out
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert ngram_run.returncode == pytest.ExitCode.TESTS_FAILED
     assert "median TPOT" in out and "above the threshold 0.5 ms" in out
 
-    # One swap per phase: the original, then the candidate; restored to "not running".
-    assert err.count("starting local vLLM process") == 2, err
+    # The original, the candidate, the original again (ABA); restored to "not running".
+    assert err.count("starting local vLLM process") == 3, err
+    assert err.count("starting local vLLM process 'original'") == 2, err
+    assert "drift check (ABA): measuring the original again" in err
     assert "waiting for local vLLM process 'original'" in err
     assert re.search(r"ready after \d+s", err)
     assert "restored to stopped" in err
@@ -57,8 +107,8 @@ def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
 
     # results.json: every request, configs, version, metric deltas, verdicts.
     samples = all_samples(data)
-    assert len(samples) == 2 * 4 * (6 + 1)
-    assert sum(not s["warmup"] for s in samples) == 2 * 4 * 6
+    assert len(samples) == 3 * 4 * (6 + 1)
+    assert sum(not s["warmup"] for s in samples) == 3 * 4 * 6
     assert all(s["output_tokens"] > 1 and s["tpot_s"] > 0 for s in samples)
     assert data["candidates"]["ngram"] == {
         "method": "ngram",
@@ -81,6 +131,121 @@ def test_baseline_vs_ngram_end_to_end(pytester: pytest.Pytester) -> None:
         )
         assert v["acceptance_note"] is None, v
     assert data["restore"]["is_active"] is False
+
+
+def _html_data(text: str) -> dict:
+    """The JSON blob pytest-html renders its environment and results from."""
+    blob = re.search(r'data-jsonblob="([^"]*)"', text)
+    assert blob, "no data-jsonblob in report.html"
+    return json.loads(html.unescape(blob.group(1)))
+
+
+def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> None:
+    exp, out, err, step_summary = (
+        ngram_run.exp,
+        ngram_run.out,
+        ngram_run.err,
+        ngram_run.step_summary,
+    )
+    run = exp.run_dir()
+    data = json.loads((run / "results.json").read_text())
+    analysis = data["analysis"]
+    print(f"run folder: {run}")  # kept under pytest's base folder, for a look at report.html
+
+    # The run folder holds everything a reviewer needs, and nothing else was overwritten.
+    for name in ("report.html", "summary.md", "results.json", *(f"{p}.png" for p in PLOTS)):
+        assert (run / name).is_file(), f"{name} missing in {sorted(p.name for p in run.iterdir())}"
+    for plot in PLOTS:
+        assert (run / f"{plot}.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+    # ABA: the original was started a second time, measured, and compared with the first.
+    assert err.count("starting local vLLM process 'original'") == 2, err
+    assert "drift check (ABA): measuring the original again" in err
+    assert "restored to stopped" in err
+    assert exp.leftover_servers() == []
+    assert set(data["phases"]) == {"baseline", "ngram", "baseline-after"}
+    assert analysis["drift"]["status"] in {"consistent", "drifted", "undecided"}
+    assert analysis["drift"]["unreliable"] is (analysis["drift"]["status"] == "drifted")
+    equivalence = analysis["equivalence"]["ngram"]["coding"]
+    assert equivalence["n"] == 6 and equivalence["status"] in {"identical", "differs"}
+    assert set(data["environment"]) == {"gpus", "git_commit", "vllm"}
+    assert data["environment"]["vllm"]["version"] == "0.32.0"  # what the candidates were checked by
+    assert data["environment"]["gpus"] is None  # no nvidia-smi on this machine
+
+    # report.html: title, the seed-style table with its verdict, the three plots, the checks.
+    page = (run / "report.html").read_text()
+    assert '<title id="head-title">Speculative decoding: baseline vs ngram' in page
+    summary = page[page.index("id='specdecode-summary'") :]
+    for column in ("Prompt", "Baseline tok/s", "Candidate tok/s", "Change", "p", "Verdict"):
+        assert f"<th>{column}</th>" in summary
+    assert "<th>TPOT baseline → candidate</th>" in summary
+    verdict = analysis["verdicts"]["ngram"]["coding"]["verdict"]
+    assert re.search(rf"<td class='verdict [^']*'[^>]*>{verdict}</td>", summary)
+    assert verdict in {"improved", "regressed", "equivalent", "inconclusive"}
+    for plot in PLOTS:
+        assert (
+            f"<img id='specdecode-plot-{plot}' alt='{plot} plot' src='data:image/png;base64,"
+            in (summary)
+        )
+    assert "(aba)" in summary.lower() and "Output, ngram/coding" in summary
+
+    # The environment table: what was tested, where.
+    blob = _html_data(page)
+    env = blob["environment"]
+    assert env["Model"] == "smollm2-135m-instruct"
+    assert env["vLLM version"] == "0.32.0"
+    assert env["Host"] == "localhost" and env["Backend"] == "local"
+    assert env["GPUs"].startswith("none listed")
+    assert set(env["Speculation configs"]) == {"ngram"}
+    assert env["pytest-specdecode"] == "0.1.0"
+    assert "Suite commit" in env and "Python" in env  # ours first, then pytest-metadata's
+
+    # Per-test extras, attached in the call phase: the prompt type's row and acceptance.
+    tests = blob["tests"]
+    extras = {
+        nodeid.split("::")[-1]: " ".join(
+            e["content"] for t in entries for e in t["extras"] if e["format_type"] == "html"
+        )
+        for nodeid, entries in tests.items()
+    }
+    regress = extras["test_speculation_does_not_regress[ngram-coding]"]
+    assert "specdecode-table" in regress and verdict in regress
+    assert "<th>draft position</th>" in regress and "Output:" in regress
+    assert "Median tok/s" in extras["test_throughput_threshold[baseline-coding]"]
+
+    # summary.md, fit for a PR comment, and the same text in $GITHUB_STEP_SUMMARY.
+    md = (run / "summary.md").read_text()
+    assert (
+        "| Prompt | Baseline tok/s | Candidate tok/s | Change | TPOT baseline → candidate |" in md
+    )
+    assert re.search(r"^\| coding \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% ", md, re.M), md
+    assert verdict in md and "drift" in md.lower()
+    assert step_summary.read_text().strip() == md.strip()
+
+    # The terminal: table, checks and where the files are.
+    assert re.search(r"^coding\s+ngram\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%", out, re.M), out
+    assert f"summary: {run / 'summary.md'}" in out
+    assert "report.html" in out  # pytest-html's own line
+
+    # The stored run serves as a baseline: a dry run with it plans one phase, starts nothing.
+    dry = ngram_run.pytest(
+        "--spec-config",
+        "ngram",
+        "--spec-workload",
+        "coding",
+        "--spec-dry-run",
+        "--spec-baseline-from",
+        str(run / "results.json"),
+    )
+    dry_out = dry.stdout
+    assert dry.returncode == pytest.ExitCode.OK, dry_out + dry.stderr
+    assert f"baseline: reused from {run / 'results.json'}" in dry_out
+    assert "requests: 7 = 1 phases x 1 prompt types x (6 measured + 1 warm-up)" in dry_out
+    assert f"from the stored run {run.name}" in dry_out  # the estimate uses this run's timings
+    assert [p for p in exp.reports.iterdir() if p.is_dir()] == [run]
+
+    # And two stored runs compare (here: the run with itself).
+    assert compare.main([str(run / "results.json"), str(run)]) == 0
 
 
 def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pytester) -> None:

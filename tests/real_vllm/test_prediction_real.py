@@ -79,7 +79,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         f"[prompt_types.{name}]\nprompt = {json.dumps(text)}" for name, text in PROMPTS.items()
     )
     exp = write_experiment(
-        _Dir(where),  # type: ignore[arg-type]  # write_experiment needs only .path
+        where,
         run={
             "samples": SAMPLES,
             "warmup": WARMUP,
@@ -105,11 +105,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     results = exp.run_dir() / "results.json"
     return Run(exp, done.stdout, done.stderr, done.returncode, load_run(results),
                json.loads(results.read_text()))  # fmt: skip
-
-
-@dataclass
-class _Dir:
-    path: Path
 
 
 def _show(prediction: dict[str, Any]) -> None:

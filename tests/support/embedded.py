@@ -80,12 +80,13 @@ def require_embedded() -> None:
 
 
 def write_experiment(
-    pytester: pytest.Pytester,
+    into: pytest.Pytester | Path,
     *,
     run: dict[str, object] | None = None,
     thresholds: str = "",
     prompt_types: str = "",
 ) -> EmbeddedExperiment:
+    where = into if isinstance(into, Path) else into.path
     port = free_port()
     # No token ids unless a test asks: they cost as long as the measurement (test_prediction_real)
     run_values = {"samples": 6, "max_samples": 6, "warmup": 1, "max_tokens": 32,
@@ -93,13 +94,13 @@ def write_experiment(
     run_table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_values.items())
     shutil.copytree(
         REPO / "suites",
-        pytester.path / "suites",
+        where / "suites",
         ignore=shutil.ignore_patterns("*.toml", "__pycache__"),
     )
     seed = (REPO / "suites" / "specdecode.toml").read_text()
     prompts = seed[seed.index("[prompt_types.coding]") :]
-    reports = pytester.path / "reports"
-    config = pytester.path / "experiment.toml"
+    reports = where / "reports"
+    config = where / "experiment.toml"
     config.write_text(f"""
 reports_dir = "{reports}"
 [target]
@@ -120,7 +121,7 @@ ngram = {{ method = "ngram", num_speculative_tokens = 5, prompt_lookup_max = 4 }
 suffix = {{ method = "suffix", num_speculative_tokens = 3 }}
 {prompt_types or prompts}
 """)
-    return EmbeddedExperiment(pytester.path, config, reports, port)
+    return EmbeddedExperiment(where, config, reports, port)
 
 
 def all_samples(data: dict) -> list[dict]:
