@@ -53,6 +53,15 @@ def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_facts_cache(tmp_path_factory) -> Iterator[None]:
+    """vLLM's remembered facts (targets/facts_cache.py) in a folder of this session, shared by
+    its tests (each worker its own), never the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDECODE_CACHE_DIR", str(tmp_path_factory.mktemp("facts-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_host_profiles(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> None:
     """The plugin's own test runs never read or write the user's host profiles (an A/A run

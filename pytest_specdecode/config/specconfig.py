@@ -130,6 +130,7 @@ class VllmFacts:
     # the levels of --per-request-spec-decode-metrics; None: this vLLM has no such option
     per_request_metrics: tuple[str, ...] | None = None
     per_request_note: str | None = None  # why it could not be told, where it could not
+    remembered: str | None = None  # the cache file of an earlier ask (targets/facts_cache.py)
 
     @property
     def offline(self) -> bool:
@@ -157,6 +158,7 @@ class VllmFacts:
             "host": self.host,
             "interpreter": self.interpreter,
             "seconds": self.seconds,
+            "remembered": self.remembered,
             "note": self.note,
             "digest": self.digest(),
             "methods": sorted(self.methods) if self.methods is not None else None,

@@ -27,6 +27,7 @@ from ..config.specconfig import (
 )
 from ..errors import HostError, SpecDecodeError
 from ..measure.request_metrics import LEVEL, OPTION
+from . import facts_cache
 from .base import Progress
 from .container import container_host, first_process
 from .hosts import Host
@@ -327,6 +328,21 @@ def ask_vllm(
     interpreter = interpreter_for(host, exec_argv, where=where)
     shown = shlex.join(interpreter)
     say = progress or (lambda _message: None)
+    key = facts_cache.fingerprint(host, interpreter)
+    kept = facts_cache.recall(key)
+    if kept is not None:
+        answer, path = kept
+        try:
+            facts = parse_facts(answer, host=host.name, interpreter=shown)
+        except VllmFactsError:
+            pass  # a damaged entry: ask again
+        else:
+            say(
+                f"{facts.describe()}: {len(facts.methods or ())} speculative methods, "
+                f"{len(facts.keys)} keys, remembered from an earlier ask of this installation "
+                f"({path})"
+            )
+            return replace(facts, remembered=str(path))
     say(f"asking the vLLM of {where} ({shown} on {host.name}) for its speculative methods and keys")
     start = time.monotonic()
     with ThreadPoolExecutor(1, thread_name_prefix="specdecode-vllm-facts") as pool:
@@ -346,6 +362,9 @@ def ask_vllm(
     if not result.ok and MARKER not in result.stdout:
         raise VllmFactsError(f"{where}: {result.describe()}")
     facts = parse_facts(result.stdout, host=host.name, interpreter=shown, seconds=seconds)
+    facts_cache.remember(
+        key, next(ln for ln in result.stdout.splitlines() if ln.startswith(MARKER))
+    )
     say(
         f"{facts.describe()}: {len(facts.methods or ())} speculative methods, "
         f"{len(facts.keys)} keys, asked in {seconds:.0f}s"

@@ -16,8 +16,9 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 
 
 @pytest.mark.parametrize("program", ["python", "vllm"])
-def test_the_embedded_vllm_tells_its_facts(program):
+def test_the_embedded_vllm_tells_its_facts(program, tmp_path, monkeypatch):
     require_embedded()
+    monkeypatch.setenv("SPECDECODE_CACHE_DIR", str(tmp_path))  # nothing remembered yet
     # Both command forms: `python -m vllm.entrypoints…` and the `vllm` script's #! line.
     argv = (
         [str(SERVER_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
@@ -38,6 +39,13 @@ def test_the_embedded_vllm_tells_its_facts(program):
     assert said[-1].startswith(f"vLLM 0.32.0 on localhost ({facts.interpreter}): 39 speculative")
     with pytest.raises(ConfigError, match=r"on localhost \(vLLM 0.32.0\): unknown key\(s\) 'x'"):
         validate_spec_values({**NGRAM, "x": 1}, source="n", facts=facts)
+
+    # Asked again, the same installation answers from the cache, without importing vLLM.
+    again = ask_vllm(LocalHost(), argv, where="the local server command", progress=said.append)
+    assert again.digest() == facts.digest() and again.version == facts.version
+    assert again.remembered and again.remembered.startswith(str(tmp_path / "vllm-facts"))
+    assert "remembered from an earlier ask of this installation" in said[-1], said
+    assert facts.remembered is None and facts.seconds and facts.seconds > 0
 
 
 def test_local_backend_refuses_a_key_its_vllm_does_not_know_before_anything_starts(pytester):

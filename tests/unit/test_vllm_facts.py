@@ -20,6 +20,7 @@ from pytest_specdecode.config.specconfig import (
     validate_spec_values,
 )
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.targets.facts_cache import FINGERPRINT
 from pytest_specdecode.targets.hosts import CommandResult
 from pytest_specdecode.targets.local import LocalProcessTarget
 from pytest_specdecode.targets.vllm_facts import (
@@ -235,6 +236,40 @@ def test_the_snippet_goes_by_stdin_and_is_bounded():
 
     ask_vllm(Host(), ["/opt/v/bin/python3", "-m", "vllm.entrypoints.openai.api_server"], where="u")
     assert seen == {"argv": ["/opt/v/bin/python3", "-"], "timeout": 180.0, "stdin": SNIPPET}
+
+
+class _Installation:
+    """A host whose vLLM answers the fingerprint and the snippet, counting the snippet's runs."""
+
+    name = "root@gpu:22"
+
+    def __init__(self) -> None:
+        self.mtime, self.asked = 1, 0
+
+    def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
+        if stdin == FINGERPRINT:
+            out = f"0.32.0\n/opt/v/lib/vllm/__init__.py\n{self.mtime}\n"
+        else:
+            self.asked += 1
+            out = MARKER + json.dumps({"version": "0.32.0", "keys": {"method": "str"}})
+        return CommandResult(self.name, tuple(argv), 0, out, "")
+
+
+def test_an_installation_is_asked_once_until_it_changes(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECDECODE_CACHE_DIR", str(tmp_path))
+    host, argv, said = _Installation(), ["/opt/v/bin/python3", "-m", "vllm"], []
+    first = ask_vllm(host, argv, where="u", progress=said.append)
+    again = ask_vllm(host, argv, where="u", progress=said.append)
+    assert host.asked == 1 and first.remembered is None
+    assert again.remembered and again.digest() == first.digest()
+    assert "remembered from an earlier ask of this installation" in said[-1]
+    host.mtime = 2  # reinstalled or upgraded: asked again
+    assert ask_vllm(host, argv, where="u").remembered is None and host.asked == 2
+    other = ask_vllm(host, ["/opt/w/bin/python3", "-m", "vllm"], where="u")  # another venv
+    assert other.remembered is None and host.asked == 3
+    monkeypatch.setenv("SPECDECODE_CACHE_DIR", "off")
+    ask_vllm(host, argv, where="u")
+    assert host.asked == 4
 
 
 # ------------------------------------------------------------------------------ the real vLLM
