@@ -36,10 +36,10 @@ from .measure.environment import environment
 from .measure.experiment import Experiment
 from .measure.traffic import quiet, rate_text
 from .record.profile import add_entry, profile_path, profiles_dir, read_profile
-from .record.redaction import redact_argv, redact_env, redact_text, register_secret
 from .record.reuse import stored_baseline
 from .record.schema import BASELINE, BASELINE_AFTER, RunRecord, TargetInfo
 from .record.store import RunStore, stored_runs
+from .redaction import redact_argv, redact_env, redact_text, register_secret
 from .report import Written, write_reports
 from .report import terminal as terminal_report
 from .report.plan import (

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..measure.loadgen import RequestSample
-from .redaction import redact_data
+from ..redaction import redact_data
 from .schema import RunRecord, _finite, _sample_json
 
 RESULTS_FILE = "results.json"

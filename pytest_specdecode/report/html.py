@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.run import RunAnalysis
-from ..record.redaction import redact_text
 from ..record.schema import RunRecord
+from ..redaction import redact_text
 from . import acceptance, levels, prediction
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
-from ..record.redaction import redact_text
 from ..record.schema import RunRecord
+from ..redaction import redact_text
 from . import acceptance, levels, prediction
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, title

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ConfigError, ServiceError
-from ..record.redaction import redact_text
+from ..redaction import redact_text
 from .base import Progress, Transports, port_answers
 from .hosts import LocalHost
 from .vllm_argv import with_speculative_config

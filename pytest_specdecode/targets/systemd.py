@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ConfigError, HostError, ServiceError
-from ..record.redaction import redact_text, register_secret_values
+from ..redaction import redact_text, register_secret_values
 from . import gpu
 from .base import Progress, Transports, port_answers
 from .hosts import CommandResult, Host

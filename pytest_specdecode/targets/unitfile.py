@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
-from ..record.redaction import redact_text
+from ..redaction import redact_text
 from .unit_environment import UnitEnvironment, expand_words, refuse_unset
 from .vllm_argv import SPEC_FLAG, ServerCommand, parse_server_command, spec_flag_positions
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.record.redaction import (
+from pytest_specdecode.record.store import JOURNAL_FILE, RunStore
+from pytest_specdecode.redaction import (
     REDACTED,
     redact_argv,
     redact_data,
@@ -17,7 +18,6 @@ from pytest_specdecode.record.redaction import (
     redact_text,
     register_secret,
 )
-from pytest_specdecode.record.store import JOURNAL_FILE, RunStore
 from pytest_specdecode.report import html, write_reports
 from pytest_specdecode.session import ProgressLog
 from pytest_specdecode.targets.local import LocalProcessService

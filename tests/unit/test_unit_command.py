@@ -156,7 +156,7 @@ def test_a_missing_required_environment_file_is_refused():
 
 
 def test_a_token_in_an_environment_file_is_registered_as_a_secret():
-    from pytest_specdecode.record.redaction import redact_text
+    from pytest_specdecode.redaction import redact_text
 
     shown = "Environment=VLLM_PORT=8000\nEnvironmentFiles=/etc/default/vllm (ignore_errors=no)\n"
     files = {"/etc/default/vllm": "VLLM_PORT=8100\nHF_TOKEN=hf_s3cr3tvalue\n"}
