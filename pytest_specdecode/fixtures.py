@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from .analysis.compare import PromptTypeVerdict
+from .config.load import LoadLevel
 from .config.settings import PromptType, Settings
 from .measure.experiment import Experiment
-from .measure.levels import LoadLevel
 from .record.schema import Measurement, Phase, cell_key
 from .session import SpecDecodeSession, session_of
 

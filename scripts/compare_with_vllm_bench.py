@@ -25,8 +25,8 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import prompt_types
-from pytest_specdecode.measure.levels import LoadLevel
 from pytest_specdecode.measure.loadgen import RequestSpec, run_level
 
 

@@ -1,4 +1,10 @@
-"""Load levels and their SLOs, from the command line and the TOML: parsers for settings.py.
+"""Load levels and their SLOs: what a level is, and how the command line and the TOML give them.
+
+A level is closed-loop (`concurrency` N: N requests in flight, the next sent as one ends) or
+open-loop (`rate`: Poisson arrivals at that many requests per second, seeded), or both (open-loop
+arrivals with at most N in flight, as vLLM bench's `--request-rate` with `--max-concurrency`).
+The requests of a level are sent by `measure.loadgen.run_level`; its aggregates are
+`record.level_stats`.
 
 Command line: `--spec-concurrency 1,4,16` gives closed-loop levels; `--spec-rate 0.5,2` gives
 open-loop levels (Poisson arrivals, seeded), each capped at the concurrency when exactly one is
@@ -17,12 +23,132 @@ Errors are ConfigError naming the option or the file and table.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError
-from ..measure.levels import SLO, LoadLevel
+
+PERCENTILE_KEY = re.compile(r"^(ttft|tpot|e2e)_p(\d{1,2}(?:\.\d+)?)_ms$")
+
+
+class Timed(Protocol):
+    """What an SLO and the aggregates read from a sample (record.samples.RequestSample has it)."""
+
+    ttft_s: float
+    e2e_s: float
+    output_tokens: int
+
+    @property
+    def tpot_s(self) -> float | None: ...
+
+    @property
+    def tokens_per_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """One load level: closed-loop concurrency, open-loop Poisson rate, or both."""
+
+    concurrency: int | None = None  # requests in flight at most (closed loop without a rate)
+    rate: float | None = None  # requests per second, Poisson arrivals (open loop)
+    seed: int = 0  # for the arrivals
+
+    def __post_init__(self) -> None:
+        if self.concurrency is None and self.rate is None:
+            raise ValueError("a load level needs a concurrency, a rate, or both")
+        c = self.concurrency
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ValueError(f"concurrency must be an integer >= 1, got {c!r}")
+        r = self.rate
+        if r is not None and (isinstance(r, bool) or not math.isfinite(r) or r <= 0):
+            raise ValueError(f"rate must be a positive number of requests per second, got {r!r}")
+
+    @property
+    def label(self) -> str:
+        """A short, stable name: "c4", "r2.5", "r2.5-c8"."""
+        parts = []
+        if self.rate is not None:
+            parts.append(f"r{self.rate:g}")
+        if self.concurrency is not None:
+            parts.append(f"c{self.concurrency}")
+        return "-".join(parts)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "concurrency": self.concurrency, "rate": self.rate}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LoadLevel:
+        return cls(concurrency=data.get("concurrency"), rate=data.get("rate"))
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives of one level.
+
+    Per-request limits decide which requests count towards goodput (a request is good when it
+    meets all of them, as in vLLM bench's `--goodput`). Percentile limits are checks on the
+    level's distribution, keyed `ttft_p99_ms`, `tpot_p50_ms`, `e2e_p90_ms` and so on.
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    percentiles: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            _check_limit(key, getattr(self, key))
+        for key, value in self.percentiles.items():
+            if not PERCENTILE_KEY.match(key):
+                raise ValueError(
+                    f"unknown percentile limit {key!r}; use ttft|tpot|e2e, a percentile and "
+                    "_ms, e.g. ttft_p99_ms or tpot_p50_ms"
+                )
+            _check_limit(key, value)
+
+    @property
+    def per_request(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+    def good(self, sample: Timed) -> bool:
+        """Whether one request meets every per-request limit."""
+        tpot = sample.tpot_s
+        return (
+            (self.ttft_ms is None or sample.ttft_s * 1000 <= self.ttft_ms)
+            and (self.tpot_ms is None or (tpot is not None and tpot * 1000 <= self.tpot_ms))
+            and (self.e2e_ms is None or sample.e2e_s * 1000 <= self.e2e_ms)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "e2e_ms": self.e2e_ms,
+            "percentiles": dict(self.percentiles),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SLO:
+        return cls(
+            ttft_ms=data.get("ttft_ms"),
+            tpot_ms=data.get("tpot_ms"),
+            e2e_ms=data.get("e2e_ms"),
+            percentiles=dict(data.get("percentiles") or {}),
+        )
+
+
+def _check_limit(key: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{key} must be a positive number of milliseconds, got {value!r}")
+
 
 _REQUEST_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 

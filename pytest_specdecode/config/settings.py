@@ -12,9 +12,9 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..measure.levels import LoadLevel
 from ..targets.vllm_argv import check_image_names, check_vllm_command
 from .load import (
+    LoadLevel,
     SLOConfig,
     check_slo_levels,
     load_levels,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from ..clock import MACHINE, Clock
+from ..config.load import SLO, LoadLevel
 from ..errors import RequestError
-from .levels import SLO, LevelStats, LoadLevel, level_stats, poisson_arrivals
+from ..record.level_stats import LevelStats, level_stats
 from .sse_transport import LeanSSETransport
 
 if TYPE_CHECKING:
@@ -492,3 +494,13 @@ async def run_level(
         send_lags_s=lags,
     )
     return LevelResult(level=level, samples=list(samples), stats=stats, slo=slo)
+
+
+def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
+    """Send times in seconds from the level's start: the first at 0, then exponential gaps."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for _ in range(count):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out

@@ -13,13 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
-from ..measure.levels import SLO, LevelStats, LoadLevel, level_stats
 from ..measure.loadgen import RequestSample
 from ..measure.request_metrics import acceptance_of, against_counters
 from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
 from ..measure.token_ids import TokenIds
+from .level_stats import LevelStats, level_stats
 
 SCHEMA = 2
 BASELINE = "baseline"

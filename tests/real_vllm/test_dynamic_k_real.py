@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from pytest_specdecode.analysis.crossover import LevelPoint, recommend_dynamic_k
+from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import shipped_set
 from pytest_specdecode.config.specconfig import (
     BATCH_TABLE_KEY,
@@ -27,7 +28,6 @@ from pytest_specdecode.config.specconfig import (
     validate_spec_values,
 )
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.measure.levels import LoadLevel
 from pytest_specdecode.measure.loadgen import LevelResult, RequestSpec, planned_specs, run_level
 from pytest_specdecode.measure.server_metrics import (
     Acceptance,

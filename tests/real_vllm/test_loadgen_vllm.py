@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.config.load import SLO, LoadLevel
 from pytest_specdecode.config.prompts import request_plan, shipped_set
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.levels import SLO, LoadLevel
 from pytest_specdecode.measure.loadgen import (
     LevelResult,
     RequestSample,

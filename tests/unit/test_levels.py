@@ -9,15 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from pytest_specdecode.config.load import check_slo_levels, load_levels, slo_config
+from pytest_specdecode.config.load import SLO, LoadLevel, check_slo_levels, load_levels, slo_config
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.measure.levels import (
-    SLO,
-    LoadLevel,
-    level_stats,
-    percentile,
-    poisson_arrivals,
-)
+from pytest_specdecode.measure.loadgen import poisson_arrivals
+from pytest_specdecode.record.level_stats import level_stats, percentile
 
 
 @dataclass

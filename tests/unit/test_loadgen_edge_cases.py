@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.levels import LoadLevel
 from pytest_specdecode.measure.loadgen import (
     RequestSample,
     RequestSpec,
