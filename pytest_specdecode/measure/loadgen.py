@@ -1,7 +1,7 @@
 """The load generator. Every request is timed here, in `timed_request`.
 
 `run_level` sends one load level (closed-loop concurrency and/or open-loop Poisson arrivals)
-and returns its samples with their aggregates (measure/levels.py); it builds its client in
+and returns its samples with their aggregates (record/level_stats.py); it builds its client in
 `make_client`, whose `transport` lets the fast tests answer from an `httpx.MockTransport`.
 """
 

@@ -41,7 +41,7 @@ def design_keys(prompt_types: Iterable[str], levels: Sequence[LoadLevel]) -> lis
 
 @dataclass
 class ClientLoad:
-    """The load generator's own figures over a measured window (measure/levels.py)."""
+    """The load generator's own figures over a measured window (record/level_stats.py)."""
 
     cpu_s: float = 0.0  # the client process's CPU time
     peak_cpu_share: float = 0.0  # its busiest window's CPU time over wall time
