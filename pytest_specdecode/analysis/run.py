@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.vllm_argv import option_value
 from ..record.schema import BASELINE, BASELINE_AFTER, Phase, RunRecord, cell_key
 from ..targets.lifecycle import RestoreReport
-from ..targets.vllm_argv import option_value
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms

@@ -12,7 +12,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..targets.vllm_argv import check_image_names, check_vllm_command
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -24,6 +23,7 @@ from .load import (
 )
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
 from .specconfig import AA_ARM, SpecConfig, check_spec_shape, parse_spec_config
+from .vllm_argv import check_image_names, check_vllm_command
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from ..analysis.restarts import RestartNoise
 from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
+from ..config.vllm_argv import REQUEST_METRICS_FLAG
 from ..record.schema import (
     BASELINE,
     BASELINE_AFTER,
@@ -26,7 +27,6 @@ from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
 from .loadgen import RequestSample, RequestSpec, planned_specs, run_level
-from .request_metrics import OPTION
 from .server_metrics import (
     Acceptance,
     ServerCounters,
@@ -183,8 +183,8 @@ class Experiment:
             return None  # the original: nothing to accept
         if spec.is_original:
             return "none: the original's configuration, without speculation"
-        if OPTION in spec.extra_args:
-            return spec.extra_args[spec.extra_args.index(OPTION) + 1]
+        if REQUEST_METRICS_FLAG in spec.extra_args:
+            return spec.extra_args[spec.extra_args.index(REQUEST_METRICS_FLAG) + 1]
         return f"none: {self.request_metrics_note or 'not asked for'}"
 
     def _measure_prompt_type(self, phase: Phase, prompt_type: PromptType, service: Service) -> None:

@@ -25,8 +25,6 @@ from typing import Any
 
 from .server_metrics import Acceptance, from_counts
 
-OPTION = "--per-request-spec-decode-metrics"
-LEVEL = "detailed"  # the per-step arrays; "summary" has the histogram only
 FIELD = "speculative_decoding"  # under the final usage chunk's `metrics`
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
+from ..config.vllm_argv import ServerCommand
 from .hosts import BaseHost, CommandResult, Host
-from .vllm_argv import ServerCommand
 
 # An init that a container may run as its first process (`--init`): the command follows it.
 _INITS = {"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "podman-init"}

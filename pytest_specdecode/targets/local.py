@@ -13,11 +13,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
+from ..config.vllm_argv import with_speculative_config
 from ..errors import ConfigError, ServiceError
 from ..redaction import redact_text
 from .base import Progress, Transports, port_answers
 from .hosts import LocalHost
-from .vllm_argv import with_speculative_config
 from .vllm_facts import ask_vllm
 
 # Variables of the plugin's own venv that must not leak into the server's.

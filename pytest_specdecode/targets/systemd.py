@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
+from ..config.vllm_argv import host_address, option_value
 from ..errors import ConfigError, HostError, ServiceError
 from ..redaction import redact_text, register_secret_values
 from . import gpu
@@ -56,7 +57,6 @@ from .unitfile import (
     own_dropins,
     render_dropin,
 )
-from .vllm_argv import host_address, option_value
 from .vllm_facts import ask_in_container, ask_vllm
 
 if TYPE_CHECKING:

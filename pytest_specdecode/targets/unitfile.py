@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config.specconfig import SpecConfig
+from ..config.vllm_argv import SPEC_FLAG, ServerCommand, parse_server_command, spec_flag_positions
 from ..errors import ConfigError
 from ..redaction import redact_text
 from .unit_environment import UnitEnvironment, expand_words, refuse_unset
-from .vllm_argv import SPEC_FLAG, ServerCommand, parse_server_command, spec_flag_positions
 
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
 ANY_UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}\.[a-z]{3,9}$")

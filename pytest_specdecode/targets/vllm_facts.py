@@ -25,13 +25,12 @@ from ..config.specconfig import (
     VllmFacts,
     validate_spec_values,
 )
+from ..config.vllm_argv import REQUEST_METRICS_FLAG, REQUEST_METRICS_LEVEL, ServerCommand
 from ..errors import HostError, SpecDecodeError
-from ..measure.request_metrics import LEVEL, OPTION
 from . import facts_cache
 from .base import Progress
 from .container import container_host, first_process
 from .hosts import Host
-from .vllm_argv import ServerCommand
 
 if TYPE_CHECKING:
     from .base import Target
@@ -243,26 +242,27 @@ def check_candidates(specs: Sequence[SpecConfig], facts: VllmFacts) -> None:
 
 def request_metrics_args(facts: VllmFacts) -> tuple[tuple[str, ...], str | None]:
     """The server arguments that make each request report its own speculative metrics
-    (measure/request_metrics.py), and None; or no arguments and why not.
+    (record/request_metrics.py), and None; or no arguments and why not.
 
     Only where the target's own vLLM was asked and knows the option at its `detailed` level:
     an option unknown to the server would stop the candidate from starting.
     """
+    flag, level = REQUEST_METRICS_FLAG, REQUEST_METRICS_LEVEL
     if facts.offline:
-        return (), f"not asked for: the target's vLLM could not be asked whether it knows {OPTION}"
+        return (), f"not asked for: the target's vLLM could not be asked whether it knows {flag}"
     levels = facts.per_request_metrics
     if levels is None and facts.per_request_note:
         return (), (
-            f"not asked for: whether {facts.describe()} knows {OPTION} could not be told "
+            f"not asked for: whether {facts.describe()} knows {flag} could not be told "
             f"({facts.per_request_note})"
         )
-    if levels is None or LEVEL not in levels:
-        known = f" (it knows {OPTION} {'|'.join(levels)})" if levels else ""
+    if levels is None or level not in levels:
+        known = f" (it knows {flag} {'|'.join(levels)})" if levels else ""
         return (), (
-            f"{facts.describe()} has no {OPTION} {LEVEL}{known}: acceptance comes from the "
+            f"{facts.describe()} has no {flag} {level}{known}: acceptance comes from the "
             "server's counters alone"
         )
-    return (OPTION, LEVEL), None
+    return (flag, level), None
 
 
 def request_metrics_plan(facts: VllmFacts) -> str:

@@ -5,15 +5,15 @@ from dataclasses import replace
 import pytest
 
 from pytest_specdecode.config.specconfig import parse_spec_config
-from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.systemd import port_held_by_unit
-from pytest_specdecode.targets.unitfile import quote_arg, render_dropin, split_exec
-from pytest_specdecode.targets.vllm_argv import (
+from pytest_specdecode.config.vllm_argv import (
     check_image_names,
     image_is_vllm,
     parse_server_command,
     with_speculative_config,
 )
+from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.targets.systemd import port_held_by_unit
+from pytest_specdecode.targets.unitfile import quote_arg, render_dropin, split_exec
 
 NGRAM = parse_spec_config('{"method":"ngram","num_speculative_tokens":5}', {})
 SERVER = ["--model", "/models/kimi", "--tensor-parallel-size", "8"]

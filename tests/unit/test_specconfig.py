@@ -3,8 +3,8 @@ import json
 import pytest
 
 from pytest_specdecode.config.specconfig import parse_spec_config, validate_spec_values
+from pytest_specdecode.config.vllm_argv import option_value, with_speculative_config
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.vllm_argv import option_value, with_speculative_config
 
 PRESETS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
