@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from .load import (
@@ -23,7 +20,8 @@ from .load import (
 )
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
 from .specconfig import AA_ARM, SpecConfig, check_spec_shape, parse_spec_config
-from .vllm_argv import check_image_names, check_vllm_command
+from .target import TargetConfig, target_config
+from .values import no_unknown, positive_int, positive_number
 
 
 @dataclass(frozen=True)
@@ -62,31 +60,6 @@ class PromptType:
             max_tpot_ms=data.get("max_tpot_ms"),
             prompts=tuple(Prompt.from_dict(p) for p in data.get("prompts", ())),
         )
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    """How the original service runs, and where it answers."""
-
-    backend: Literal["local", "systemd"]
-    api_base: str
-    model: str
-    command: tuple[str, ...]  # local: the original server's command line
-    workdir: Path
-    env: Mapping[str, str]
-    startup_timeout_s: float
-    restore_timeout_s: float
-    api_key_env: str | None  # the *name* of a variable holding an API key, never the key
-    host: str | None = None  # systemd: ssh://user@host:port, or an ssh_config alias
-    unit: str | None = None  # systemd: the production unit
-    identity_file: Path | None = None
-    known_hosts: Path | None = None
-    accept_unknown_host_key: bool = False
-    watchdog_s: float = 1800.0
-    ssh_config: Path | None = None  # systemd: where an alias is looked up (else ~/.ssh/config)
-    sudo: bool | None = None  # systemd: run commands under `sudo -n`; None: when not root
-    api_via: Literal["auto", "direct", "ssh"] = "auto"  # systemd: how the API is reached
-    vllm_images: tuple[str, ...] = ()  # systemd: container images whose entrypoint is vLLM's
 
 
 @dataclass(frozen=True)
@@ -168,27 +141,6 @@ _TOP_KEYS = {
     "host_profiles",
     "slo",
 }
-_TARGET_KEYS = {
-    "backend",
-    "host",
-    "unit",
-    "identity_file",
-    "known_hosts",
-    "accept_unknown_host_key",
-    "watchdog_s",
-    "restore_timeout_s",
-    "api_base",
-    "model",
-    "command",
-    "workdir",
-    "env",
-    "startup_timeout_s",
-    "api_key_env",
-    "ssh_config",
-    "sudo",
-    "api_via",
-    "vllm_images",
-}
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
 _PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
@@ -218,7 +170,7 @@ def load_settings(
             raw = raw.get(key, {})
             if not isinstance(raw, Mapping):
                 raise ConfigError(f"{where} must be a table")
-    _no_unknown(raw, _TOP_KEYS, where)
+    no_unknown(raw, _TOP_KEYS, where)
     presets = _table(raw, "presets", where)
     for name, values in presets.items():
         if not isinstance(values, Mapping):
@@ -228,7 +180,7 @@ def load_settings(
     slo = slo_config(_table(raw, "slo", where), where=where)
     check_slo_levels(slo, run.levels, where=where)
     thresholds = _table(raw, "thresholds", where)
-    _no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
+    no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
     all_types = _prompt_types(
         _prompt_type_table(raw, where), thresholds, run, where, base=path.parent
     )
@@ -244,7 +196,7 @@ def load_settings(
     )
     return Settings(
         source=path,
-        target=_target_config(
+        target=target_config(
             {
                 **_table(raw, "target", where),
                 **{k: v for k, v in (target_overrides or {}).items() if v not in (None, False)},
@@ -293,16 +245,8 @@ def _table(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _no_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-
-
 def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str) -> RunConfig:
-    _no_unknown(table, _RUN_KEYS, f"{where} [run]")
+    no_unknown(table, _RUN_KEYS, f"{where} [run]")
     given = {k: v for k, v in overrides.items() if v is not None}
     merged = {**table, **given}
     for key, parse in (("concurrency", parse_int_list), ("rate", parse_float_list)):
@@ -315,12 +259,12 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     if not run.concurrency and not run.rate:
         raise ConfigError(f"{where}: [run] concurrency needs at least one level, e.g. [1, 4, 8]")
     load_levels(run.concurrency, run.rate)  # several concurrencies with rates: ConfigError
-    _positive_int(run.samples, "samples", where, minimum=1)
+    positive_int(run.samples, "samples", where, minimum=1)
     if run.max_samples is not None:  # at or below samples: a fixed design
-        _positive_int(run.max_samples, "max_samples", where, minimum=1)
-    _positive_int(run.repeats, "repeats", where, minimum=1)
-    _positive_int(run.warmup, "warmup", where, minimum=0)
-    _positive_int(run.max_tokens, "max_tokens", where, minimum=2)
+        positive_int(run.max_samples, "max_samples", where, minimum=1)
+    positive_int(run.repeats, "repeats", where, minimum=1)
+    positive_int(run.warmup, "warmup", where, minimum=0)
+    positive_int(run.max_tokens, "max_tokens", where, minimum=2)
     if run.endpoint not in ("chat", "completions"):
         raise ConfigError(
             f"{where}: endpoint must be 'chat' or 'completions', got {run.endpoint!r}"
@@ -333,25 +277,20 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     if isinstance(noise, bool) or not isinstance(noise, float | int) or not 0 < noise < 1:
         raise ConfigError(f"{where}: assumed_restart_noise must be in (0, 1), got {noise!r}")
     for key in ("request_timeout_s", "read_timeout_s", "traffic_watch_s", "quiet_wait_s"):
-        _positive_number(getattr(run, key), key, where)
+        positive_number(getattr(run, key), key, where)
     if run.on_traffic not in ("remeasure", "mark"):
         raise ConfigError(
             f"{where}: on_traffic must be 'remeasure' or 'mark', got {run.on_traffic!r}"
         )
-    _positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
+    positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
     for key in ("allow_traffic", "record_token_ids", "ignore_eos"):
         if not isinstance(getattr(run, key), bool):
             raise ConfigError(f"{where}: {key} must be true or false")
     return run
 
 
-def _positive_int(value: Any, key: str, where: str, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
-
-
 def _threshold(value: Any, key: str, where: str) -> float | None:
-    return None if value is None else _positive_number(value, key, where)
+    return None if value is None else positive_number(value, key, where)
 
 
 def _prompt_type_table(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -376,9 +315,9 @@ def _prompt_types(
         here = f"{where} [prompt_types.{name}]"
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{here} must be a table with a 'prompt' or 'prompts'")
-        _no_unknown(spec, _PROMPT_TYPE_KEYS, here)
+        no_unknown(spec, _PROMPT_TYPE_KEYS, here)
         max_tokens = spec.get("max_tokens", run.max_tokens)
-        _positive_int(max_tokens, "max_tokens", here, minimum=2)
+        positive_int(max_tokens, "max_tokens", here, minimum=2)
         for type_name, prompts in prompts_of_table(name, spec, base=base, where=where).items():
             if type_name in out:
                 raise ConfigError(f"{here}: the prompt type {type_name!r} is defined twice")
@@ -415,122 +354,3 @@ def _choose(
             f"known: {', '.join(all_types)}"
         )
     return {n: all_types[n] for n in names}
-
-
-def _target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfig:
-    here = f"{where} [target]"
-    _no_unknown(table, _TARGET_KEYS, here)
-    backend = table.get("backend", "systemd" if table.get("host") else "local")
-    if backend not in ("local", "systemd"):
-        raise ConfigError(f"{here}: backend must be 'local' or 'systemd', got {backend!r}")
-    api_base = str(table.get("api_base", "")).rstrip("/")
-    parts = urlsplit(api_base)
-    # systemd: without api_base, the API is reached through the SSH connection
-    if (backend == "local" or api_base) and (
-        parts.scheme not in ("http", "https") or not parts.hostname
-    ):
-        raise ConfigError(f"{here}: api_base must be an http(s) URL, got {api_base!r}")
-    model = table.get("model")
-    if not isinstance(model, str) or not model:
-        raise ConfigError(f"{here}: 'model' (the served model name) is required")
-    command: Any = ()
-    if backend == "local":
-        command = table.get("command")
-        if isinstance(command, str):
-            command = shlex.split(command)
-        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-            raise ConfigError(f"{here}: 'command' must be the server's command line")
-        check_vllm_command(command, where=here)
-        if any(a == "--api-key" or a.startswith("--api-key=") for a in command):
-            raise ConfigError(
-                f"{here}: the command carries --api-key: a key on a command line shows in ps and "
-                "in logs. Put it in an environment variable and name it in api_key_env; the "
-                "server gets it as VLLM_API_KEY"
-            )
-    else:
-        _systemd_keys(table, base, here)
-    env = table.get("env", {})
-    if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
-        raise ConfigError(f"{here}: 'env' must be a table of strings")
-    api_key_env = table.get("api_key_env")
-    if api_key_env is not None and not (
-        isinstance(api_key_env, str) and api_key_env.isidentifier()
-    ):
-        raise ConfigError(f"{here}: api_key_env must name an environment variable")
-    timeout = _positive_number(table.get("startup_timeout_s", 1800), "startup_timeout_s", here)
-    return TargetConfig(
-        backend=backend,
-        api_base=api_base,
-        model=model,
-        command=tuple(command),
-        workdir=(base / str(table.get("workdir", "."))).resolve(),
-        env=dict(env),
-        startup_timeout_s=timeout,
-        restore_timeout_s=_positive_number(
-            table.get("restore_timeout_s", max(timeout, 3600.0)), "restore_timeout_s", here
-        ),
-        api_key_env=api_key_env,
-        host=table.get("host"),
-        unit=table.get("unit"),
-        identity_file=_path(table.get("identity_file"), base),
-        known_hosts=_path(table.get("known_hosts"), base),
-        accept_unknown_host_key=bool(table.get("accept_unknown_host_key", False)),
-        watchdog_s=_positive_number(table.get("watchdog_s", 1800), "watchdog_s", here),
-        ssh_config=_path(table.get("ssh_config"), base),
-        sudo=table.get("sudo"),
-        api_via=table.get("api_via", "auto"),
-        vllm_images=_images(table.get("vllm_images", []), here),
-    )
-
-
-def _images(value: Any, here: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ConfigError(f"{here}: vllm_images must be a list of image names")
-    return check_image_names(value, where=here)
-
-
-def _systemd_keys(table: Mapping[str, Any], base: Path, here: str) -> None:
-    from ..targets.ssh import SSHSpec  # paramiko only where a remote host is used
-    from ..targets.unitfile import check_unit_name
-
-    host, unit = table.get("host"), table.get("unit")
-    if not isinstance(host, str):
-        raise ConfigError(
-            f"{here}: the systemd backend needs host = 'ssh://user@host:port' or an ssh_config "
-            "alias (or --spec-host)"
-        )
-    ssh_config = _path(table.get("ssh_config"), base)
-    if ssh_config is not None and not ssh_config.is_file():
-        raise ConfigError(f"{here}: ssh_config {str(ssh_config)!r} is not a readable file")
-    SSHSpec.parse(host, ssh_config_path=ssh_config)  # an alias is resolved here, offline
-    if table.get("sudo") is not None and not isinstance(table.get("sudo"), bool):
-        raise ConfigError(f"{here}: sudo must be true or false (default: when not root)")
-    api_via = table.get("api_via", "auto")
-    if api_via not in ("auto", "direct", "ssh"):
-        raise ConfigError(f"{here}: api_via must be 'auto', 'direct' or 'ssh', got {api_via!r}")
-    if api_via == "direct" and not table.get("api_base"):
-        raise ConfigError(f"{here}: api_via = 'direct' needs api_base (or --spec-api-base)")
-    if not isinstance(unit, str):
-        raise ConfigError(
-            f"{here}: the systemd backend needs unit = 'NAME.service' (or --spec-unit)"
-        )
-    check_unit_name(unit)
-    for key in ("identity_file", "known_hosts"):
-        value = table.get(key)
-        if value is not None and not Path(os.path.expanduser(str(value))).is_file():
-            raise ConfigError(f"{here}: {key} {value!r} is not a readable file")
-    if not isinstance(table.get("accept_unknown_host_key", False), bool):
-        raise ConfigError(f"{here}: accept_unknown_host_key must be true or false")
-
-
-def _positive_number(value: Any, key: str, here: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{here}: {key} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _path(value: Any, base: Path) -> Path | None:
-    if value is None:
-        return None
-    path = Path(os.path.expanduser(str(value)))
-    return path if path.is_absolute() else (base / path).resolve()

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 from .base import Progress, Target, port_answers
 
 if TYPE_CHECKING:
-    from ..config.settings import TargetConfig
-    from .ssh import SSHSpec
+    from ..config.ssh_config import SSHSpec
+    from ..config.target import TargetConfig
 
 
 def open_target(config: TargetConfig, *, log_dir: Path, progress: Progress | None = None) -> Target:
@@ -36,7 +36,8 @@ def open_target(config: TargetConfig, *, log_dir: Path, progress: Progress | Non
             env=env,
             log_dir=log_dir,
         )
-    from .ssh import SSHHost, SSHSpec
+    from ..config.ssh_config import SSHSpec
+    from .ssh import SSHHost
     from .systemd import SystemdTarget
     from .tunnel import ApiTunnel
 

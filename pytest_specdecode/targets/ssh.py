@@ -8,90 +8,16 @@ import shlex
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, InMemoryPrivateKey
 
+from ..config.ssh_config import Destination, SSHSpec
 from ..errors import ConfigError, HostError
-from . import ssh_config
 from .hosts import BaseHost, CommandResult
-from .ssh_config import Destination
 
 SUDO = ("sudo", "-n", "--")
-
-
-@dataclass(frozen=True)
-class SSHSpec:
-    user: str
-    hostname: str
-    port: int = 22
-    identity_file: Path | None = None
-    known_hosts: Path | None = None  # None: each hop's UserKnownHostsFile, else ~/.ssh/known_hosts
-    accept_unknown_host_key: bool = False
-    jumps: tuple[Destination, ...] = ()  # ProxyJump hops, the first connected first
-    identity_files: tuple[Path, ...] = ()  # the target's IdentityFile lines from ssh_config
-    alias: str | None = None  # the ssh_config Host it came from
-    config_known_hosts: Path | None = None  # the target's UserKnownHostsFile from ssh_config
-    sudo: bool | None = None  # None: sudo when the user is not root
-
-    @property
-    def name(self) -> str:
-        core = f"{self.user}@{self.hostname}:{self.port}"
-        notes = ([self.alias] if self.alias else []) + (
-            ["via " + ", ".join(j.name for j in self.jumps)] if self.jumps else []
-        )
-        return core + (f" ({'; '.join(notes)})" if notes else "")
-
-    @property
-    def uses_sudo(self) -> bool:
-        return self.sudo if self.sudo is not None else self.user != "root"
-
-    @property
-    def destination(self) -> Destination:
-        return Destination(
-            self.user,
-            self.hostname,
-            self.port,
-            self.identity_files,
-            self.config_known_hosts,
-            self.alias,
-        )
-
-    @classmethod
-    def parse(cls, url: str, *, ssh_config_path: Path | None = None, **kwargs: object) -> SSHSpec:
-        """`ssh://user@host:port` or an ssh_config alias, validated before anything connects.
-
-        The URL form is explicit and complete: ssh_config is read only for an alias, from
-        `ssh_config_path` or else ~/.ssh/config.
-        """
-        if "://" not in url:
-            config = ssh_config_path or ssh_config.default_config_path()
-            target, jumps = ssh_config.resolve(url, config)
-            return cls(
-                user=target.user,
-                hostname=target.hostname,
-                port=target.port,
-                jumps=jumps,
-                identity_files=target.identity_files,
-                alias=target.alias,
-                config_known_hosts=target.known_hosts,
-                **kwargs,  # type: ignore[arg-type]
-            )
-        parts = urlsplit(url)
-        if parts.scheme != "ssh" or not parts.hostname or parts.path not in ("", "/"):
-            raise ConfigError(
-                f"host {url!r}: expected ssh://user@host[:port] or an ssh_config alias"
-            )
-        try:
-            port = parts.port or 22
-        except ValueError:
-            raise ConfigError(f"host {url!r}: the port is not a number from 1 to 65535") from None
-        user = ssh_config.check_user(parts.username or "root", f"host {url!r}")
-        ssh_config.check_hostname(parts.hostname, f"host {url!r}")
-        return cls(user=user, hostname=parts.hostname, port=port, **kwargs)  # type: ignore[arg-type]
 
 
 class SSHHost(BaseHost):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
+from ..config.target import check_unit_name
 from ..config.vllm_argv import host_address, option_value
 from ..errors import ConfigError, HostError, ServiceError
 from ..redaction import redact_text, register_secret_values
@@ -49,7 +50,6 @@ from .unitfile import (
     RUNTIME_UNIT_DIR,
     ExpandedExecStart,
     candidate_exec_start,
-    check_unit_name,
     dropin_path,
     dropin_run_id,
     effective_exec_start,

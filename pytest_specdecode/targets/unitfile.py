@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config.specconfig import SpecConfig
+from ..config.target import check_unit_name
 from ..config.vllm_argv import SPEC_FLAG, ServerCommand, parse_server_command, spec_flag_positions
 from ..errors import ConfigError
 from ..redaction import redact_text
 from .unit_environment import UnitEnvironment, expand_words, refuse_unset
 
-UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service$")
 ANY_UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}\.[a-z]{3,9}$")
 RUNTIME_UNIT_DIR = "/run/systemd/system"
 PERSISTENT_UNIT_DIR = "/etc/systemd/system"  # never written by this tool
@@ -35,21 +35,6 @@ DROPIN_MARK = "# Written by pytest-specdecode"
 # An ExecStart prefix that changes how the words are read ("@" takes argv[0] apart, ":" turns off
 # $VAR expansion, "|" runs a shell) is refused; these only change privileges or failure handling.
 _KEPT_PREFIX = set("-+!")
-
-
-def check_unit_name(unit: str) -> str:
-    """A plain .service name: nothing a shell or a path could misread; not a bare template."""
-    if not UNIT_NAME.match(unit) or ".." in unit:
-        raise ConfigError(
-            f"unit {unit!r} is not a plain systemd service name (letters, digits, ':_.@-', "
-            "ending in .service)"
-        )
-    if unit.endswith("@.service"):
-        raise ConfigError(
-            f"unit {unit!r} is a template, which never runs itself: name the instance that "
-            f"serves, such as {unit.removesuffix('@.service')}@MODEL.service"
-        )
-    return unit
 
 
 def dropin_path(unit: str) -> str:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.targets import gpu, systemd
-from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.ssh import SSHHost
 from pytest_specdecode.targets.systemd import SystemdTarget
 
 from ..support.testbed import Testbed

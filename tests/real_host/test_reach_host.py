@@ -15,8 +15,9 @@ import time
 import httpx
 import pytest
 
+from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.ssh import SSHHost
 from pytest_specdecode.targets.tunnel import ApiTunnel
 
 from ..support.embedded import all_samples

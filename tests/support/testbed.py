@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.targets.hosts import CommandResult
-from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.ssh import SSHHost
 from pytest_specdecode.targets.systemd import (
     HANDOVER_UNIT,
     LOCK_DIR,

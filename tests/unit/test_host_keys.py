@@ -7,8 +7,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.ssh import SSHHost
 
 
 class Refused(Exception):

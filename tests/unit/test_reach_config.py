@@ -15,9 +15,10 @@ import paramiko
 import pytest
 
 from pytest_specdecode.config.settings import load_settings
+from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets import api_through_ssh
-from pytest_specdecode.targets.ssh import SSHHost, SSHSpec
+from pytest_specdecode.targets.ssh import SSHHost
 from pytest_specdecode.targets.systemd import HOST_PROGRAMS
 from pytest_specdecode.targets.tunnel import ApiTunnel
 

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 
 from pytest_specdecode.config.specconfig import parse_spec_config
+from pytest_specdecode.config.target import check_unit_name
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets.unitfile import (
     DROPIN_NAME,
-    check_unit_name,
     dropin_path,
     dropin_run_id,
     effective_exec_start,
