@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 from .analysis.compare import PromptTypeVerdict
+from .config.arms import cell_key
 from .config.load import LoadLevel
 from .config.settings import PromptType, Settings
 from .measure.experiment import Experiment
-from .record.schema import Measurement, Phase, cell_key
+from .record.schema import Measurement, Phase
 from .session import SpecDecodeSession, session_of
 
 

@@ -29,6 +29,7 @@ from .analysis.compare import PromptTypeVerdict
 from .analysis.design import check_design
 from .analysis.restarts import RestartNoise
 from .analysis.run import RunAnalysis, analyze, candidate_verdicts
+from .config.arms import BASELINE, BASELINE_AFTER
 from .config.settings import Settings, load_settings
 from .config.specconfig import VllmFacts
 from .errors import ConfigError, HostError, SpecDecodeError
@@ -37,7 +38,7 @@ from .measure.experiment import Experiment
 from .measure.traffic import quiet, rate_text
 from .record.profile import add_entry, profile_path, profiles_dir, read_profile
 from .record.reuse import stored_baseline
-from .record.schema import BASELINE, BASELINE_AFTER, RunRecord, TargetInfo
+from .record.schema import RunRecord, TargetInfo
 from .record.store import RunStore, stored_runs
 from .redaction import redact_argv, redact_env, redact_text, register_secret
 from .report import Written, write_reports

@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..config.arms import BASELINE
 from ..measure.server_metrics import Acceptance, Traffic
-from ..record.schema import BASELINE, RunRecord
+from ..record.schema import RunRecord
 
 
 def acceptance_cross_check(

@@ -23,11 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.arms import BASELINE
 from ..measure.loadgen import RequestSample
 from ..measure.request_metrics import read
 from ..measure.server_metrics import Acceptance, combine
 from ..measure.token_ids import CapturedTokens
-from ..record.schema import BASELINE, Measurement, Phase, RunRecord
+from ..record.schema import Measurement, Phase, RunRecord
 from .ngram_replay import (
     DraftRatios,
     NgramSettings,

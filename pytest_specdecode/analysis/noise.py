@@ -19,13 +19,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..config.arms import AA_ARM, BASELINE, ORIGINAL_ARMS
 from ..record.profile import HostProfile, ProfileEntry
-from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from ..record.schema import RunRecord
 from .compare import METRICS, start_prompts, starts
 from .restarts import RestartNoise, StartFit, fit_starts, pooled, restart_noise_of
-
-AA_ARM = "baseline-again"  # the original's configuration started again, as a candidate
-ORIGINAL_ARMS = (BASELINE, AA_ARM, BASELINE_AFTER)  # every start of the original configuration
 
 
 def configurations(record: RunRecord) -> list[list[str]]:

@@ -31,10 +31,11 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..config.arms import BASELINE, cell_key
 from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance
 from ..measure.token_ids import TokenIds
-from ..record.schema import BASELINE, Measurement, RunRecord, cell_key
+from ..record.schema import Measurement, RunRecord
 from . import noise
 from .cost_model import (
     BaselineTiming,

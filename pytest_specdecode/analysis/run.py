@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.vllm_argv import option_value
-from ..record.schema import BASELINE, BASELINE_AFTER, Phase, RunRecord, cell_key
+from ..record.schema import Phase, RunRecord
 from ..targets.lifecycle import RestoreReport
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
@@ -149,7 +150,7 @@ def candidate_verdicts(record: RunRecord, candidate: str) -> dict[str, PromptTyp
     """One candidate against the baseline, per prompt type."""
     spec = record.candidates.get(candidate) or {}
     k = spec.get("num_speculative_tokens")
-    same = candidate in noise.ORIGINAL_ARMS
+    same = candidate in ORIGINAL_ARMS
     return compare_arms(
         record.arm_phases(BASELINE),
         record.arm_phases(candidate),
@@ -180,7 +181,7 @@ def _kin(record: RunRecord, compared: tuple[str, str]) -> list[Phase]:
     reused from a stored run)."""
     return [
         p
-        for arm in noise.ORIGINAL_ARMS
+        for arm in ORIGINAL_ARMS
         if arm not in compared
         for p in record.arm_phases(arm)
         if not p.reused_from

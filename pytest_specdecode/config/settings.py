@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from .arms import AA_ARM
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -19,7 +20,7 @@ from .load import (
     slo_config,
 )
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
-from .specconfig import AA_ARM, SpecConfig, check_spec_shape, parse_spec_config
+from .specconfig import SpecConfig, check_spec_shape, parse_spec_config
 from .target import TargetConfig, target_config
 from .values import no_unknown, positive_int, positive_number
 

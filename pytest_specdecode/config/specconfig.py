@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .arms import AA_ARM
 
 # Mirrors vllm.config.speculative (vLLM 0.32): the methods and user-settable keys. The offline
 # fallback (OFFLINE_FACTS) where the target's own vLLM cannot be asked.
@@ -183,7 +184,6 @@ OFFLINE_FACTS = VllmFacts(version="0.32", methods=KNOWN_METHODS, keys=_offline_k
 
 
 AA_NAME = "baseline"  # --spec-config baseline: the original's own configuration, again
-AA_ARM = "baseline-again"  # the name of that candidate
 
 
 @dataclass(frozen=True)

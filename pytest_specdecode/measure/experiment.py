@@ -10,19 +10,12 @@ import httpx
 
 from ..analysis.adaptive import pinned, target_se
 from ..analysis.restarts import RestartNoise
+from ..config.arms import BASELINE, BASELINE_AFTER, cell_key, design_order
 from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
 from ..config.vllm_argv import REQUEST_METRICS_FLAG
-from ..record.schema import (
-    BASELINE,
-    BASELINE_AFTER,
-    ClientLoad,
-    Measurement,
-    Phase,
-    RunRecord,
-    cell_key,
-)
+from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
@@ -38,22 +31,6 @@ from .server_metrics import (
 )
 from .token_ids import TokenIds, record_token_ids
 from .traffic import foreign, quiet, rate_text
-
-
-def design_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str]]:
-    """The server starts in order, each (phase name, arm): balanced, A B C, C B A, A B C, ...
-
-    A drift in time then weighs on every arm alike. The first start of an arm is named after
-    it; the next ones get "#2", "#3".
-    """
-    arms = [BASELINE, *candidates]
-    seen: dict[str, int] = {}
-    out = []
-    for block in range(repeats):
-        for arm in arms if block % 2 == 0 else arms[::-1]:
-            seen[arm] = seen.get(arm, 0) + 1
-            out.append((arm if seen[arm] == 1 else f"{arm}#{seen[arm]}", arm))
-    return out
 
 
 @dataclass(frozen=True)

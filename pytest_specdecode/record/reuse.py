@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.checks import facts
+from ..config.arms import BASELINE, design_keys
 from ..config.settings import Settings
 from ..errors import ConfigError
-from .schema import BASELINE, Phase, design_keys
+from .schema import Phase
 from .store import load_run
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.arms import design_keys
 from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
@@ -23,20 +24,6 @@ from ..measure.token_ids import TokenIds
 from .level_stats import LevelStats, level_stats
 
 SCHEMA = 2
-BASELINE = "baseline"
-BASELINE_AFTER = "baseline-after"  # the original measured again, last (the ABA drift check)
-
-
-def cell_key(prompt_type: str, level: LoadLevel, *, several: bool) -> str:
-    """A measurement's name in a phase: the prompt type, and `@level` when a run measures
-    several levels ("coding", or "coding@c4"). Verdicts and tests are keyed by it."""
-    return f"{prompt_type}@{level.label}" if several else prompt_type
-
-
-def design_keys(prompt_types: Iterable[str], levels: Sequence[LoadLevel]) -> list[str]:
-    """Every measurement key of a design, prompt type by prompt type, level by level."""
-    several = len(levels) > 1
-    return [cell_key(name, level, several=several) for name in prompt_types for level in levels]
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pytest_html import extras
 
-from ..record.schema import cell_key
+from ..config.arms import cell_key
 from ..session import PLUGIN_NAME, SpecDecodeSession
 from . import html
 from .text import title

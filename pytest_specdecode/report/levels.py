@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..analysis.run import RunAnalysis
-from ..record.schema import BASELINE, Measurement, RunRecord
+from ..config.arms import BASELINE
+from ..record.schema import Measurement, RunRecord
 from .text import fmt_num, fmt_pct
 
 HEADER = (

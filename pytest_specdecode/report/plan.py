@@ -12,10 +12,9 @@ from pathlib import Path
 from ..analysis.design import design_to_detect, reach
 from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
+from ..config.arms import BASELINE, BASELINE_AFTER, design_order
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig
-from ..measure.experiment import design_order
-from ..record.schema import BASELINE, BASELINE_AFTER
 from ..record.store import stored_runs
 from . import prediction
 from .text import fmt_duration

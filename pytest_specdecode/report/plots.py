@@ -13,7 +13,8 @@ import numpy as np
 
 from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
-from ..record.schema import BASELINE, BASELINE_AFTER, RunRecord
+from ..config.arms import BASELINE, BASELINE_AFTER
+from ..record.schema import RunRecord
 from .acceptance import PLOT_CAPTION
 from .prediction import HEATMAP_CAPTION
 from .rows import rows

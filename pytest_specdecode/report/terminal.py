@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..analysis.run import RunAnalysis
-from ..record.schema import BASELINE, RunRecord
+from ..config.arms import BASELINE
+from ..record.schema import RunRecord
 from ..targets.lifecycle import RestoreReport
 from . import acceptance, levels, prediction
 from .rows import checks, headline, rows, undecided

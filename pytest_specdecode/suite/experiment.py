@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from ..analysis.compare import PromptTypeVerdict
-from ..analysis.noise import AA_ARM
 from ..analysis.stats import Verdict
+from ..config.arms import AA_ARM
 from ..config.settings import PromptType
 from ..record.schema import Measurement, Phase
 from ..report.rows import Row

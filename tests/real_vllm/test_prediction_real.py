@@ -34,8 +34,9 @@ from pytest_specdecode.analysis.ngram_replay import (
     replay,
 )
 from pytest_specdecode.analysis.prediction import predict_run
+from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.config.prompts import shipped_set
-from pytest_specdecode.record.schema import BASELINE, RunRecord
+from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import load_run
 
 from ..support.embedded import (

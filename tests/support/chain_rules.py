@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pytest_specdecode.analysis import noise
 from pytest_specdecode.analysis.adaptive import pinned, target_se
+from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.profile import add_entry, profile_path, read_profile
-from pytest_specdecode.record.schema import BASELINE, Measurement, Phase, RunRecord
+from pytest_specdecode.record.schema import Measurement, Phase, RunRecord
 from pytest_specdecode.record.store import RunStore, stored_runs
 
 

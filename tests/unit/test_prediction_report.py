@@ -15,7 +15,8 @@ import matplotlib.image
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.record.schema import BASELINE, RunRecord
+from pytest_specdecode.config.arms import BASELINE
+from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report import html, markdown, plan, terminal, write_reports
 from pytest_specdecode.report.prediction import HEADER

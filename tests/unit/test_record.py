@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.record.schema import BASELINE, RunRecord
+from pytest_specdecode.config.arms import BASELINE
+from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import JOURNAL_FILE, RunStore, load_run
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms

@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.record.schema import BASELINE_AFTER
+from pytest_specdecode.config.arms import BASELINE_AFTER
 from pytest_specdecode.report import html, markdown, plan, write_reports
 from pytest_specdecode.report.plots import write_plots
 from pytest_specdecode.report.rows import TABLE_HEADER, checks, headline, rows
