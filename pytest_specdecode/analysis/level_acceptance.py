@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.arms import BASELINE
-from ..measure.loadgen import RequestSample
 from ..measure.request_metrics import read
 from ..measure.server_metrics import Acceptance, combine
 from ..measure.token_ids import CapturedTokens
+from ..record.samples import RequestSample
 from ..record.schema import Measurement, Phase, RunRecord
 from .ngram_replay import (
     DraftRatios,

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..config.arms import BASELINE, cell_key
-from ..measure.loadgen import RequestSample
 from ..measure.server_metrics import Acceptance
 from ..measure.token_ids import TokenIds
+from ..record.samples import RequestSample
 from ..record.schema import Measurement, RunRecord
 from . import noise
 from .cost_model import (

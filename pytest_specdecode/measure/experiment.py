@@ -15,11 +15,12 @@ from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
 from ..config.vllm_argv import REQUEST_METRICS_FLAG
+from ..record.samples import RequestSample
 from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
-from .loadgen import RequestSample, RequestSpec, planned_specs, run_level
+from .loadgen import RequestSpec, planned_specs, run_level
 from .server_metrics import (
     Acceptance,
     ServerCounters,

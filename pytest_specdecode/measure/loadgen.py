@@ -13,7 +13,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
@@ -22,54 +22,13 @@ from ..clock import MACHINE, Clock
 from ..config.load import SLO, LoadLevel
 from ..errors import RequestError
 from ..record.level_stats import LevelStats, level_stats
+from ..record.samples import RequestSample
 from .sse_transport import LeanSSETransport
 
 if TYPE_CHECKING:
     from ..config.prompts import Prompt
 
 Endpoint = Literal["chat", "completions"]
-
-
-@dataclass
-class RequestSample:
-    """One streamed request, timed on the client."""
-
-    prompt_type: str
-    phase: str
-    index: int
-    warmup: bool
-    started_at: float  # unix time
-    ttft_s: float  # to the first chunk carrying choices (as vLLM's benchmark client)
-    e2e_s: float  # to the last chunk carrying choices
-    output_tokens: int  # from usage: with speculation, one chunk may carry several tokens
-    prompt_tokens: int
-    chunks: int
-    chunk_gaps_s: list[float] = field(default_factory=list)
-    tokens_per_chunk: list[int] | None = None  # from continuous usage, when the server sends it
-    text: str = ""
-    prompt_index: int | None = None  # which prompt of the prompt type (config/prompts.py)
-    level: str | None = None  # the load level's label, e.g. "c4"
-    # vLLM's own per-request speculative-decoding metrics (`--per-request-spec-decode-metrics`),
-    # as the final usage chunk carried them under `metrics.speculative_decoding`
-    spec_decode: dict[str, Any] | None = None
-    prompt_ids: list[int] | None = None  # with return_token_ids: the prompt after its template
-    output_ids: list[int] | None = None  # with return_token_ids: every output token's id
-
-    @property
-    def tpot_s(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.e2e_s if self.e2e_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["tpot_s"] = self.tpot_s
-        data["tokens_per_s"] = self.tokens_per_s
-        return data
 
 
 @dataclass(frozen=True)

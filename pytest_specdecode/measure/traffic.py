@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .loadgen import RequestSample
+from ..record.samples import RequestSample
 from .server_metrics import Traffic
 
 

@@ -17,11 +17,11 @@ from ..config.arms import design_keys
 from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
-from ..measure.loadgen import RequestSample
 from ..measure.request_metrics import acceptance_of, against_counters
 from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
 from ..measure.token_ids import TokenIds
 from .level_stats import LevelStats, level_stats
+from .samples import RequestSample
 
 SCHEMA = 2
 
@@ -164,9 +164,9 @@ class Measurement:
                 "request_check": self.request_check,
                 "level": self.stats.to_dict() if self.samples else None,
             },
-            "warmup": [_sample_json(s) for s in self.warmup],
-            "samples": [_sample_json(s) for s in self.samples],
-            "discarded": [_sample_json(s) for s in self.discarded],
+            "warmup": [s.to_json() for s in self.warmup],
+            "samples": [s.to_json() for s in self.samples],
+            "discarded": [s.to_json() for s in self.discarded],
             "token_ids": self.token_ids.to_json() if self.token_ids is not None else None,
         }
 
@@ -178,13 +178,13 @@ class Measurement:
             level=LoadLevel.from_dict(data.get("level") or {"concurrency": 1}),
             slo=SLO.from_dict(data.get("slo") or {}),
             client=ClientLoad(**_known(ClientLoad, data.get("client") or {})),
-            samples=[_sample(s) for s in data.get("samples", [])],
-            warmup=[_sample(s) for s in data.get("warmup", [])],
+            samples=[RequestSample.from_json(s) for s in data.get("samples", [])],
+            warmup=[RequestSample.from_json(s) for s in data.get("warmup", [])],
             wall_s=data.get("wall_s"),
             acceptance=_acceptance(data.get("acceptance")),
             traffic=Traffic(**_known(Traffic, data.get("traffic") or {})),
             foreign=data.get("foreign"),
-            discarded=[_sample(s) for s in data.get("discarded", [])],
+            discarded=[RequestSample.from_json(s) for s in data.get("discarded", [])],
             token_ids=TokenIds.from_json(data["token_ids"]) if data.get("token_ids") else None,
         )
 
@@ -343,17 +343,6 @@ class RunRecord:
 def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in values.items() if k in names}
-
-
-def _sample_json(sample: RequestSample) -> dict[str, Any]:
-    data = dict(vars(sample))  # its fields: numbers, text and flat lists (asdict's walk is slow)
-    data["tpot_s"] = sample.tpot_s  # derived, for readers of the file
-    data["tokens_per_s"] = sample.tokens_per_s
-    return data
-
-
-def _sample(data: Mapping[str, Any]) -> RequestSample:
-    return RequestSample(**_known(RequestSample, data))
 
 
 def _optional(acc: Acceptance | None) -> dict[str, Any] | None:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..measure.loadgen import RequestSample
 from ..redaction import redact_data
-from .schema import RunRecord, _finite, _sample_json
+from .samples import RequestSample
+from .schema import RunRecord, _finite
 
 RESULTS_FILE = "results.json"
 JOURNAL_FILE = "samples.jsonl"
@@ -36,7 +36,7 @@ class RunStore:
 
     def add_sample(self, phase: str, sample: RequestSample) -> None:
         """Journal one finished request at once; results.json follows at the next flush."""
-        data = redact_data(_finite({"phase": phase, **_sample_json(sample)}))
+        data = redact_data(_finite({"phase": phase, **sample.to_json()}))
         with (self.run_dir / JOURNAL_FILE).open("a") as journal:
             journal.write(json.dumps(data, allow_nan=False) + "\n")
 

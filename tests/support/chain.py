@@ -33,8 +33,8 @@ from pytest_specdecode.analysis.stats import Verdict
 from pytest_specdecode.config.arms import AA_ARM, BASELINE, design_order
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.config.settings import PromptType, RunConfig
-from pytest_specdecode.measure.loadgen import RequestSample
 from pytest_specdecode.record.profile import read_profile
+from pytest_specdecode.record.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 
 from . import chain_rules

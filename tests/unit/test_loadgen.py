@@ -184,7 +184,7 @@ async def test_multi_token_chunks_count_tokens_from_usage_not_chunks():
     assert sample.chunks == 6  # the role chunk and five content chunks; not the usage-only one
     assert sample.tokens_per_chunk == [0, 1, 3, 1, 4, 2]
     assert sample.text == "Hello there, my dear old friend of mine."
-    assert sample.to_dict()["prompt_index"] == 2
+    assert sample.to_json()["prompt_index"] == 2
 
 
 def test_timings_follow_the_pieces_and_tpot_divides_by_tokens():

@@ -19,13 +19,8 @@ import pytest
 
 from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.loadgen import (
-    RequestSample,
-    RequestSpec,
-    make_client,
-    run_level,
-    timed_request,
-)
+from pytest_specdecode.measure.loadgen import RequestSpec, make_client, run_level, timed_request
+from pytest_specdecode.record.samples import RequestSample
 from tests.support.standin_server import (
     MULTI_TOKEN_PER_CHUNK,
     MULTI_TOKEN_TEXT,
@@ -137,7 +132,7 @@ async def test_multi_token_chunks_timings(standin, transport):
     assert all(gap >= 0 for gap in sample.chunk_gaps_s)
     assert sum(sample.chunk_gaps_s) == pytest.approx(sample.e2e_s - sample.ttft_s)
     assert sample.tokens_per_s == pytest.approx(11 / sample.e2e_s)
-    data = sample.to_dict()
+    data = sample.to_json()
     assert data["tpot_s"] == sample.tpot_s
     assert data["tokens_per_chunk"] == [0, 1, 3, 1, 4, 2]
 
