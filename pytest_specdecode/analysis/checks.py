@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config.arms import BASELINE
-from ..measure.server_metrics import Acceptance, Traffic
+from ..record.counters import Acceptance, Traffic
 from ..record.schema import RunRecord
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..measure.server_metrics import Acceptance, combine
+from ..record.counters import Acceptance, combine
 from ..record.schema import Measurement, Phase
 from .checks import acceptance_cross_check
 from .stats import Comparison, Question, RestartNoise, Verdict, compare_family

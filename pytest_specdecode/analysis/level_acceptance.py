@@ -2,7 +2,7 @@
 
 Pure: reads the run record only. For every measured candidate and measurement (prompt type at a
 load level), from the timed requests' own speculative metrics (vLLM's
-`--per-request-spec-decode-metrics`, measure/request_metrics.py), or the counters where the
+`--per-request-spec-decode-metrics`, record/request_metrics.py), or the counters where the
 requests carry none:
 
 - the acceptance over the window, and per prompt;
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.arms import BASELINE
-from ..measure.request_metrics import read
-from ..measure.server_metrics import Acceptance, combine
 from ..measure.token_ids import CapturedTokens
+from ..record.counters import Acceptance, combine
+from ..record.request_metrics import read
 from ..record.samples import RequestSample
 from ..record.schema import Measurement, Phase, RunRecord
 from .ngram_replay import (

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..config.arms import BASELINE, cell_key
-from ..measure.server_metrics import Acceptance
 from ..measure.token_ids import TokenIds
+from ..record.counters import Acceptance
 from ..record.samples import RequestSample
 from ..record.schema import Measurement, RunRecord
 from . import noise

@@ -1,7 +1,7 @@
 """The n-gram replay checked step by step against the server's per-request arrays. Pure.
 
 vLLM's `--per-request-spec-decode-metrics detailed` lists, for each request, the drafted and
-accepted count of every verify step that carried a draft (measure/request_metrics.py); steps
+accepted count of every verify step that carried a draft (record/request_metrics.py); steps
 that drafted nothing are in neither list. The replay (`ngram_replay.StepReplay`) makes the same
 list from token ids. Walking both in order gives the first step where they part, and a class
 for it and for every later step the server took:

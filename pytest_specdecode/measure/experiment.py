@@ -15,21 +15,14 @@ from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
 from ..config.vllm_argv import REQUEST_METRICS_FLAG
+from ..record.counters import Acceptance, Traffic, combine
 from ..record.samples import RequestSample
 from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
 from .loadgen import RequestSpec, planned_specs, run_level
-from .server_metrics import (
-    Acceptance,
-    ServerCounters,
-    Traffic,
-    acceptance_between,
-    combine,
-    parse_counters,
-    traffic_between,
-)
+from .server_metrics import ServerCounters, acceptance_between, parse_counters, traffic_between
 from .token_ids import TokenIds, record_token_ids
 from .traffic import foreign, quiet, rate_text
 

@@ -1,4 +1,4 @@
-"""vLLM's counters from /metrics, and what they mean over a measured window. Pure functions.
+"""vLLM's counters read from /metrics, and what they mean over a measured window. Pure functions.
 
 Two kinds: speculation's counters (drafts, accepted tokens, per position), and the server's
 traffic counters (requests, prompt and generation tokens, decode steps), which tell whether a
@@ -7,11 +7,11 @@ window held only this run's requests and let the client's view be checked exactl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from ..record.counters import Acceptance, Traffic, from_counts
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -46,37 +46,6 @@ class ServerCounters:
     @property
     def present(self) -> bool:
         return self.drafts is not None
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """What the server counted over a window, for every client, not only this run's."""
-
-    requests: float | None = None  # finished successfully
-    prompt_tokens: float | None = None
-    generation_tokens: float | None = None
-    decode_steps: float | None = None  # a step of one request, after its first token
-    busy_before: float | None = None  # running + waiting requests when the window opened
-    busy_after: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """Speculation's acceptance over one interval, as the server counted it."""
-
-    present: bool
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    mean_acceptance_length: float | None = None  # 1 + accepted / drafts
-    draft_acceptance_rate: float | None = None  # accepted / draft tokens
-    per_position_rates: list[float] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def parse_counters(metrics_text: str) -> ServerCounters:
@@ -133,43 +102,3 @@ def acceptance_between(before: ServerCounters, after: ServerCounters) -> Accepta
         after.accepted_per_position[p] - before.accepted_per_position.get(p, 0.0) for p in positions
     ]
     return from_counts(drafts, draft_tokens, accepted, per_pos)
-
-
-def combine(parts: Sequence[Acceptance]) -> Acceptance:
-    """Acceptance over consecutive intervals taken together."""
-    present = [a for a in parts if a.present]
-    if not present:
-        return Acceptance(present=False)
-    drafts = sum(a.drafts for a in present)
-    draft_tokens = sum(a.draft_tokens for a in present)
-    accepted = sum(a.accepted for a in present)
-    width = max(len(a.per_position_rates) for a in present)
-    per_pos_counts = [
-        sum(a.per_position_rates[i] * a.drafts for a in present if i < len(a.per_position_rates))
-        for i in range(width)
-    ]
-    return from_counts(drafts, draft_tokens, accepted, per_pos_counts)
-
-
-def from_counts(
-    drafts: float, draft_tokens: float, accepted: float, accepted_per_position: Sequence[float]
-) -> Acceptance:
-    """Acceptance from raw counts; rates only where there were drafts."""
-    return Acceptance(
-        present=True,
-        drafts=drafts,
-        draft_tokens=draft_tokens,
-        accepted=accepted,
-        mean_acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
-        draft_acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
-        per_position_rates=[n / drafts for n in accepted_per_position] if drafts > 0 else [],
-    )
-
-
-def client_accepted_tokens(tokens_per_chunk: Sequence[int]) -> int:
-    """Tokens a request received beyond one per decode step: speculation's accepted tokens.
-
-    The role chunk (0 tokens) and the first token (from prefill) are not decode steps.
-    """
-    counts = [n for n in tokens_per_chunk if n > 0][1:]
-    return sum(n - 1 for n in counts)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..record.counters import Traffic
 from ..record.samples import RequestSample
-from .server_metrics import Traffic
 
 
 def foreign(traffic: Traffic, samples: Sequence[RequestSample]) -> str | None:

@@ -17,10 +17,10 @@ from ..config.arms import design_keys
 from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
-from ..measure.request_metrics import acceptance_of, against_counters
-from ..measure.server_metrics import Acceptance, Traffic, client_accepted_tokens, combine
 from ..measure.token_ids import TokenIds
+from .counters import Acceptance, Traffic, client_accepted_tokens, combine
 from .level_stats import LevelStats, level_stats
+from .request_metrics import acceptance_of, against_counters
 from .samples import RequestSample
 
 SCHEMA = 2

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..analysis.stats import RestartNoise
 from ..config.settings import RunConfig
-from ..measure.server_metrics import Acceptance
+from ..record.counters import Acceptance
 
 
 def finite(x: Any) -> bool:

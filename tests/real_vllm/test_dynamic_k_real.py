@@ -30,11 +30,11 @@ from pytest_specdecode.config.specconfig import (
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.loadgen import LevelResult, RequestSpec, planned_specs, run_level
 from pytest_specdecode.measure.server_metrics import (
-    Acceptance,
     ServerCounters,
     acceptance_between,
     parse_counters,
 )
+from pytest_specdecode.record.counters import Acceptance
 from pytest_specdecode.targets.hosts import LocalHost
 from pytest_specdecode.targets.local import LocalProcessService
 from pytest_specdecode.targets.vllm_facts import ask_vllm

@@ -7,14 +7,12 @@ import pytest
 from pytest_specdecode.analysis.checks import acceptance_cross_check
 from pytest_specdecode.analysis.ngram_replay import NgramSettings, replay
 from pytest_specdecode.measure.server_metrics import (
-    Acceptance,
     ServerCounters,
-    Traffic,
     acceptance_between,
-    combine,
     parse_counters,
     traffic_between,
 )
+from pytest_specdecode.record.counters import Acceptance, Traffic, combine
 
 DATA = Path(__file__).parents[1] / "data"
 NGRAM = (DATA / "vllm-0.32-cpu-ngram.metrics.txt").read_text()

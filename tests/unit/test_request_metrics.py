@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from pytest_specdecode.measure.loadgen import RequestSpec, make_client, timed_request
-from pytest_specdecode.measure.request_metrics import (
+from pytest_specdecode.record.request_metrics import (
     RequestSpecDecode,
     acceptance_of,
     against_counters,

@@ -14,7 +14,7 @@ from pytest_specdecode.analysis.ngram_replay import (
     replay_many,
 )
 from pytest_specdecode.analysis.step_check import LevelSteps, check_steps
-from pytest_specdecode.measure.request_metrics import RequestSpecDecode
+from pytest_specdecode.record.request_metrics import RequestSpecDecode
 from tests.support.synthetic import per_request_data
 
 DATA = per_request_data()

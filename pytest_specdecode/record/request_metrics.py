@@ -23,9 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .server_metrics import Acceptance, from_counts
-
-FIELD = "speculative_decoding"  # under the final usage chunk's `metrics`
+from .counters import Acceptance, from_counts
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""What the server counted over a measured window: speculation's acceptance, and the traffic of
+every client. Pure data and sums; read from /metrics by measure/server_metrics.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the server counted over a window, for every client, not only this run's."""
+
+    requests: float | None = None  # finished successfully
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    decode_steps: float | None = None  # a step of one request, after its first token
+    busy_before: float | None = None  # running + waiting requests when the window opened
+    busy_after: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Speculation's acceptance over one interval, as the server counted it."""
+
+    present: bool
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    mean_acceptance_length: float | None = None  # 1 + accepted / drafts
+    draft_acceptance_rate: float | None = None  # accepted / draft tokens
+    per_position_rates: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def combine(parts: Sequence[Acceptance]) -> Acceptance:
+    """Acceptance over consecutive intervals taken together."""
+    present = [a for a in parts if a.present]
+    if not present:
+        return Acceptance(present=False)
+    drafts = sum(a.drafts for a in present)
+    draft_tokens = sum(a.draft_tokens for a in present)
+    accepted = sum(a.accepted for a in present)
+    width = max(len(a.per_position_rates) for a in present)
+    per_pos_counts = [
+        sum(a.per_position_rates[i] * a.drafts for a in present if i < len(a.per_position_rates))
+        for i in range(width)
+    ]
+    return from_counts(drafts, draft_tokens, accepted, per_pos_counts)
+
+
+def from_counts(
+    drafts: float, draft_tokens: float, accepted: float, accepted_per_position: Sequence[float]
+) -> Acceptance:
+    """Acceptance from raw counts; rates only where there were drafts."""
+    return Acceptance(
+        present=True,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted=accepted,
+        mean_acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
+        draft_acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
+        per_position_rates=[n / drafts for n in accepted_per_position] if drafts > 0 else [],
+    )
+
+
+def client_accepted_tokens(tokens_per_chunk: Sequence[int]) -> int:
+    """Tokens a request received beyond one per decode step: speculation's accepted tokens.
+
+    The role chunk (0 tokens) and the first token (from prefill) are not decode steps.
+    """
+    counts = [n for n in tokens_per_chunk if n > 0][1:]
+    return sum(n - 1 for n in counts)
