@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.arms import BASELINE
-from ..measure.token_ids import CapturedTokens
 from ..record.counters import Acceptance, combine
 from ..record.request_metrics import read
 from ..record.samples import RequestSample
 from ..record.schema import Measurement, Phase, RunRecord
+from ..record.token_capture import CapturedTokens
 from .ngram_replay import (
     DraftRatios,
     NgramSettings,

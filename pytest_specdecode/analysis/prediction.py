@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..config.arms import BASELINE, cell_key
-from ..measure.token_ids import TokenIds
 from ..record.counters import Acceptance
 from ..record.samples import RequestSample
 from ..record.schema import Measurement, RunRecord
+from ..record.token_capture import TokenIds
 from . import noise
 from .cost_model import (
     BaselineTiming,

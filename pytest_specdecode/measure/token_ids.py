@@ -16,127 +16,27 @@ What vLLM 0.32 offers (checked on the embedded CPU server, `/version` 0.32.0):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import RequestError
+from ..record.token_capture import (
+    CapturedTokens,
+    OutputSource,
+    PromptSource,
+    TokenIds,
+    TokenIdSupport,
+)
 from .loadgen import RequestSpec
-
-__all__ = [
-    "LOOKAHEAD",
-    "CapturedTokens",
-    "TokenIdSupport",
-    "TokenIds",
-    "capture_token_ids",
-    "detect_support",
-    "ids_from_stream_events",
-    "record_token_ids",
-]
 
 # Greedy tokens recorded past max_tokens. The last step of a request with k draft tokens checks
 # at most k - 1 of them (its first draft token is always an output token), so 8 make every
 # config of the grid (k <= 8) exact.
 LOOKAHEAD = 8
-
-OutputSource = Literal["return_token_ids", "logprobs"]
-PromptSource = Literal["return_token_ids", "tokenize"]
-
-
-@dataclass(frozen=True)
-class TokenIdSupport:
-    """How this server hands out token ids; None where it does not."""
-
-    output: OutputSource | None
-    prompt: PromptSource | None
-
-    @property
-    def complete(self) -> bool:
-        return self.output is not None and self.prompt is not None
-
-
-@dataclass(frozen=True)
-class CapturedTokens:
-    """One request's ids: prompt (after the chat template), output, and look-ahead.
-
-    `lookahead_ids` are the greedy tokens after the first max_tokens output tokens; empty when
-    the output stopped before max_tokens (EOS: nothing follows) or when the check against the
-    timed output failed. `check` says what the ids were compared with.
-    """
-
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    lookahead_ids: tuple[int, ...]
-    finish_reason: str | None
-    support: TokenIdSupport
-    consistent: bool  # False: the ids do not reproduce the timed output
-    check: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "prompt_ids": list(self.prompt_ids),
-            "output_ids": list(self.output_ids),
-            "lookahead_ids": list(self.lookahead_ids),
-            "finish_reason": self.finish_reason,
-            "source": {"output": self.support.output, "prompt": self.support.prompt},
-            "consistent": self.consistent,
-            "check": self.check,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CapturedTokens:
-        source = data.get("source") or {}
-        return cls(
-            prompt_ids=tuple(int(t) for t in data["prompt_ids"]),
-            output_ids=tuple(int(t) for t in data["output_ids"]),
-            lookahead_ids=tuple(int(t) for t in data.get("lookahead_ids", ())),
-            finish_reason=data.get("finish_reason"),
-            support=TokenIdSupport(output=source.get("output"), prompt=source.get("prompt")),
-            consistent=bool(data.get("consistent", True)),
-            check=str(data.get("check", "")),
-        )
-
-
-@dataclass
-class TokenIds:
-    """One prompt type's token ids in one phase, or why there are none.
-
-    One capture per distinct prompt, keyed by the prompt's text (a prompt set sends several),
-    taken after the prompt type's timed requests. Beside them, what the replay needs to know
-    of the server: its max_model_len (the proposer's cap) and its prefix cache (a repeated
-    prompt can be scheduled as a padded decode; see analysis.ngram_replay).
-    """
-
-    prompts: dict[str, CapturedTokens] = field(default_factory=dict)
-    missing: str | None = None  # why no ids were captured
-    max_model_len: int | None = None
-    block_size: int | None = None
-    prefix_caching: bool | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "missing": self.missing,
-            "max_model_len": self.max_model_len,
-            "block_size": self.block_size,
-            "prefix_caching": self.prefix_caching,
-            "prompts": [{"prompt": text, **ids.to_dict()} for text, ids in self.prompts.items()],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TokenIds:
-        return cls(
-            prompts={
-                str(entry["prompt"]): CapturedTokens.from_dict(entry)
-                for entry in data.get("prompts") or ()
-            },
-            missing=data.get("missing"),
-            max_model_len=data.get("max_model_len"),
-            block_size=data.get("block_size"),
-            prefix_caching=data.get("prefix_caching"),
-        )
 
 
 def record_token_ids(
@@ -167,28 +67,6 @@ def record_token_ids(
         found.max_model_len = _max_model_len(client, spec)
         found.block_size, found.prefix_caching = _cache_config(client, spec)
     return found
-
-
-def detect_support(
-    spec: RequestSpec,
-    *,
-    headers: Mapping[str, str] | None = None,
-    transport: httpx.BaseTransport | None = None,
-) -> TokenIdSupport:
-    """Ask the server for one token with every way of getting ids, and see what comes back."""
-    with _client(spec, headers, transport) as client:
-        body = _complete(client, spec, max_tokens=1, logprobs=True)
-        output: OutputSource | None = None
-        if _choice(body, spec).get("token_ids") is not None:
-            output = "return_token_ids"
-        elif _ids_from_logprobs(_choice(body, spec)) is not None:
-            output = "logprobs"
-        prompt: PromptSource | None = None
-        if _prompt_ids(body, spec) is not None:
-            prompt = "return_token_ids"
-        elif _tokenize(client, spec) is not None:
-            prompt = "tokenize"
-    return TokenIdSupport(output=output, prompt=prompt)
 
 
 def capture_token_ids(
@@ -249,30 +127,6 @@ def capture_token_ids(
         consistent=consistent,
         check=check,
     )
-
-
-def ids_from_stream_events(
-    events: Iterable[Mapping[str, Any]],
-) -> tuple[list[int] | None, list[int] | None]:
-    """(prompt ids, output ids) from the parsed SSE events of a stream with return_token_ids.
-
-    None where the stream did not carry them: a seam for the load generator, which could send
-    ``"return_token_ids": true`` on its timed streams and keep the ids of every request.
-    """
-    prompt: list[int] | None = None
-    output: list[int] = []
-    saw_output = False
-    for event in events:
-        if prompt is None:
-            prompt = _int_list(event.get("prompt_token_ids"))
-        for choice in event.get("choices") or ():
-            if prompt is None:
-                prompt = _int_list(choice.get("prompt_token_ids"))
-            ids = _int_list(choice.get("token_ids"))
-            if ids is not None:
-                saw_output = True
-                output += ids
-    return prompt, (output if saw_output else None)
 
 
 # --- helpers ---------------------------------------------------------------------------------

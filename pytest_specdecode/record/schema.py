@@ -17,11 +17,11 @@ from ..config.arms import design_keys
 from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
-from ..measure.token_ids import TokenIds
 from .counters import Acceptance, Traffic, client_accepted_tokens, combine
 from .level_stats import LevelStats, level_stats
 from .request_metrics import acceptance_of, against_counters
 from .samples import RequestSample
+from .token_capture import TokenIds
 
 SCHEMA = 2
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from pytest_specdecode.config.settings import Settings, load_settings
-from pytest_specdecode.measure.token_ids import CapturedTokens, TokenIds, TokenIdSupport
 from pytest_specdecode.record.counters import Acceptance
 from pytest_specdecode.record.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 from pytest_specdecode.record.store import RunStore
+from pytest_specdecode.record.token_capture import CapturedTokens, TokenIds, TokenIdSupport
 
 TEXT = "def insert(self, key):\n    node = Node(key)\n    if self.root is None: ..."
 NGRAM_ACCEPTANCE = Acceptance(

@@ -17,9 +17,9 @@ from pytest_specdecode.analysis.ngram_replay import (
 from pytest_specdecode.analysis.prediction import predict_run
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE
-from pytest_specdecode.measure.token_ids import TokenIds
 from pytest_specdecode.record.schema import RunRecord, _finite
 from pytest_specdecode.record.store import RunStore, load_run
+from pytest_specdecode.record.token_capture import TokenIds
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import (

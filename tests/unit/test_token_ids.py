@@ -15,12 +15,8 @@ import pytest
 
 from pytest_specdecode.errors import RequestError
 from pytest_specdecode.measure.loadgen import RequestSpec
-from pytest_specdecode.measure.token_ids import (
-    TokenIdSupport,
-    capture_token_ids,
-    detect_support,
-    ids_from_stream_events,
-)
+from pytest_specdecode.measure.token_ids import capture_token_ids
+from pytest_specdecode.record.token_capture import TokenIdSupport
 
 API = "http://vllm.test"
 PROMPT_IDS = [1, 9690, 198, 2683, 2]
@@ -149,25 +145,3 @@ def test_http_errors_and_temperature_refused():
     warm = RequestSpec(api_base=API, model="m", prompt="p", max_tokens=4, temperature=0.7)
     with pytest.raises(RequestError, match="only replayable at temperature 0"):
         capture_token_ids(warm, transport=StandIn().transport())
-
-
-def test_detect_support():
-    assert detect_support(spec(), transport=StandIn().transport()) == TokenIdSupport(
-        "return_token_ids", "return_token_ids"
-    )
-    assert detect_support(spec(), transport=StandIn(token_ids=False).transport()) == (
-        TokenIdSupport("logprobs", "tokenize")
-    )
-    none = detect_support(spec(), transport=StandIn(token_ids=False, tokenize=False).transport())
-    assert none == TokenIdSupport("logprobs", None) and not none.complete
-
-
-def test_ids_from_stream_events():
-    events = [
-        {"choices": [{"delta": {"role": "assistant", "content": ""}}], "prompt_token_ids": [1, 2]},
-        {"choices": [{"delta": {"content": "a"}, "token_ids": [5]}]},
-        {"choices": [{"delta": {"content": "bc"}, "token_ids": [6, 7]}]},
-        {"choices": [], "usage": {"completion_tokens": 3}},
-    ]
-    assert ids_from_stream_events(events) == ([1, 2], [5, 6, 7])
-    assert ids_from_stream_events([{"choices": [{"delta": {"content": "a"}}]}]) == (None, None)
