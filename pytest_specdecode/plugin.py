@@ -231,9 +231,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(session, PLUGIN_NAME)
     if config.pluginmanager.hasplugin("html") and session.writes_html:
-        from .report import html_hooks
+        from . import html_hooks
 
         html_hooks.register(config, session)
+        session.on_discard.append(lambda: html_hooks.disable(config))  # a refused run: no report
     interrupt_on_signals()
 
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 import tomllib
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -28,6 +28,7 @@ from .analysis import noise
 from .analysis.compare import PromptTypeVerdict
 from .analysis.design import check_design
 from .analysis.restarts import RestartNoise
+from .analysis.reuse import stored_baseline
 from .analysis.run import RunAnalysis, analyze, candidate_verdicts
 from .config.arms import BASELINE, BASELINE_AFTER
 from .config.settings import Settings, load_settings
@@ -37,7 +38,6 @@ from .measure.environment import environment
 from .measure.experiment import Experiment
 from .measure.traffic import quiet, rate_text
 from .record.profile import add_entry, profile_path, profiles_dir, read_profile
-from .record.reuse import stored_baseline
 from .record.schema import RunRecord, TargetInfo
 from .record.store import RunStore, stored_runs
 from .redaction import redact_argv, redact_env, redact_text, register_secret
@@ -163,6 +163,7 @@ class SpecDecodeSession:
         self.progress = ProgressLog(config)
         self._finished = False
         self._reports_existed = settings.reports_dir.exists()
+        self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
 
     # -- before anything starts ---------------------------------------------------------------
@@ -473,9 +474,8 @@ class SpecDecodeSession:
 
     def _discard_run_dir(self) -> None:
         """A refused run leaves nothing to review: no run folder, no HTML report."""
-        from .report import html_hooks
-
-        html_hooks.disable(self.config)
+        for undo in self.on_discard:
+            undo()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if not self._reports_existed:
             with contextlib.suppress(OSError):

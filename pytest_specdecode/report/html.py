@@ -1,6 +1,6 @@
 """The HTML report's pieces: the summary at the top, each test's extra, the environment table.
 
-pytest-html assembles the page; `html_hooks.py` hands it these pieces.
+pytest-html assembles the page; `../html_hooks.py` hands it these pieces.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pytest_html import extras
 
-from ..config.arms import cell_key
-from ..session import PLUGIN_NAME, SpecDecodeSession
-from . import html
-from .text import title
+from .config.arms import cell_key
+from .report import html
+from .report.text import title
+from .session import PLUGIN_NAME, SpecDecodeSession
 
 REPORT_FILE = "report.html"
 

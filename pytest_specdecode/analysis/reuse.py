@@ -6,12 +6,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..analysis.checks import facts
 from ..config.arms import BASELINE, design_keys
 from ..config.settings import Settings
 from ..errors import ConfigError
-from .schema import Phase
-from .store import load_run
+from ..record.schema import Phase
+from ..record.store import load_run
+from .checks import facts
 
 
 def stored_baseline(path: str, settings: Settings) -> tuple[Phase, dict[str, Any]]:
