@@ -24,11 +24,32 @@ HERE = Path(__file__).parent
 MARKERS = {"real_vllm": "vllm", "real_host": "remote"}
 
 
+# The real tests' files, longest first (a CI run's durations): the two workers take them in
+# this order, so that the last ones to start are short and neither worker idles long at the end.
+# The test host's files come first, as one scope (pytest_xdist_make_scheduler).
+LONGEST_FIRST = (
+    "real_host/",
+    "real_vllm/test_prediction_real.py",
+    "real_vllm/test_embedded_experiment.py",
+    "real_vllm/test_aa.py",
+    "real_vllm/test_levels_real.py",
+    "real_vllm/test_adoption_wheel.py",
+    "real_vllm/test_traffic.py",
+)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    path = Path(item.path).as_posix()
+    found = [i for i, part in enumerate(LONGEST_FIRST) if f"/tests/{part}" in path]
+    return found[0] if found else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(item.path).relative_to(HERE).parts[0] if HERE in item.path.parents else ""
         if folder in MARKERS:
             item.add_marker(MARKERS[folder])
+    items.sort(key=_start_rank)  # stable: each file keeps its own order
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist, never called
@@ -37,6 +58,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     server), except the one test host's tests, which share it: one scope, in order."""
     if config.getoption("dist") != "loadscope":
         return None
+    config.option.loadscopereorder = False  # scopes in collection order: LONGEST_FIRST
     from xdist.scheduler import LoadScopeScheduling
 
     class OneTestHost(LoadScopeScheduling):

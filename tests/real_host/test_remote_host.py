@@ -24,6 +24,7 @@ from ..support.testbed import (
     run_until,
     start_seconds,
     suite_args,
+    wait_for_sample,
     write_remote_experiment,
 )
 
@@ -158,7 +159,7 @@ def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed)
     with Terminal(["bash", "-c", f"{shlex.join(suite)} | tee {shlex.quote(str(log))}"]) as term:
         term.wait_for("[ngram] coding:", timeout_s=600)
         start_s = start_seconds(term.output, testbed)
-        time.sleep(5)  # a few candidate requests are done, more are under way
+        wait_for_sample(pytester, "ngram")  # a candidate request is done, more are under way
         term.write(b"\x03")  # what the terminal sends on Ctrl-C
         waited = testbed.wait_serving(timeout_s=start_s + 240, poll_s=1)
         term.wait_exit(timeout_s=300)

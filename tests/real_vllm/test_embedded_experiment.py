@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -80,11 +81,22 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
     exp, out, err, data = ngram_run.exp, ngram_run.out, ngram_run.err, ngram_run.data
     verdicts = data["analysis"]["verdicts"]["ngram"]
     not_passed = {w for w, v in verdicts.items() if v["verdict"] not in ("improved", "equivalent")}
+    # The suite's own example test (suites/test_time_to_first_token.py) fails where the
+    # candidate's median TTFT is over 1.5 times the baseline's: on a busy machine, it can be.
+    ttft = {
+        phase: {
+            w: statistics.median(s["ttft_s"] for s in m["samples"])
+            for w, m in data["phases"][phase]["measurements"].items()
+        }
+        for phase in ("baseline", "ngram")
+    }
+    slow_first_token = {w for w in PROMPT_TYPES if ttft["ngram"][w] > 1.5 * ttft["baseline"][w]}
     expected_failures = {
         "test_tpot_threshold[baseline-structured]",
         "test_tpot_threshold[ngram-structured]",
         *(f"test_speculation_does_not_regress[ngram-{w}]" for w in not_passed),
         *(["test_baseline_did_not_drift"] if data["analysis"]["drift"]["unreliable"] else []),
+        *(f"test_speculation_keeps_the_first_token_prompt[ngram-{w}]" for w in slow_first_token),
     }
     failed = set(re.findall(r"^FAILED \S+::(\S+)", out, re.M))
     assert failed == expected_failures, out

@@ -58,7 +58,7 @@ PROMPTS = {
 PRESET = SUITE["presets"]["ngram"]
 OTHER_MIN = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
              "prompt_lookup_max": 3}  # fmt: skip
-SAMPLES, WARMUP, MAX_TOKENS = 6, 1, 64  # 6: the least that can reach a verdict (16 comparisons)
+SAMPLES, WARMUP, MAX_TOKENS = 6, 1, 48  # 6: the least that can reach a verdict (16 comparisons)
 PREDICT = Path(sys.executable).parent / "specdecode-predict"
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import HostError
+from pytest_specdecode.record.store import JOURNAL_FILE
 from pytest_specdecode.targets.hosts import CommandResult
 from pytest_specdecode.targets.ssh import SSHHost
 from pytest_specdecode.targets.systemd import (
@@ -246,6 +247,22 @@ def results_path(pytester: pytest.Pytester) -> Path:
 
 def results_of(pytester: pytest.Pytester) -> dict:
     return json.loads(results_path(pytester).read_text())
+
+
+def wait_for_sample(pytester: pytest.Pytester, phase: str, *, timeout_s: float = 300) -> None:
+    """Until the run's journal (a line per request, written as it ends) holds a request of
+    `phase`: a fixed sleep after its first progress line is too short on a busy machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for journal in (pytester.path / "reports").glob(f"*/{JOURNAL_FILE}"):
+            for line in journal.read_text().splitlines():
+                try:
+                    if json.loads(line).get("phase") == phase:
+                        return
+                except ValueError:  # the line being written
+                    continue
+        time.sleep(0.5)
+    raise AssertionError(f"no request of {phase} finished within {timeout_s:.0f}s")
 
 
 def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: str) -> list[str]:
