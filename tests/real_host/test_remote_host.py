@@ -22,7 +22,6 @@ from ..support.testbed import (
     results_of,
     results_path,
     run_until,
-    start_seconds,
     suite_args,
     wait_for_sample,
     write_remote_experiment,
@@ -142,29 +141,31 @@ def test_exception_in_the_fixture_restores(pytester, testbed):
     assert "restored to active and serving" in result.stderr.str()
 
 
-# A restore that is handed to the host at the signal takes a stop, a daemon-reload and a start;
-# the start is the one that dominates. The margin covers the stop and 2-core scheduling noise.
-RESTORE_MARGIN_S = 30
+# A restore handed to the host at the signal takes a stop, a daemon-reload and a start of the
+# original. Without the handover only the watchdog would restore, WATCHDOG_S after the last
+# renewal. A start took 35 to 110 s on this 2-core machine (the longest beside the embedded
+# vLLM's tests), so the restore must be over well before the watchdog could have fired.
+WATCHDOG_S = 900
+RESTORED_WITHIN_S = WATCHDOG_S / 3
 
 
 def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed):
     """Ctrl-C reaches the whole foreground process group: tee dies and the pipe breaks. The
     first signal mid-candidate hands the restore to the host; the run records how it ended."""
     config = write_remote_experiment(
-        pytester, testbed, run={"samples": 8, "max_tokens": 32}, target={"watchdog_s": 900}
+        pytester, testbed, run={"samples": 8, "max_tokens": 32}, target={"watchdog_s": WATCHDOG_S}
     )
     suite = [sys.executable, "-m", "pytest"]
     suite += suite_args(pytester, testbed, config, "--spec-config", "ngram")
     log = pytester.path / "tee.log"
     with Terminal(["bash", "-c", f"{shlex.join(suite)} | tee {shlex.quote(str(log))}"]) as term:
         term.wait_for("[ngram] coding:", timeout_s=600)
-        start_s = start_seconds(term.output, testbed)
         wait_for_sample(pytester, "ngram")  # a candidate request is done, more are under way
         term.write(b"\x03")  # what the terminal sends on Ctrl-C
-        waited = testbed.wait_serving(timeout_s=start_s + 240, poll_s=1)
+        waited = testbed.wait_serving(timeout_s=RESTORED_WITHIN_S + 60, poll_s=1)
         term.wait_exit(timeout_s=300)
     # The host put the original back at once, without the watchdog (900 s here).
-    assert waited <= start_s + RESTORE_MARGIN_S, (waited, start_s, term.output)
+    assert waited <= RESTORED_WITHIN_S, (waited, term.output)
     run_log = (results_path(pytester).parent / "run.log").read_text()
     assert "interrupted by SIGINT: the restore was handed over at once" in run_log
     assert "run ending: interrupted by SIGINT; the restore was handed over" in run_log
@@ -185,7 +186,6 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
     )
     seen: list[str] = []
     proc = run_until(pytester, testbed, config, "[ngram] coding:", seen=seen)
-    start_s = start_seconds("".join(seen), testbed)
     time.sleep(5)
     cancelled = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -210,9 +210,9 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
     time.sleep(2.5)
     proc.kill()
     proc.wait(timeout=30)
-    testbed.wait_serving(timeout_s=start_s + 240, poll_s=1)
+    testbed.wait_serving(timeout_s=RESTORED_WITHIN_S + 60, poll_s=1)
     took = time.monotonic() - cancelled
-    assert took <= start_s + RESTORE_MARGIN_S, (took, start_s)
+    assert took <= RESTORED_WITHIN_S, took  # at once, not by the watchdog (900 s)
     refused, _ = second.communicate(timeout=120)
     assert second.returncode == pytest.ExitCode.USAGE_ERROR, refused
     assert "is locked by another experiment (run " in refused, refused

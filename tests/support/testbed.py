@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -360,12 +359,3 @@ def run_until(
             break
     proc.kill()
     pytest.fail(f"never saw {marker!r}:\n{''.join(seen)}")
-
-
-def start_seconds(progress: str, testbed: Testbed) -> float:
-    """How long the candidate took to start, from the progress lines: one start time."""
-    found = re.search(
-        rf"{re.escape(testbed.candidate_label('ngram'))}.* ready after (\d+)s", progress
-    )
-    assert found, progress
-    return float(found.group(1))
