@@ -47,7 +47,10 @@ def cache_dir() -> Path | None:
 
 
 def fingerprint(host: Host, interpreter: Sequence[str]) -> str | None:
-    """The installation's fingerprint as the cache key; None where it cannot be read."""
+    """The installation's fingerprint as the cache key; None where it cannot be read, or
+    where remembering is off (then nothing is run on the host)."""
+    if cache_dir() is None:
+        return None
     try:
         result = host.run([*interpreter, "-"], timeout=30, stdin=FINGERPRINT, privileged=False)
     except HostError:

@@ -199,11 +199,16 @@ def interpreter_from_script(path: str, head: str, *, where: str) -> list[str]:
     return [interpreter, arg] if arg else [interpreter]
 
 
+def answer_line(stdout: str) -> str | None:
+    """The snippet's last marked line: vLLM logs to stdout too."""
+    return next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(MARKER)), None)
+
+
 def parse_facts(
     stdout: str, *, host: str, interpreter: str, seconds: float | None = None
 ) -> VllmFacts:
     """The snippet's marked JSON line as VllmFacts; VllmFactsError where it tells an error."""
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(MARKER)), None)
+    line = answer_line(stdout)
     where = f"{host}: {interpreter}"
     if line is None:
         raise VllmFactsError(f"{where} printed no answer: {_tail(stdout)}")
@@ -337,11 +342,7 @@ def ask_vllm(
         except VllmFactsError:
             pass  # a damaged entry: ask again
         else:
-            say(
-                f"{facts.describe()}: {len(facts.methods or ())} speculative methods, "
-                f"{len(facts.keys)} keys, remembered from an earlier ask of this installation "
-                f"({path})"
-            )
+            say(_told(facts, f"remembered from an earlier ask of this installation ({path})"))
             return replace(facts, remembered=str(path))
     say(f"asking the vLLM of {where} ({shown} on {host.name}) for its speculative methods and keys")
     start = time.monotonic()
@@ -362,14 +363,15 @@ def ask_vllm(
     if not result.ok and MARKER not in result.stdout:
         raise VllmFactsError(f"{where}: {result.describe()}")
     facts = parse_facts(result.stdout, host=host.name, interpreter=shown, seconds=seconds)
-    facts_cache.remember(
-        key, next(ln for ln in result.stdout.splitlines() if ln.startswith(MARKER))
-    )
-    say(
-        f"{facts.describe()}: {len(facts.methods or ())} speculative methods, "
-        f"{len(facts.keys)} keys, asked in {seconds:.0f}s"
-    )
+    facts_cache.remember(key, answer_line(result.stdout) or "")
+    say(_told(facts, f"asked in {seconds:.0f}s"))
     return facts
+
+
+def _told(facts: VllmFacts, how: str) -> str:
+    """The progress line of an answer: what it holds, and how it came."""
+    methods, keys = len(facts.methods or ()), len(facts.keys)
+    return f"{facts.describe()}: {methods} speculative methods, {keys} keys, {how}"
 
 
 def ask_in_container(
