@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .store import write_atomically
+from ..files import write_atomically
 
 PROFILES_ENV = "SPECDECODE_HOST_PROFILES"
 DEFAULT_DIR = Path("~/.local/state/pytest-specdecode/host-profiles")

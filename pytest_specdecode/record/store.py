@@ -8,13 +8,12 @@ beside it, is rewritten atomically whenever a measurement, a phase or the run en
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import write_atomically
 from ..redaction import redact_data
 from .samples import RequestSample
 from .schema import RunRecord, _finite
@@ -48,19 +47,6 @@ class RunStore:
             data["ending"] = dict(self.ending)
         text = json.dumps(redact_data(data), indent=1, default=str, allow_nan=False)
         write_atomically(self.path, text)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """To a temporary file beside it, then renamed: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_run(path: str | Path) -> RunRecord:

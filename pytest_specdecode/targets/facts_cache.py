@@ -10,6 +10,7 @@ again. The folder is `$SPECDECODE_CACHE_DIR`, else `$XDG_CACHE_HOME/pytest-specd
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import HostError
+from ..files import write_atomically
 from .hosts import Host
 
 __all__ = ["FINGERPRINT", "cache_dir", "fingerprint", "recall", "remember"]
@@ -83,10 +85,5 @@ def remember(key: str | None, answer: str) -> None:
     path = _path(key) if key else None
     if path is None:
         return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(answer)
-        partial.replace(path)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        write_atomically(path, answer)
