@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -27,54 +26,53 @@ from ..support.embedded import EmbeddedExperiment, all_samples, require_embedded
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
 PLOTS = ("throughput", "tpot", "acceptance")
 
+STEP_SUMMARY = "github-step-summary.md"  # $GITHUB_STEP_SUMMARY of the runs, in their folder
 
-@dataclass
+
+def run_suite(exp: EmbeddedExperiment, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest on the experiment's suite copy, in its folder: host profiles and the step summary
+    there too, never the user's (a module fixture runs before the autouse ones)."""
+    profiles = exp.dir / "host-profiles"
+    profiles.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "SPECDECODE_HOST_PROFILES": str(profiles),
+        "GITHUB_STEP_SUMMARY": str(exp.dir / STEP_SUMMARY),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *exp.args(*args)],
+        cwd=exp.dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+@dataclass(frozen=True)
 class NgramRun:
     exp: EmbeddedExperiment
     out: str
     err: str
     returncode: int
     data: dict
-    step_summary: Path
-
-    def pytest(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """pytest again in the run's folder, with the run's environment."""
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", *self.exp.args(*args)],
-            cwd=self.exp.dir,
-            env=_env(self.exp.dir, self.step_summary),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-
-def _env(where: Path, step_summary: Path) -> dict[str, str]:
-    profiles = where / "host-profiles"
-    profiles.mkdir(exist_ok=True)
-    return {
-        **os.environ,
-        "SPECDECODE_HOST_PROFILES": str(profiles),  # never the user's
-        "GITHUB_STEP_SUMMARY": str(step_summary),
-    }
 
 
 @pytest.fixture(scope="module")
 def ngram_run(tmp_path_factory: pytest.TempPathFactory) -> NgramRun:
     # An impossible TPOT ceiling on one prompt type: exactly those tests must fail.
     require_embedded()
-    where = tmp_path_factory.mktemp("ngram-run")
-    exp = write_experiment(where, thresholds="min_tokens_per_s = 1.0\nmax_tpot_ms = 5000")
+    exp = write_experiment(
+        tmp_path_factory.mktemp("ngram-run"),
+        thresholds="min_tokens_per_s = 1.0\nmax_tpot_ms = 5000",
+    )
     text = exp.config.read_text().replace(
         "[prompt_types.structured]\n", "[prompt_types.structured]\nmax_tpot_ms = 0.5\n"
     )
     exp.config.write_text(text)
-    run = NgramRun(exp, "", "", -1, {}, where / "github-step-summary.md")
-    done = run.pytest("--spec-config", "ngram", "--spec-aba", "-rA")
-    run.out, run.err, run.returncode = done.stdout, done.stderr, done.returncode
+    done = run_suite(exp, "--spec-config", "ngram", "--spec-aba", "-rA")
     assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
-    run.data = exp.results()
-    return run
+    return NgramRun(exp, done.stdout, done.stderr, done.returncode, exp.results())
 
 
 def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
@@ -153,12 +151,8 @@ def _html_data(text: str) -> dict:
 
 
 def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> None:
-    exp, out, err, step_summary = (
-        ngram_run.exp,
-        ngram_run.out,
-        ngram_run.err,
-        ngram_run.step_summary,
-    )
+    exp, out, err = ngram_run.exp, ngram_run.out, ngram_run.err
+    step_summary = exp.dir / STEP_SUMMARY
     run = exp.run_dir()
     data = json.loads((run / "results.json").read_text())
     analysis = data["analysis"]
@@ -240,7 +234,8 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
     assert "report.html" in out  # pytest-html's own line
 
     # The stored run serves as a baseline: a dry run with it plans one phase, starts nothing.
-    dry = ngram_run.pytest(
+    dry = run_suite(
+        exp,
         "--spec-config",
         "ngram",
         "--spec-workload",
