@@ -292,19 +292,23 @@ class Experiment:
         return result.stats.wall_s
 
     def _record_token_ids(self, window: _Window) -> None:
-        """The n-gram replay's input (analysis/prediction.py), outside the timed windows: each
-        distinct prompt measured at the first level, with a timed output of it to check."""
+        """The n-gram replay's input (analysis/prediction.py), after the timed windows: each
+        distinct prompt measured at the first level, from its first timed request."""
         m, prompts = window.m, window.prompt_type.prompts
-        references: dict[str, str | None] = {}
+        timed: dict[str, RequestSample | None] = {}
         for sample in m.samples:
-            references.setdefault(prompts[sample.prompt_index or 0].text, sample.text)
+            timed.setdefault(prompts[sample.prompt_index or 0].text, sample)
+        start = self._clock.now()
         m.token_ids = record_token_ids(
-            window.base, references, headers=self.headers, transport=self._transports.sync
+            window.base, timed, headers=self.headers, transport=self._transports.sync
         )
-        self.store.flush()
         ids = m.token_ids
+        ids.recorded_s = self._clock.now() - start
+        self.store.flush()
+        share = f" ({ids.recorded_s / m.wall_s:.0%} of the timed window)" if m.wall_s > 0 else ""
         self.progress(
-            f"{window.where}: token ids of {len(ids.prompts)} prompt(s) recorded (untimed)"
+            f"{window.where}: token ids of {len(ids.prompts)} prompt(s) recorded in "
+            f"{ids.recorded_s:.1f}s, untimed{share}"
             if ids.missing is None
             else f"{window.where}: no token ids ({ids.missing})"
         )

@@ -140,6 +140,7 @@ async def _stream(
     spec_decode: dict[str, Any] | None = None
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = [] if spec.return_token_ids else None
+    finish_reason: str | None = None
     chunks = 0
     done = False
     async with client.stream("POST", url, json=payload, timeout=timeout) as response:
@@ -212,6 +213,8 @@ async def _stream(
                 chunks += 1
                 last = now
                 choice = choices[0]
+                if choice.get("finish_reason"):
+                    finish_reason = str(choice["finish_reason"])
                 delta = choice.get("delta")
                 piece = delta.get("content") if type(delta) is dict else choice.get("text")
                 if piece:
@@ -259,6 +262,7 @@ async def _stream(
         spec_decode=spec_decode,
         prompt_ids=prompt_ids,
         output_ids=_ids(output_ids) if output_ids else None,
+        finish_reason=finish_reason,
     )
 
 

@@ -17,6 +17,7 @@ What vLLM 0.32 offers (checked on the embedded CPU server, `/version` 0.32.0):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import RequestError
+from ..record.samples import RequestSample
 from ..record.token_capture import (
     CapturedTokens,
     OutputSource,
@@ -38,25 +40,40 @@ from .loadgen import RequestSpec
 # config of the grid (k <= 8) exact.
 LOOKAHEAD = 8
 
+# Untimed requests sent together: they are independent, and a server batches them.
+_TOGETHER = 8
+
 
 def record_token_ids(
     spec: RequestSpec,
-    references: Mapping[str, str | None],
+    timed: Mapping[str, RequestSample | None],
     *,
     lookahead: int = LOOKAHEAD,
     headers: Mapping[str, str] | None = None,
     transport: httpx.BaseTransport | None = None,
 ) -> TokenIds:
-    """The ids of each prompt in `references` (prompt text -> a timed output's text, to check
-    against), one untimed request each. A server that offers no ids gives the reason instead.
+    """The ids of each prompt in `timed` (prompt text -> its first timed request).
+
+    A timed request that streamed its own ids (vLLM's `return_token_ids`) gives prompt and
+    output: only the look-ahead is asked, `lookahead` tokens past the output, for all such
+    prompts at once. Otherwise one untimed request per prompt asks for output and look-ahead,
+    one at a time (batched outputs can differ on a CPU build), checked against the timed text.
+    A server that offers no ids gives the reason instead.
     """
     found = TokenIds()
     try:
-        for prompt, reference in references.items():
-            found.prompts[prompt] = capture_token_ids(
+        own = {prompt: _streamed(sample, spec) for prompt, sample in timed.items()}
+        going_on = [p for p, ids in own.items() if ids is not None and _needs_lookahead(ids, spec)]
+        with ThreadPoolExecutor(max_workers=max(1, min(_TOGETHER, len(going_on)))) as pool:
+            ahead = pool.map(
+                lambda p: _with_lookahead(own[p], spec, lookahead, headers, transport), going_on
+            )
+            own.update(zip(going_on, ahead, strict=True))
+        for prompt, sample in timed.items():
+            found.prompts[prompt] = own[prompt] or capture_token_ids(
                 replace(spec, prompt=prompt),
                 lookahead=lookahead,
-                reference_text=reference,
+                reference_text=sample.text if sample is not None else None,
                 headers=headers,
                 transport=transport,
             )
@@ -67,6 +84,71 @@ def record_token_ids(
         found.max_model_len = _max_model_len(client, spec)
         found.block_size, found.prefix_caching = _cache_config(client, spec)
     return found
+
+
+def _streamed(sample: RequestSample | None, spec: RequestSpec) -> CapturedTokens | None:
+    """The timed request's own ids, when its stream carried all of them."""
+    if sample is None or not sample.prompt_ids or not sample.output_ids:
+        return None
+    if len(sample.output_ids) != sample.output_tokens or len(sample.output_ids) > spec.max_tokens:
+        return None  # a chunk without ids: not the whole output
+    return CapturedTokens(
+        prompt_ids=tuple(sample.prompt_ids),
+        output_ids=tuple(sample.output_ids),
+        lookahead_ids=(),
+        finish_reason=sample.finish_reason,
+        support=TokenIdSupport(output="return_token_ids", prompt="return_token_ids"),
+        consistent=True,
+        check="the timed request's own streamed ids",
+    )
+
+
+def _needs_lookahead(own: CapturedTokens, spec: RequestSpec) -> bool:
+    """Only an output cut at max_tokens goes on; one that ended on EOS or a stop has no next."""
+    if own.finish_reason is not None:
+        return own.finish_reason == "length"
+    return len(own.output_ids) >= spec.max_tokens
+
+
+def _with_lookahead(
+    own: CapturedTokens,
+    spec: RequestSpec,
+    lookahead: int,
+    headers: Mapping[str, str] | None,
+    transport: httpx.BaseTransport | None,
+) -> CapturedTokens:
+    """The greedy continuation of prompt + output: one untimed completions request of
+    `lookahead` tokens, the prompt given as token ids (the chat template already applied)."""
+    payload: dict[str, Any] = {
+        "model": spec.model,
+        "prompt": [*own.prompt_ids, *own.output_ids],
+        "max_tokens": lookahead,
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
+    if spec.ignore_eos:
+        payload["ignore_eos"] = True
+    url = f"{spec.api_base}/v1/completions"
+    with _client(spec, headers, transport) as client:
+        try:
+            response = client.post(url, json=payload)
+        except httpx.HTTPError as exc:
+            raise RequestError(
+                f"{url}: the look-ahead request failed ({type(exc).__name__}: {exc or 'no detail'})"
+            ) from None
+    body = response.json() if response.status_code == 200 else None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    ids = _int_list(choices[0].get("token_ids")) if choices else None
+    if ids is None:
+        raise RequestError(
+            f"{url} gave no look-ahead token ids (HTTP {response.status_code}): "
+            f"{response.text[:300]}"
+        )
+    return replace(
+        own,
+        lookahead_ids=tuple(ids[:lookahead]),
+        check=f"{own.check}; look-ahead: the greedy continuation of prompt and output",
+    )
 
 
 def capture_token_ids(

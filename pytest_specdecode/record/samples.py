@@ -36,6 +36,7 @@ class RequestSample:
     spec_decode: dict[str, Any] | None = None
     prompt_ids: list[int] | None = None  # with return_token_ids: the prompt after its template
     output_ids: list[int] | None = None  # with return_token_ids: every output token's id
+    finish_reason: str | None = None  # the last choice's: "length" (max_tokens), "stop" (EOS)
 
     @property
     def tpot_s(self) -> float | None:

@@ -80,10 +80,12 @@ class TokenIds:
     max_model_len: int | None = None
     block_size: int | None = None
     prefix_caching: bool | None = None
+    recorded_s: float | None = None  # the untimed requests' wall time
 
     def to_json(self) -> dict[str, Any]:
         return {
             "missing": self.missing,
+            "recorded_s": self.recorded_s,
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
             "prefix_caching": self.prefix_caching,
@@ -101,4 +103,5 @@ class TokenIds:
             max_model_len=data.get("max_model_len"),
             block_size=data.get("block_size"),
             prefix_caching=data.get("prefix_caching"),
+            recorded_s=data.get("recorded_s"),
         )

@@ -137,6 +137,13 @@ def test_the_run_records_token_ids_of_baseline_and_candidates(run: Run) -> None:
                 "return_token_ids",
             )
             assert captured.consistent, captured.check
+            assert captured.check.startswith("the timed request's own streamed ids"), captured
+            # issue 19: the untimed requests cost a small share of the timed window (c1)
+            assert ids.recorded_s is not None and ids.recorded_s < 0.15 * m.wall_s, (
+                phase.name, name, ids.recorded_s, m.wall_s)  # fmt: skip
+            share = ids.recorded_s / m.wall_s
+            print(f"{phase.name} {name}: token ids in {ids.recorded_s:.2f}s, {share:.1%} of the "
+                  f"{m.wall_s:.1f}-s timed window")  # fmt: skip
             assert (ids.block_size, ids.prefix_caching, ids.max_model_len) == (128, True, 1024)
             if captured.finish_reason == "length":
                 assert len(captured.output_ids) == MAX_TOKENS and len(captured.lookahead_ids) == 8

@@ -8,6 +8,7 @@ timed run.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import httpx
@@ -15,7 +16,8 @@ import pytest
 
 from pytest_specdecode.errors import RequestError
 from pytest_specdecode.measure.loadgen import RequestSpec
-from pytest_specdecode.measure.token_ids import capture_token_ids
+from pytest_specdecode.measure.token_ids import capture_token_ids, record_token_ids
+from pytest_specdecode.record.samples import RequestSample
 from pytest_specdecode.record.token_capture import TokenIdSupport
 
 API = "http://vllm.test"
@@ -34,18 +36,25 @@ class StandIn:
     def __init__(self, *, token_ids: bool = True, tokenize: bool = True, eos_at: int | None = None):
         self.token_ids, self.tokenize, self.eos_at = token_ids, tokenize, eos_at
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.barrier: threading.Barrier | None = None
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+        body = json.loads(request.content) if request.content else {}
         self.requests.append((request.url.path, body))
         if request.url.path == "/tokenize":
             if not self.tokenize:
                 return httpx.Response(404, json={"detail": "Not Found"})
             return httpx.Response(200, json={"count": 5, "tokens": PROMPT_IDS})
+        if request.url.path in ("/v1/models", "/metrics"):
+            return httpx.Response(404)
+        if self.barrier is not None:
+            self.barrier.wait()  # raises when the requests do not arrive together
         ids = GREEDY if self.eos_at is None else [*GREEDY[: self.eos_at], 2]
+        if isinstance(body.get("prompt"), list):  # a continuation: prompt and output as ids
+            ids = ids[len(body["prompt"]) - len(PROMPT_IDS) :]
         ids = ids[: body["max_tokens"]]
         finish = "stop" if self.eos_at is not None and len(ids) <= self.eos_at + 1 else "length"
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -145,3 +154,50 @@ def test_http_errors_and_temperature_refused():
     warm = RequestSpec(api_base=API, model="m", prompt="p", max_tokens=4, temperature=0.7)
     with pytest.raises(RequestError, match="only replayable at temperature 0"):
         capture_token_ids(warm, transport=StandIn().transport())
+
+
+def timed(prompt: str, output: list[int] | None, finish: str | None) -> RequestSample:
+    """A timed request as the load generator keeps it, with or without its streamed ids."""
+    return RequestSample(
+        prompt_type="t", phase="baseline", index=0, warmup=False, started_at=0.0, ttft_s=0.1,
+        e2e_s=1.0, output_tokens=len(output or GREEDY[:8]), prompt_tokens=5, chunks=8,
+        text="".join(f"<{i}>" for i in (output or GREEDY[:8])),
+        prompt_ids=PROMPT_IDS if output else None, output_ids=output, finish_reason=finish,
+    )  # fmt: skip
+
+
+def test_streamed_ids_cost_only_the_lookahead_asked_for_all_prompts_at_once():
+    server = StandIn()
+    server.barrier = threading.Barrier(3, timeout=10)  # three look-aheads, all in flight together
+    prompts = {f"p{i}": timed(f"p{i}", GREEDY[:8], "length") for i in range(3)}
+    got = record_token_ids(spec(8), prompts, lookahead=4, transport=server.transport())
+    assert got.missing is None and list(got.prompts) == ["p0", "p1", "p2"]
+    for ids in got.prompts.values():
+        assert ids.output_ids == tuple(GREEDY[:8]) and ids.lookahead_ids == tuple(GREEDY[8:12])
+        assert ids.prompt_ids == tuple(PROMPT_IDS) and ids.consistent
+        assert "own streamed ids" in ids.check
+    asked = [body for path, body in server.requests if path == "/v1/completions"]
+    assert len(asked) == 3 == len(server.requests) - 2  # and /v1/models, /metrics
+    assert all(b["prompt"] == PROMPT_IDS + GREEDY[:8] and b["max_tokens"] == 4 for b in asked)
+
+
+def test_an_output_that_ended_on_eos_needs_no_request_and_one_without_ids_is_asked_whole():
+    server = StandIn()
+    prompts = {
+        "ended": timed("ended", [*GREEDY[:5], 2], "stop"),
+        "no ids": timed("no ids", None, None),
+    }
+    got = record_token_ids(spec(8), prompts, lookahead=4, transport=server.transport())
+    assert got.prompts["ended"].lookahead_ids == () and got.prompts["ended"].finish_reason == "stop"
+    whole = got.prompts["no ids"]
+    assert whole.lookahead_ids == tuple(GREEDY[8:12]) and "prefix" in whole.check
+    asked = [(path, body["max_tokens"]) for path, body in server.requests if body]
+    assert asked == [("/v1/chat/completions", 12)]  # only the prompt without streamed ids
+
+
+def test_a_failed_lookahead_request_leaves_the_reason_not_an_error():
+    failing = httpx.MockTransport(lambda r: httpx.Response(500, text="engine dead"))
+    prompts = {"p": timed("p", GREEDY[:8], "length")}
+    got = record_token_ids(spec(8), prompts, transport=failing)
+    assert got.prompts == {} and "HTTP 500" in (got.missing or "")
+    assert "engine dead" in (got.missing or "")
