@@ -1,8 +1,9 @@
 """Session fixtures: one experiment per pytest session, restored at teardown.
 
-Tests of a suite ask for these; the plugin parametrizes `specdecode_phase`,
-`specdecode_candidate`, `specdecode_prompt_type` and, when several load levels are measured,
-`specdecode_level` from the configuration.
+A project's own test asks for `specdecode`, one typed `SpecDecodeCase` per candidate, prompt
+type and load level (docs/fixtures.md). The others are the parts it is built from; the plugin
+parametrizes `specdecode_phase`, `specdecode_candidate`, `specdecode_prompt_type` and, when
+several load levels are measured, `specdecode_level` from the configuration.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from .analysis.compare import PromptTypeVerdict
-from .config.arms import cell_key
+from .case import SpecDecodeCase
+from .config.arms import BASELINE, cell_key
 from .config.load import LoadLevel
 from .config.settings import PromptType, Settings
 from .measure.experiment import Experiment
@@ -92,3 +94,27 @@ def specdecode_verdict(
     several = len(specdecode_settings.run.levels) > 1
     key = cell_key(specdecode_prompt_type.name, specdecode_level, several=several)
     return specdecode_session.verdict(specdecode_candidate.arm, key)
+
+
+@pytest.fixture
+def specdecode(
+    specdecode_session: SpecDecodeSession,
+    specdecode_experiment: Experiment,
+    specdecode_candidate: Phase,
+    specdecode_prompt_type: PromptType,
+    specdecode_level: LoadLevel,
+    specdecode_settings: Settings,
+) -> SpecDecodeCase:
+    """One candidate against the baseline on one prompt type at one level: the same object
+    at one level or several, one start per arm or several."""
+    several = len(specdecode_settings.run.levels) > 1
+    key = cell_key(specdecode_prompt_type.name, specdecode_level, several=several)
+    arm = specdecode_candidate.arm
+    return SpecDecodeCase(
+        candidate=arm,
+        prompt_type=specdecode_prompt_type,
+        level=specdecode_level,
+        baseline=specdecode_experiment.arm(BASELINE).measurements[key],
+        speculative=specdecode_candidate.measurements[key],
+        _verdict=lambda: specdecode_session.verdict(arm, key),
+    )

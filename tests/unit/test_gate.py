@@ -6,6 +6,7 @@ regression must each fail exactly the verdict test of their prompt type.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -263,3 +264,44 @@ def test_a_design_that_cannot_reach_a_verdict_is_refused_before_anything_starts(
     ) in out
     assert "starting" not in out
     assert not (pytester.path / "reports").exists()
+
+
+def test_the_example_tests_fixture_is_one_shape_at_several_levels_and_starts(
+    pytester: pytest.Pytester,
+) -> None:
+    """suites/test_time_to_first_token.py asks for `specdecode`: with two load levels and two
+    starts per arm it runs once per candidate, prompt type and level, and passes."""
+    config = CONFIG.replace("max_samples = 5\n", "max_samples = 5\nconcurrency = [1, 2]\n")
+    config = config.replace("warmup = 1\n", "warmup = 1\nrepeats = 2\n")
+    conftest = CONFTEST.format(base_coding="Speed()", cand_coding="Speed(gap_s=0.005)")
+    args = write_gate(pytester, conftest, config)
+    result = pytester.runpytest_subprocess(*args, "-k", "first_token", "-rA")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
+    passed = set(re.findall(r"^PASSED \S+::(\S+)", out, re.M))
+    assert passed == {
+        f"test_speculation_keeps_the_first_token_prompt[ngram-{t}-c{n}]"
+        for t in ("coding", "math")
+        for n in (1, 2)
+    }, out
+    data = json.loads(next((pytester.path / "reports").glob("*/results.json")).read_text())
+    starts = [p["name"] for p in data["phases"].values()]
+    assert len(starts) == 4, starts  # two starts of each arm, each measured at both levels
+
+
+def test_the_fixture_object_names_its_cell_and_computes_the_verdict_once() -> None:
+    from pytest_specdecode import SpecDecodeCase
+    from pytest_specdecode.config.load import LoadLevel
+    from pytest_specdecode.config.settings import PromptType
+
+    asked: list[int] = []
+    case = SpecDecodeCase(
+        candidate="ngram",
+        prompt_type=PromptType("coding", "p", 8, None, None),
+        level=LoadLevel(concurrency=4),
+        baseline=None,  # type: ignore[arg-type]
+        speculative=None,  # type: ignore[arg-type]
+        _verdict=lambda: asked.append(1) or "verdict",  # type: ignore[arg-type,func-returns-value]
+    )
+    assert case.where == "ngram on coding at c4"
+    assert case.verdict == "verdict" and case.verdict == "verdict" and asked == [1]
