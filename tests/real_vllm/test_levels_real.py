@@ -2,7 +2,8 @@
 
 `pytest suites/ --spec-config ngram --spec-concurrency 1,4,8`, smaller: two of the shipped prompt
 sets and short outputs. Each phase measures the three levels with no extra restart, the verdicts
-come per prompt type and level, the crossover (or its absence) is told and drawn.
+come per prompt type and level, the crossover (or its absence) is told and drawn, and the
+suite's own example test runs at every level through the `specdecode` fixture.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytes
     for key in keys:
         t, level = key.split("@")
         assert re.search(rf"test_speculation_does_not_regress\[ngram-{t}-{level}\]", out), out
+    # The project's own example test (suites/test_time_to_first_token.py) at every level: its
+    # fixture has one shape; it passes, or fails on its own rule, never on a key.
+    assert "KeyError" not in out, out
+    for key in keys:
+        t, level = key.split("@")
+        case = rf"test_speculation_keeps_the_first_token_prompt\[ngram-{t}-{level}\]"
+        assert re.search(rf"^(PASSED \S+::{case}|FAILED \S+::{case} - .*median TTFT)", out, re.M), (
+            key, out)  # fmt: skip
     # The crossover per prompt type, in the tables and drawn.
     crossovers = data["analysis"]["crossovers"]["ngram"]
     assert set(crossovers) == {"coding", "math"}
