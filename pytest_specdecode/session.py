@@ -29,7 +29,7 @@ from .analysis.compare import PromptTypeVerdict
 from .analysis.design import check_design
 from .analysis.restarts import RestartNoise
 from .analysis.reuse import stored_baseline
-from .analysis.run import RunAnalysis, analyze, candidate_verdicts
+from .analysis.run import RunAnalysis, analyze
 from .config.arms import BASELINE, BASELINE_AFTER
 from .config.settings import Settings, load_settings
 from .config.specconfig import VllmFacts
@@ -162,6 +162,7 @@ class SpecDecodeSession:
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
         self.progress = ProgressLog(config)
         self._finished = False
+        self._analysis: RunAnalysis | None = None  # the run's one analysis, once it is complete
         self._reports_existed = settings.reports_dir.exists()
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
@@ -392,12 +393,14 @@ class SpecDecodeSession:
         reports: every start of the design, the drift check's baseline (--spec-aba), and the
         restart noise known from stored runs of this host, model and vLLM version.
         """
-        self.complete_design()
-        return candidate_verdicts(self._record(), candidate)[prompt_type]
+        return self.complete_design().verdicts[candidate][prompt_type]
 
-    def complete_design(self) -> None:
-        """Every start of the design, then (--spec-aba) the original once more, last."""
+    def complete_design(self) -> RunAnalysis:
+        """Every start of the design, then (--spec-aba) the original once more, last; then the
+        run's one analysis, computed once and handed to every test and report."""
         assert self.experiment is not None
+        if self._analysis is not None:
+            return self._analysis
         self.experiment.measure_all()
         record = self._record()
         aba = self.config.getoption("spec_aba") and not record.arm_phases(BASELINE_AFTER)
@@ -405,6 +408,8 @@ class SpecDecodeSession:
             self.progress("drift check (ABA): measuring the original again")
             self.experiment.baseline_after()
         self._known_noise()
+        self._analysis = analyze(record)
+        return self._analysis
 
     def _known_noise(self) -> None:
         """Once the baseline's vLLM version is known: the restart noise the host's profile and
@@ -483,12 +488,12 @@ class SpecDecodeSession:
 
     # -- the end ------------------------------------------------------------------------------
     def analysis(self) -> RunAnalysis | None:
-        return analyze(self.experiment.record) if self.experiment else None
+        """The run's one analysis: None until the design is complete (or the run ended)."""
+        return self._analysis
 
     def drift(self):
         """--spec-aba: the drift check, after everything else was measured."""
-        self.complete_design()
-        return analyze(self._record()).drift
+        return self.complete_design().drift
 
     def finish(self) -> Written | None:
         """Once, after the restore: the analysis into results.json, the plots and summary.md.
@@ -502,9 +507,11 @@ class SpecDecodeSession:
             return None
         try:
             store = self.experiment.store
-            self._known_noise()
+            if self._analysis is None:  # an interrupted or partial run: what it measured
+                self._known_noise()
+                self._analysis = analyze(store.record)
+            analysis = self._analysis
             self._update_profile()
-            analysis = analyze(store.record)
             store.analysis = analysis.to_json()
             store.flush()
             self.written = write_reports(
@@ -525,7 +532,8 @@ class SpecDecodeSession:
         files = {"results": self.experiment.store.path}
         if self.written is not None:
             files = {"summary": self.written.summary, **files}
-        lines = terminal_report.lines(record, analyze(record), files=files)
+        analysis = self._analysis if self._analysis is not None else analyze(record)
+        lines = terminal_report.lines(record, analysis, files=files)
         return [redact_text(line) for line in lines]
 
 

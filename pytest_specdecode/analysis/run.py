@@ -13,7 +13,6 @@ from typing import Any
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.vllm_argv import option_value
 from ..record.schema import Phase, RunRecord
-from ..targets.lifecycle import RestoreReport
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms
@@ -303,8 +302,4 @@ def _warnings(
         for name, v in per.items():
             if v.acceptance_note:
                 out.append(f"{candidate}/{name} acceptance: {v.acceptance_note}")
-    if record.restore:
-        restore = RestoreReport.from_dict(record.restore)
-        if restore.errors or restore.failed:
-            out.append(f"restore: {restore.describe()}")
     return out

@@ -118,13 +118,16 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
     return redact_text("".join(parts))
 
 
-def extra(record: RunRecord, analysis: RunAnalysis, phase: str, prompt_type: str | None) -> str:
-    """A test's extra: its prompt type's row, acceptance and output check."""
+def extra(
+    record: RunRecord, analysis: RunAnalysis | None, phase: str, prompt_type: str | None
+) -> str:
+    """A test's extra: its prompt type's row, acceptance and output check (the measured table
+    alone while the design is incomplete: no analysis yet)."""
     measured = record.phases[phase]
     names = [prompt_type] if prompt_type else list(measured.measurements)
     parts = ["<div class='specdecode'>"]
-    verdicts = analysis.verdicts.get(measured.arm)
-    if verdicts:
+    verdicts = analysis.verdicts.get(measured.arm) if analysis is not None else None
+    if analysis is not None and verdicts:
         found = [r for r in rows(analysis, measured.arm) if r.prompt_type in names]
         parts.append(table(found))
         for row in found:
@@ -138,7 +141,7 @@ def extra(record: RunRecord, analysis: RunAnalysis, phase: str, prompt_type: str
         if m is not None and m.acceptance.present:
             parts.append(f"<p>{_e(acceptance_text(m.acceptance))} ({_e(name)})</p>")
             parts.append(_per_position(m.acceptance.per_position_rates))
-        entry = analysis.equivalence.get(measured.arm, {}).get(name)
+        entry = analysis.equivalence.get(measured.arm, {}).get(name) if analysis else None
         if entry is not None:
             klass = "" if entry.status == "identical" else "warn"
             parts.append(f"<p class='{klass}'>Output: {_e(entry.text())}</p>")

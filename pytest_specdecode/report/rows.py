@@ -173,6 +173,9 @@ class Check:
 def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
     """The checks beside the verdicts, in the order a reviewer reads them."""
     out = [Check(w, True) for w in analysis.warnings]
+    restore = RestoreReport.from_dict(record.restore) if record.restore else None
+    if restore is not None and (restore.errors or restore.failed):
+        out.append(Check(f"restore: {restore.describe()}", True))  # after the analysis: its own
     for candidate, per in analysis.equivalence.items():
         out += [
             Check(f"Output, {candidate}/{name}: {e.text()}", False)
@@ -187,6 +190,6 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
         )
     if record.baseline_from:
         out.append(Check(f"Baseline reused from {record.baseline_from.get('path')}", False))
-    if record.restore and not any(c.text.startswith("restore:") for c in out):
-        out.append(Check(f"Restore: {RestoreReport.from_dict(record.restore).describe()}", False))
+    if restore is not None and not (restore.errors or restore.failed):
+        out.append(Check(f"Restore: {restore.describe()}", False))
     return out

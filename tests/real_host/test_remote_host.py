@@ -227,7 +227,7 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
 def test_sigkilled_controller_is_restored_by_the_host_watchdog(pytester, testbed):
     watchdog_s = 20
     config = write_remote_experiment(
-        pytester, testbed, run={"samples": 30, "max_tokens": 64}, target={"watchdog_s": watchdog_s}
+        pytester, testbed, run={"samples": 8, "max_tokens": 32}, target={"watchdog_s": watchdog_s}
     )
     proc = run_until(pytester, testbed, config, "[ngram] coding:")
     assert testbed.ssh("systemctl", "is-active", testbed.unit).stdout.strip() == "active"

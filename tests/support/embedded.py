@@ -88,7 +88,7 @@ def write_experiment(
 ) -> EmbeddedExperiment:
     where = into if isinstance(into, Path) else into.path
     port = free_port()
-    # No token ids unless a test asks: they cost as long as the measurement (test_prediction_real)
+    # No token ids unless a test asks (test_prediction_real): a few untimed requests fewer
     run_values = {"samples": 6, "max_samples": 6, "warmup": 1, "max_tokens": 32,
                   "record_token_ids": False, **(run or {})}  # fmt: skip
     run_table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_values.items())
