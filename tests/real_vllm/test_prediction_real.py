@@ -138,9 +138,11 @@ def test_the_run_records_token_ids_of_baseline_and_candidates(run: Run) -> None:
             )
             assert captured.consistent, captured.check
             assert captured.check.startswith("the timed request's own streamed ids"), captured
-            # issue 19: the untimed requests cost a small share of the timed window (c1)
-            assert ids.recorded_s is not None and ids.recorded_s < 0.15 * m.wall_s, (
-                phase.name, name, ids.recorded_s, m.wall_s)  # fmt: skip
+            # issue 19: the untimed requests cost a small share of the timed window (c1). A
+            # candidate's window can be several times shorter (list129: 3x), its share larger.
+            assert ids.recorded_s is not None
+            bound = 0.15 if phase.arm == BASELINE else 0.30
+            assert ids.recorded_s < bound * m.wall_s, (phase.name, name, ids.recorded_s, m.wall_s)
             share = ids.recorded_s / m.wall_s
             print(f"{phase.name} {name}: token ids in {ids.recorded_s:.2f}s, {share:.1%} of the "
                   f"{m.wall_s:.1f}-s timed window")  # fmt: skip
