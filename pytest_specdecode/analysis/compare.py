@@ -7,18 +7,21 @@ one alike, so the same samples always give the same verdict.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.arms import AA_ARM
 from ..record.counters import Acceptance, combine
 from ..record.schema import Measurement, Phase
 from .checks import acceptance_cross_check
 from .stats import Comparison, Question, RestartNoise, Verdict, compare_family
 
-# The prompt type's verdict: regressed on either metric wins, then no verdict possible, then
-# improved (on either, the other not worse), then equivalent only when both are.
-_PRECEDENCE = (
+# Worst first, the one order: a prompt type's verdict from its two metrics (regressed on either
+# wins, then no verdict possible, then improved on either with the other not worse, equivalent
+# only when both are), and a run's outcome from its prompt types' (contaminated first).
+PRECEDENCE = (
+    Verdict.CONTAMINATED,
     Verdict.REGRESSED,
     Verdict.INSUFFICIENT,
     Verdict.INCONCLUSIVE,
@@ -51,7 +54,7 @@ class PromptTypeVerdict:
         if self.contaminated:
             return Verdict.CONTAMINATED  # never a pass or a fail as if it were clean
         found = {c.verdict for c in self.comparisons}
-        return next(v for v in _PRECEDENCE if v in found)
+        return worst(found)
 
     @property
     def regressed(self) -> bool:
@@ -61,6 +64,14 @@ class PromptTypeVerdict:
     def undecided(self) -> bool:
         """No verdict: the gate must not pass on it."""
         return self.verdict in (Verdict.INCONCLUSIVE, Verdict.INSUFFICIENT, Verdict.CONTAMINATED)
+
+    @property
+    def passes(self) -> bool:
+        """The gate's one rule: improved or equivalent. An A/A comparison (the original against
+        itself) passes unless it calls a difference, which is then a false alarm."""
+        if self.candidate == AA_ARM:
+            return self.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED)
+        return self.verdict in (Verdict.IMPROVED, Verdict.EQUIVALENT)
 
     @property
     def reason(self) -> str:
@@ -209,3 +220,9 @@ def _cross_check(measured: Sequence[Measurement], k: int | None) -> str | None:
         if note:
             return note
     return None
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict:
+    """The first of PRECEDENCE among them; equivalent when there are none."""
+    found = set(verdicts)
+    return next((v for v in PRECEDENCE if v in found), Verdict.EQUIVALENT)

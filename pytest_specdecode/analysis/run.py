@@ -15,7 +15,7 @@ from ..config.vllm_argv import option_value
 from ..record.schema import Phase, RunRecord
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
-from .compare import PromptTypeVerdict, compare_arms
+from .compare import PromptTypeVerdict, compare_arms, worst
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
@@ -99,16 +99,7 @@ class RunAnalysis:
     def outcome(self) -> str:
         """The run's verdict: the worst of its prompt types', or "not measured"."""
         found = {v.verdict for per in self.verdicts.values() for v in per.values()}
-        if not found:
-            return "not measured"
-        order = (
-            Verdict.CONTAMINATED,
-            Verdict.REGRESSED,
-            Verdict.INSUFFICIENT,
-            Verdict.INCONCLUSIVE,
-            Verdict.IMPROVED,
-        )
-        return next((v.value for v in order if v in found), Verdict.EQUIVALENT.value)
+        return worst(found).value if found else "not measured"
 
     @property
     def unreliable(self) -> bool:
@@ -116,8 +107,10 @@ class RunAnalysis:
 
     @property
     def passed(self) -> bool:
-        """The gate: every verdict improved or equivalent, and the baseline did not drift."""
-        return self.outcome in (Verdict.IMPROVED, Verdict.EQUIVALENT) and not self.unreliable
+        """The gate, as the suite's tests decide it: every verdict passes (PromptTypeVerdict.
+        passes), and the baseline did not drift."""
+        found = [v for per in self.verdicts.values() for v in per.values()]
+        return bool(found) and all(v.passes for v in found) and not self.unreliable
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -141,6 +141,7 @@ class Experiment:
             server_version=self._version(service),
             extra_args=list(spec.extra_args) if spec else [],
             request_metrics=self._request_metrics(spec),
+            startup_s=self.board.last_startup_s,
         )
         self.record.phases[name] = phase
         self.store.flush()

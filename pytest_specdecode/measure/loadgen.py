@@ -329,9 +329,6 @@ class LevelResult:
     stats: LevelStats
     slo: SLO
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.level.to_dict(), "slo": self.slo.to_dict(), **self.stats.to_dict()}
-
 
 class _CpuWindows:
     """The client process's CPU time over wall time, whole and per window of `window_s`."""

@@ -51,7 +51,7 @@ class LevelStats:
     n: int
     wall_s: float
     output_tokens: int
-    median_tokens_per_s: float  # per request, then the median over requests
+    median_tokens_per_s: float  # per request (those with output), then the median
     output_tokens_per_s: float  # all output tokens over the level's wall time
     request_rate: float  # completed requests per second of wall time
     ttft_p50_ms: float
@@ -72,10 +72,6 @@ class LevelStats:
     @property
     def good_fraction(self) -> float | None:
         return None if self.good is None else self.good / self.n if self.n else math.nan
-
-    @property
-    def slo_met(self) -> bool:
-        return all(c.met for c in self.slo_checks)
 
     def warnings(self) -> list[str]:
         """What a reader of this level's figures must be told."""
@@ -109,6 +105,8 @@ def level_stats(
     ttft = [s.ttft_s * 1000 for s in samples]
     tpot = [t * 1000 for s in samples if (t := s.tpot_s) is not None]
     e2e = [s.e2e_s * 1000 for s in samples]
+    # as Measurement.tokens_per_s: a request with no output token enters no rate
+    rates = [r for s in samples if math.isfinite(r := s.tokens_per_s) and r > 0]
     values = {"ttft": ttft, "tpot": tpot, "e2e": e2e}
     checks = []
     for key, limit in slo.percentiles.items():
@@ -124,9 +122,7 @@ def level_stats(
         n=len(samples),
         wall_s=wall_s,
         output_tokens=tokens,
-        median_tokens_per_s=(
-            statistics.median(s.tokens_per_s for s in samples) if samples else math.nan
-        ),
+        median_tokens_per_s=statistics.median(rates) if rates else math.nan,
         output_tokens_per_s=tokens / wall_s if wall_s > 0 else math.nan,
         request_rate=len(samples) / wall_s if wall_s > 0 else math.nan,
         ttft_p50_ms=percentile(ttft, 50),

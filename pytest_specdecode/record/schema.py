@@ -204,6 +204,7 @@ class Phase:
     # the per-request metrics level its requests were asked to report, or "none: why"; None for
     # the original
     request_metrics: str | None = None
+    startup_s: float | None = None  # from start to serving; None: measured as found running
 
     @property
     def acceptance(self) -> Acceptance:
@@ -219,6 +220,7 @@ class Phase:
             "reused_from": self.reused_from,
             "extra_args": self.extra_args,
             "request_metrics": self.request_metrics,
+            "startup_s": self.startup_s,
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
         }
@@ -234,6 +236,7 @@ class Phase:
             reused_from=data.get("reused_from"),
             extra_args=list(data.get("extra_args") or []),
             request_metrics=data.get("request_metrics"),
+            startup_s=data.get("startup_s"),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
             },

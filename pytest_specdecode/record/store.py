@@ -30,7 +30,6 @@ class RunStore:
         self.record = record
         self.path = run_dir / RESULTS_FILE
         self.analysis: Mapping[str, Any] | None = None  # derived; written for readers only
-        self.ending: Mapping[str, Any] | None = None  # how the run ended
         self.flush()
 
     def add_sample(self, phase: str, sample: RequestSample) -> None:
@@ -43,8 +42,6 @@ class RunStore:
         data = self.record.to_json()
         if self.analysis is not None:
             data["analysis"] = _finite(dict(self.analysis))
-        if self.ending is not None:
-            data["ending"] = dict(self.ending)
         text = json.dumps(redact_data(data), indent=1, default=str, allow_nan=False)
         write_atomically(self.path, text)
 

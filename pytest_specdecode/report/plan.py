@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from ..analysis.design import design_to_detect, reach
 from ..analysis.power import MAX_STARTS
@@ -43,7 +41,7 @@ def previous_timing(settings: Settings, *, host: str, default_start_s: float) ->
         ]
         if not per_token:
             continue
-        starts = _ready_times(folder / RUN_LOG)
+        starts = [p.startup_s for p in record.phases.values() if p.startup_s is not None]
         return Timing(
             start_s=statistics.median(starts) if starts else default_start_s,
             s_per_token=statistics.median(per_token),
@@ -71,14 +69,6 @@ def stored_prediction(settings: Settings, *, host: str) -> list[str]:
         "prediction: no stored baseline with token ids of this model on this host in "
         f"{settings.reports_dir}"
     ]
-
-
-def _ready_times(log: Path) -> list[float]:
-    try:
-        text = log.read_text()
-    except OSError:
-        return []
-    return [float(m) for m in re.findall(r" ready after (\d+(?:\.\d+)?)s", text)]
 
 
 def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:

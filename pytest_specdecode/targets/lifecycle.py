@@ -207,6 +207,7 @@ class Switchboard:
         self.original = target.original()
         self.was_active = self.original.is_active()
         self.active: Service | None = self.original if self.was_active else None
+        self.last_startup_s: float | None = None  # the last activate's start, to serving
         self.active_spec: SpecConfig | None = None
         self.restore_report: RestoreReport | None = None
         self.ending = RunEnding()
@@ -225,6 +226,7 @@ class Switchboard:
 
         `restart`: a fresh start even if that one serves already (a repeated start).
         """
+        self.last_startup_s = None
         if self.active is not None and self.active_spec == spec and not restart:
             if not self._checked_running_original:
                 # Found running: it must serve the configured model before it is measured.
@@ -240,7 +242,7 @@ class Switchboard:
         self._progress(f"starting {wanted.label}")
         wanted.start()
         self.active, self.active_spec = wanted, spec
-        self._wait(wanted, self._ready_timeout_s)
+        self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
         return wanted
 
     def _wait(self, service: Service, timeout_s: float) -> float:

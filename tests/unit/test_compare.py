@@ -101,3 +101,26 @@ def test_other_clients_in_either_sides_window_give_no_verdict(side: str) -> None
     assert v.verdict is Verdict.CONTAMINATED and v.undecided
     assert v.contaminated == f"{side if side == 'baseline' else 'ngram'} 3 other requests finished"
     assert v.reason.startswith("other clients used the server while it was measured")
+
+
+def test_one_gate_rule_for_the_suite_and_the_run_an_inconclusive_aa_run_passes_both(
+    tmp_path,
+) -> None:
+    """An A/A run (the original against itself) that calls no difference passes the suite's
+    test and the run's `passed`; an ordinary candidate that is inconclusive passes neither."""
+    from pytest_specdecode.analysis.run import analyze
+    from pytest_specdecode.config.arms import AA_ARM
+
+    from ..support.synthetic import add_phase, record, settings
+
+    for arm, passes in ((AA_ARM, True), ("ngram", False)):
+        rec = record(settings(tmp_path, candidates=("ngram",)))
+        rec.candidates = {arm: {} if arm == AA_ARM else rec.candidates["ngram"]}
+        add_phase(rec, "baseline", {"coding": 20.0, "math": 16.0})
+        add_phase(rec, arm, {"coding": 20.0, "math": 16.0}, seed=1)
+        analysis = analyze(rec)
+        verdicts = list(analysis.verdicts[arm].values())
+        assert {v.verdict for v in verdicts} == {Verdict.INCONCLUSIVE}  # 5% noise assumed
+        assert analysis.outcome == "inconclusive"
+        assert [v.passes for v in verdicts] == [passes, passes]
+        assert analysis.passed is passes

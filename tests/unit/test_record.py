@@ -60,9 +60,12 @@ def test_a_live_run_and_its_stored_record_agree(tmp_path: Path) -> None:
     s = settings(tmp_path, samples=5, prompt_types=("coding", "math"))
     target = ScriptedTarget(
         Script(),
-        {"ngram": Script({"the coding prompt": Speed(gap_s=0.002, tokens=7, tokens_per_chunk=3)})},
-    )
+        {"ngram": Script({"the coding prompt": Speed(gap_s=0.002, tokens=7, tokens_per_chunk=3)},
+                         ready_after_s=3.5)},
+    )  # fmt: skip
     store = measure_arms(target, s, tmp_path, "ngram")
+    # each start's time to serving, in its phase (the dry run's estimate reads it back)
+    assert store.record.phases["ngram"].startup_s == pytest.approx(3.5, abs=1.0)
     assert target.events == ["before swap", "start original", "before swap", "stop original",
                              "start ngram", "stop ngram", "close"]  # fmt: skip
     stored = load_run(store.path)
@@ -73,3 +76,17 @@ def test_a_live_run_and_its_stored_record_agree(tmp_path: Path) -> None:
     coding = analyze(stored).verdicts["ngram"]["coding"]
     assert coding.acceptance.present and coding.acceptance_note is None
     assert coding.acceptance.mean_acceptance_length == pytest.approx(3.0)  # 2 accepted a step
+
+
+def test_one_median_a_request_without_output_enters_no_rate() -> None:
+    """The verdict's median and the level's written median are one figure (issue 19)."""
+    from pytest_specdecode.record.schema import Measurement
+
+    rates = (10.0, 12.0, 30.0)
+    m = Measurement(prompt_type="coding", samples=[sample("coding", BASELINE, i, r)
+                                                   for i, r in enumerate(rates)])  # fmt: skip
+    m.samples.append(sample("coding", BASELINE, 3, 20.0, tokens=0))  # no output: no rate
+    m.wall_s = 9.0
+    assert m.median_tokens_per_s == m.stats.median_tokens_per_s == 12.0
+    written = m.to_json()["summary"]
+    assert written["median_tokens_per_s"] == written["level"]["median_tokens_per_s"] == 12.0

@@ -192,13 +192,13 @@ def test_previous_timing_from_a_stored_run(tmp_path: Path) -> None:
     run = s.reports_dir / "20260101T000000Z-ngram"
     run.mkdir(parents=True)
     st = store(run.parent / "x", s)
-    add_phase(st.record, BASELINE, {"coding": 20.0})
+    add_phase(st.record, BASELINE, {"coding": 20.0}).startup_s = 40.0
+    add_phase(st.record, "ngram", {"coding": 20.0}).startup_s = 44.0
+    add_phase(st.record, "baseline-after", {"coding": 20.0}, arm=BASELINE)  # found running
     st.path = run / "results.json"
     st.flush()
-    (run / "run.log").write_text(
-        "x local vLLM process 'original' (pid 1) ready after 40s\n"
-        "x local vLLM process 'candidate-ngram' (pid 2) ready after 44s\n"
-    )
+    # The start-up times are the phases' own, never read back from the log.
+    (run / "run.log").write_text("x local vLLM process 'original' not ready after 600s\n")
     timing = plan.previous_timing(s, **kwargs)
     assert timing.start_s == 42.0
     assert timing.s_per_token == pytest.approx(1 / 20.0, rel=0.05)
