@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from . import fixtures, hookspecs, suite
+from . import fixtures, hookspecs, standard
 from .config.settings import Settings
 from .errors import ConfigError
 from .session import PLUGIN_NAME, SpecDecodeSession, session_of, settings_from_options
@@ -54,8 +54,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--spec-file",
         metavar="PATH",
         default=None,
-        help="the experiment's TOML file (default: ini specdecode_file, else "
-        "suites/specdecode.toml under the rootdir)",
+        help="the experiment's TOML file (default: the ini key specdecode_file, else "
+        "[tool.specdecode] in pyproject.toml, else specdecode.toml at the rootdir)",
     )
     add(
         "--spec-prompt-type",
@@ -264,7 +264,7 @@ def pytest_collection_modifyitems(
     """When an experiment is asked for, the standard experiment's tests come first."""
     asked = any(config.getoption(o) for o in _EXPERIMENT_OPTIONS)
     if asked and not config.option.spec_dry_run and config.getini("specdecode_builtin"):
-        items[:0] = suite.collect(session)
+        items[:0] = standard.collect(session)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,8 +1,8 @@
 """Prompt sets: the prompts of a prompt type, and which prompt each request sends.
 
-A prompt type holds many prompts, from one of these sources (keys of a `[workloads.NAME]` table):
+A prompt type holds many prompts, from one of these sources (keys of a `[prompt_types.NAME]` table):
 
-- `prompt = "..."`: one prompt (the seed's form);
+- `prompt = "..."`: one prompt;
 - `prompts = ["...", ...]`: an inline list;
 - `prompt_set = "coding"`: a set shipped with the plugin (`pytest_specdecode/prompts/*.jsonl`);
 - `prompts_file = "path"` with `format`:
@@ -36,7 +36,7 @@ PromptFormat = Literal["jsonl", "sharegpt", "spec-bench"]
 FORMATS: tuple[str, ...] = ("jsonl", "sharegpt", "spec-bench")
 SHIPPED_SETS: tuple[str, ...] = ("coding", "math", "structured", "explanatory", "long_context")
 
-# The keys of a [workloads.NAME] table that say where its prompts come from.
+# The keys of a [prompt_types.NAME] table that say where its prompts come from.
 SOURCE_KEYS = ("prompt", "prompts", "prompt_set", "prompts_file")
 PROMPT_KEYS = frozenset({*SOURCE_KEYS, "format", "multi_turn", "categories", "limit"})
 
@@ -151,14 +151,14 @@ def request_plan(
 
 
 def prompts_of_table(
-    name: str, table: Mapping[str, Any], *, base: Path, where: str
+    name: str, table: Mapping[str, Any], *, base: Path, where: str, section: str = "prompt_types"
 ) -> dict[str, tuple[Prompt, ...]]:
-    """The prompt type(s) that one `[workloads.NAME]` table defines, with their prompts.
+    """The prompt type(s) that one `[prompt_types.NAME]` table defines, with their prompts.
 
     One table is one prompt type, except a Spec-Bench file, whose categories each become a prompt
     type named `NAME.CATEGORY`. `base` is the folder relative paths are resolved against.
     """
-    here = f"{where} [workloads.{name}]"
+    here = f"{where} [{section}.{name}]"  # as the user wrote it (workloads: the older name)
     given = [k for k in SOURCE_KEYS if k in table]
     if len(given) != 1:
         raise ConfigError(
@@ -190,7 +190,7 @@ def prompts_of_table(
     if key == "prompt":
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{here}: 'prompt' must be a non-empty string")
-        found = {name: [Prompt(value, source=f"{where} [workloads.{name}] prompt")]}
+        found = {name: [Prompt(value, source=f"{here} prompt")]}
     elif key == "prompts":
         found = {name: _inline(value, here)}
     elif key == "prompt_set":

@@ -182,8 +182,9 @@ def load_settings(
     check_slo_levels(slo, run.levels, where=where)
     thresholds = _table(raw, "thresholds", where)
     no_unknown(thresholds, _THRESHOLD_KEYS, f"{where} [thresholds]")
+    section = "workloads" if "workloads" in raw else "prompt_types"  # as the user wrote it
     all_types = _prompt_types(
-        _prompt_type_table(raw, where), thresholds, run, where, base=path.parent
+        _prompt_type_table(raw, where), thresholds, run, where, base=path.parent, section=section
     )
     chosen = _choose(all_types, prompt_types, where)
     candidates = tuple(parse_spec_config(text, presets) for text in spec_configs)
@@ -308,18 +309,21 @@ def _prompt_types(
     where: str,
     *,
     base: Path,
+    section: str = "prompt_types",
 ) -> dict[str, PromptType]:
     if not table:
-        raise ConfigError(f"{where}: [prompt_types] is empty; define at least one prompt type")
+        raise ConfigError(f"{where}: [{section}] is empty; define at least one prompt type")
     out: dict[str, PromptType] = {}
     for name, spec in table.items():
-        here = f"{where} [prompt_types.{name}]"
+        here = f"{where} [{section}.{name}]"
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{here} must be a table with a 'prompt' or 'prompts'")
         no_unknown(spec, _PROMPT_TYPE_KEYS, here)
         max_tokens = spec.get("max_tokens", run.max_tokens)
         positive_int(max_tokens, "max_tokens", here, minimum=2)
-        for type_name, prompts in prompts_of_table(name, spec, base=base, where=where).items():
+        for type_name, prompts in prompts_of_table(
+            name, spec, base=base, where=where, section=section
+        ).items():
             if type_name in out:
                 raise ConfigError(f"{here}: the prompt type {type_name!r} is defined twice")
             if run.endpoint == "completions" and any(p.messages for p in prompts):

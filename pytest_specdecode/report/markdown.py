@@ -1,4 +1,4 @@
-"""summary.md: the verdict and the seed's table in Markdown, fit for a PR comment."""
+"""summary.md: the verdict and the results table in Markdown, fit for a PR comment."""
 
 from __future__ import annotations
 

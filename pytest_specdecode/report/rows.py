@@ -27,7 +27,7 @@ TABLE_HEADER = (
 
 @dataclass(frozen=True)
 class Row:
-    """One prompt type of one candidate, as in the seed's table."""
+    """One prompt type of one candidate, a row of the results table."""
 
     candidate: str
     prompt_type: str

@@ -1,4 +1,5 @@
-"""The table at the end of pytest's output: the seed's table, then what to check."""
+"""The end of pytest's output: the results table (a row per candidate and prompt type), then
+what to check."""
 
 from __future__ import annotations
 

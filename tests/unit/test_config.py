@@ -1,3 +1,4 @@
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,14 @@ def test_missing_file_names_the_path_and_the_option(tmp_path):
 def test_prompt_types_and_their_older_name_workloads_read_alike(tmp_path):
     new = load_settings(write(tmp_path, MINIMAL.replace("[workloads.", "[prompt_types.")))
     old = load_settings(write(tmp_path, MINIMAL))
-    assert new.prompt_types == old.prompt_types
+    # alike but for where each prompt came from: the table as the user wrote it
+    assert {n: replace(t, prompts=()) for n, t in new.prompt_types.items()} == {
+        n: replace(t, prompts=()) for n, t in old.prompt_types.items()
+    }
+    assert [p.text for t in new.prompt_types.values() for p in t.prompts] == [
+        p.text for t in old.prompt_types.values() for p in t.prompts
+    ]
+    assert "[workloads.coding]" in old.prompt_types["coding"].prompts[0].source
     both = MINIMAL + '[prompt_types.math]\nprompt = "x"\n'
     with pytest.raises(ConfigError, match="both \\[prompt_types\\] and \\[workloads\\]"):
         load_settings(write(tmp_path, both))

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"analysis"},
     {"measure", "report", "case", "hookspecs"},
     {"session", "cli"},
-    {"html_hooks", "fixtures", "suite"},
+    {"html_hooks", "fixtures", "standard"},
     {"plugin"},
 ]
 

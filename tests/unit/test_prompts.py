@@ -292,7 +292,10 @@ def test_sharegpt_multi_turn_from_the_toml(tmp_path):
 @pytest.mark.parametrize(
     ("workloads", "message"),
     [
-        ('[workloads.x]\nprompt = "a"\nprompts = ["b"]\n', "give exactly one of prompt, prompts"),
+        (
+            '[prompt_types.x]\nprompt = "a"\nprompts = ["b"]\n',
+            "give exactly one of prompt, prompts",
+        ),
         ("[workloads.x]\nmax_tokens = 5\n", "give exactly one of prompt, prompts, prompt_set"),
         ("[workloads.x]\nprompts = []\n", "'prompts' must be a non-empty list of strings"),
         ('[workloads.x]\nprompts = ["a", 3]\n', "prompts[1] must be a non-empty string, got 3"),
@@ -312,7 +315,8 @@ def test_prompt_source_errors(tmp_path, workloads, message):
     with pytest.raises(ConfigError) as info:
         settings_for(tmp_path, workloads)
     assert message in str(info.value)
-    assert "[workloads.x]" in str(info.value) or "bad.jsonl" in str(info.value)
+    table = "[prompt_types.x]" if workloads.startswith("[prompt_types") else "[workloads.x]"
+    assert table in str(info.value) or "bad.jsonl" in str(info.value)  # the table as written
 
 
 def test_multi_turn_prompts_need_the_chat_endpoint(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_specdecode.analysis.reuse import stored_baseline
 from pytest_specdecode.analysis.run import analyze, candidate_verdicts
-from pytest_specdecode.cli import compare
+from pytest_specdecode.cli import compare_runs as compare
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.environment import git_commit, gpu_list
@@ -138,7 +138,7 @@ def test_specdecode_compare_console_script(
     assert compare.main([str(a), str(tmp_path / "missing.json")]) == 2
     # Installed as a console script.
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "specdecode-compare"]
-    assert script.value == "pytest_specdecode.cli.compare:main"
+    assert script.value == "pytest_specdecode.cli.compare_runs:main"
     done = subprocess.run(
         [Path(sys.executable).parent / "specdecode-compare", str(a), str(a)],
         capture_output=True,

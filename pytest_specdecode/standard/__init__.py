@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-MODULE = Path(__file__).with_name("experiment.py")
+MODULE = Path(__file__).with_name("tests.py")
 NODE_ID = "specdecode"
 
 
