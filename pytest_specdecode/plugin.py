@@ -12,7 +12,8 @@ import pytest
 from . import fixtures, hookspecs, standard
 from .config.settings import Settings
 from .errors import ConfigError
-from .session import PLUGIN_NAME, SpecDecodeSession, session_of, settings_from_options
+from .options import settings_from_options
+from .session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
 from .targets.lifecycle import interrupt_on_signals

@@ -9,17 +9,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import shutil
 import sys
-import tempfile
-import time
-import tomllib
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
 
 import pytest
 
@@ -31,16 +26,19 @@ from .analysis.restarts import RestartNoise
 from .analysis.reuse import stored_baseline
 from .analysis.run import RunAnalysis, analyze
 from .config.arms import BASELINE, BASELINE_AFTER
-from .config.settings import Settings, load_settings
+from .config.settings import Settings
 from .config.specconfig import VllmFacts
 from .errors import ConfigError, HostError, SpecDecodeError
 from .measure.environment import environment
 from .measure.experiment import Experiment
 from .measure.traffic import quiet, rate_text
+from .options import settings_from_options
+from .progress import ProgressLog, write_line
+from .record.counters import TrafficWatch
 from .record.profile import add_entry, profile_path, profiles_dir, read_profile
 from .record.schema import RunRecord, TargetInfo
 from .record.store import RunStore, stored_runs
-from .redaction import redact_argv, redact_env, redact_text, register_secret
+from .redaction import redact_argv, redact_env, redact_text
 from .report import Written, write_reports
 from .report import terminal as terminal_report
 from .report.plan import (
@@ -52,6 +50,7 @@ from .report.plan import (
     stored_prediction,
 )
 from .report.text import noise_text
+from .run_folder import api_headers, check_writable, new_run_dir
 from .targets.base import Service, Target
 from .targets.lifecycle import RunEnding, experiment_services
 from .targets.vllm_facts import (
@@ -62,79 +61,6 @@ from .targets.vllm_facts import (
 )
 
 PLUGIN_NAME = "specdecode-session"
-
-
-def settings_from_options(config: pytest.Config) -> Settings:
-    """The validated Settings for this pytest run; raises ConfigError."""
-    opt = config.getoption
-    reports = opt("spec_reports")
-    path, table = find_config(config)
-    return load_settings(
-        path,
-        table=table,
-        rootdir=Path(config.rootpath),
-        spec_configs=opt("spec_config"),
-        prompt_types=opt("spec_prompt_type"),
-        target_overrides={
-            "host": opt("spec_host"),
-            "unit": opt("spec_unit"),
-            "identity_file": opt("spec_identity"),
-            "known_hosts": opt("spec_known_hosts"),
-            "accept_unknown_host_key": opt("spec_accept_unknown_host_key"),
-            "api_base": opt("spec_api_base"),
-            "model": opt("spec_model"),
-            "watchdog_s": opt("spec_watchdog"),
-            "ssh_config": opt("spec_ssh_config"),
-            "api_via": opt("spec_api_via"),
-            **({"backend": "systemd"} if opt("spec_host") else {}),
-        },
-        reports_dir=Path(reports).resolve() if reports else None,
-        run_overrides={
-            "samples": opt("spec_samples"),
-            "max_samples": opt("spec_max_samples"),
-            "repeats": opt("spec_repeats"),
-            "allow_traffic": opt("spec_allow_traffic") or None,
-            "warmup": opt("spec_warmup"),
-            "max_tokens": opt("spec_max_tokens"),
-            "concurrency": opt("spec_concurrency"),
-            "rate": opt("spec_rate"),
-            "alpha": opt("spec_alpha"),
-            "min_effect": opt("spec_min_effect"),
-        },
-    )
-
-
-def find_config(config: pytest.Config) -> tuple[Path, str | None]:
-    """Where the experiment is configured, first found wins:
-    1. --spec-file PATH (relative to the current folder);
-    2. the ini key `specdecode_file` (relative to the ini file);
-    3. a [tool.specdecode] table in the rootdir's pyproject.toml;
-    4. specdecode.toml at the rootdir.
-    """
-    given = config.getoption("spec_file")
-    if given:
-        return Path(given).absolute(), None
-    ini = config.getini("specdecode_file")
-    if ini:
-        base = config.inipath.parent if config.inipath else Path(config.rootpath)
-        return base / ini, None
-    root = Path(config.rootpath)
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            has_table = "specdecode" in tomllib.loads(pyproject.read_text()).get("tool", {})
-        except (OSError, tomllib.TOMLDecodeError):
-            has_table = False
-        if has_table:
-            return pyproject, "tool.specdecode"
-    found = root / "specdecode.toml"
-    if found.is_file():
-        return found, None
-    raise ConfigError(
-        f"no experiment is configured for {root}: looked for --spec-file, the ini key "
-        "specdecode_file, [tool.specdecode] in pyproject.toml and specdecode.toml at the "
-        "rootdir. Run `specdecode init` to write a starter specdecode.toml"
-    )
 
 
 def session_of(config: pytest.Config) -> SpecDecodeSession:
@@ -155,7 +81,7 @@ class SpecDecodeSession:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
         self.settings = settings
-        self.run_dir = _new_run_dir(settings)  # created once the run really starts
+        self.run_dir = new_run_dir(settings)  # created once the run really starts
         self.experiment: Experiment | None = None
         self.written: Written | None = None
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
@@ -175,7 +101,7 @@ class SpecDecodeSession:
         path = self.config.getoption("spec_baseline_from")
         if path:
             stored_baseline(path, self.settings)
-        _check_writable(self.settings.reports_dir)
+        check_writable(self.settings.reports_dir)
         if self.settings.candidates and self.writes_html:  # a run; the dry run checks its own
             self._use_facts(self._validated())
 
@@ -225,7 +151,7 @@ class SpecDecodeSession:
                 ]
             steps = [*checked, *target.plan(settings.candidates)]  # systemd: reads, read-only
         except SpecDecodeError as exc:
-            _write(f"pytest-specdecode dry run: {exc}")
+            write_line(f"pytest-specdecode dry run: {exc}")
             return pytest.ExitCode.USAGE_ERROR
         finally:
             target.close()  # touches the host only to undo what this run did: nothing
@@ -241,7 +167,7 @@ class SpecDecodeSession:
             predicted=stored_prediction(settings, host=target.host_name),
             design=self._design_lines(target),
         )
-        _write("\n".join(lines), stream=sys.stdout)
+        write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
 
     def _timing(self, target: Target) -> Timing:
@@ -267,7 +193,7 @@ class SpecDecodeSession:
         """Bring services up on demand; whatever happens, the teardown restores the original."""
         settings = self.settings
         t = settings.target
-        headers = _api_headers(settings)
+        headers = api_headers(settings)
         target = self._open_target(self.run_dir)
         transports = target.transports()
         try:  # nothing is touched until preflight has passed; its last step takes the lock
@@ -290,7 +216,7 @@ class SpecDecodeSession:
 
         def record_ending(ending: RunEnding) -> None:  # as soon as each part of it is known
             if store is not None:
-                store.record.ending = ending.to_dict()
+                store.record.ending = ending
                 store.flush()
 
         try:
@@ -320,7 +246,7 @@ class SpecDecodeSession:
                 yield self.experiment
         finally:  # the restore ran in experiment_services' teardown: keep what it reported
             if store is not None and board is not None and board.restore_report is not None:
-                store.record.restore = board.restore_report.to_dict()
+                store.record.restore = board.restore_report
                 store.flush()
 
     def _open_target(self, log_dir: Path) -> Target:
@@ -338,12 +264,9 @@ class SpecDecodeSession:
         )
         seen = self.experiment.watch(original, run.traffic_watch_s)
         text = rate_text(seen, run.traffic_watch_s)
-        self.experiment.record.traffic_watch = {
-            "seconds": run.traffic_watch_s,
-            "traffic": seen.to_dict(),
-            "text": text,
-            "quiet": quiet(seen),
-        }
+        self.experiment.record.traffic_watch = TrafficWatch(
+            seconds=run.traffic_watch_s, traffic=seen, text=text, quiet=quiet(seen)
+        )
         self.experiment.store.flush()
         self.progress(f"traffic before the run: {text}")
         if quiet(seen) or run.allow_traffic:
@@ -522,7 +445,7 @@ class SpecDecodeSession:
                 step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
             )
         except Exception:
-            _write("[specdecode] the report could not be written:\n" + traceback.format_exc())
+            write_line("[specdecode] the report could not be written:\n" + traceback.format_exc())
         return self.written
 
     def terminal_lines(self) -> list[str]:
@@ -535,90 +458,6 @@ class SpecDecodeSession:
         analysis = self._analysis if self._analysis is not None else analyze(record)
         lines = terminal_report.lines(record, analysis, files=files)
         return [redact_text(line) for line in lines]
-
-
-class ProgressLog:
-    """Progress lines shown live (past pytest's capture) and kept in the run's log.
-
-    Lines before the run folder exists are kept and written to the log when it opens.
-    """
-
-    def __init__(self, config: pytest.Config, *, stream: TextIO | None = None) -> None:
-        self._start = time.monotonic()
-        self._capman = config.pluginmanager.get_plugin("capturemanager")
-        self._stream = stream
-        self._log: Path | None = None
-        self._pending: list[str] = []
-
-    def open(self, path: Path) -> None:
-        self._log = path
-        with path.open("a") as log:
-            log.writelines(self._pending)
-        self._pending = []
-
-    def __call__(self, message: str) -> None:
-        message = redact_text(message)
-        stamped = f"{datetime.now(UTC).isoformat(timespec='seconds')} {message}\n"
-        if self._log is None:
-            self._pending.append(stamped)
-        else:
-            with self._log.open("a") as log:
-                log.write(stamped)
-        line = f"[specdecode {time.monotonic() - self._start:6.0f}s] {message}"
-        if self._capman is not None:
-            with self._capman.global_and_fixture_disabled():
-                _write(line, self._stream)
-        else:
-            _write(line, self._stream)
-
-
-def _write(text: str, stream: TextIO | None = None) -> None:
-    """To the terminal, if there still is one: a closed or broken one (EPIPE, EIO) is ignored."""
-    stream = stream or sys.__stderr__ or sys.stderr
-    with contextlib.suppress(OSError, ValueError):
-        stream.write(text + "\n")
-        stream.flush()
-
-
-def _api_headers(settings: Settings) -> dict[str, str]:
-    """Authorization from the variable the config names; the key itself is never stored."""
-    name = settings.target.api_key_env
-    if not name:
-        return {}
-    key = os.environ.get(name)
-    if not key:
-        raise ConfigError(f"[target] api_key_env names {name}, but it is not set")
-    register_secret(key)
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _new_run_dir(settings: Settings) -> Path:
-    """This run's own folder under the reports dir: a name no other run has taken."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    label = "-".join(c.name for c in settings.candidates) or "baseline-only"
-    label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:60]
-    run_dir = settings.reports_dir / f"{stamp}-{label}"
-    suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = settings.reports_dir / f"{stamp}-{label}-{suffix}"
-    return run_dir
-
-
-def _check_writable(reports_dir: Path) -> None:
-    """Prove the reports folder can be written, leaving nothing behind."""
-    existing = reports_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "Not a directory")
-        Path(tempfile.mkdtemp(dir=existing, prefix=".specdecode-probe-")).rmdir()
-    except OSError as exc:
-        raise ConfigError(
-            f"reports directory {reports_dir} is not writable ({exc.strerror}); nothing was "
-            "started. Pass --spec-reports DIR"
-        ) from None
 
 
 def _failed_tests(config: pytest.Config) -> list[str]:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from ..config.arms import BASELINE, design_keys
 from ..config.settings import Settings
 from ..errors import ConfigError
-from ..record.schema import Phase
+from ..record.schema import BaselineSource, Phase
 from ..record.store import load_run
 from .checks import facts
 
 
-def stored_baseline(path: str, settings: Settings) -> tuple[Phase, dict[str, Any]]:
+def stored_baseline(path: str, settings: Settings) -> tuple[Phase, BaselineSource]:
     """The baseline phase of a stored run, for this run's prompt types, and where it came from.
 
     Checked before anything starts: the run must hold a baseline for every prompt type.
@@ -44,4 +43,4 @@ def stored_baseline(path: str, settings: Settings) -> tuple[Phase, dict[str, Any
         reused_from=source,
         measurements={key: phase.measurements[key] for key in keys},
     )
-    return reused, {"path": source, "facts": facts(record, arm=BASELINE)}
+    return reused, BaselineSource(path=source, facts=facts(record, arm=BASELINE))

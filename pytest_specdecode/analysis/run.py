@@ -264,9 +264,9 @@ def _warnings(
 ) -> list[str]:
     """What a reviewer should not miss, one sentence each."""
     out = [f"{arm} failed: {why}" for arm, why in record.failures.items()]
-    watch = record.traffic_watch or {}
-    if watch and not watch.get("quiet", True):
-        out.append(f"other clients used the service before the run: {watch.get('text')}")
+    watch = record.traffic_watch
+    if watch is not None and not watch.quiet:
+        out.append(f"other clients used the service before the run: {watch.text}")
     for phase in record.phases.values():
         for name, m in phase.measurements.items():
             out += [f"{phase.name}/{name}: {w}" for w in m.stats.warnings() if m.samples]
@@ -280,7 +280,7 @@ def _warnings(
     if verdicts and any(not n.measured for n in assumed.values()):
         out.append("restart noise " + next(n.source for n in assumed.values() if not n.measured))
     if record.baseline_from:
-        stored = record.baseline_from.get("facts") or {}
+        stored = record.baseline_from.facts
         out += [
             f"the stored baseline differs: {d}"
             for d in differences(stored, facts(record), only_prompts=list(record.prompt_types))

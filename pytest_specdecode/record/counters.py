@@ -4,8 +4,8 @@ every client. Pure data and sums; read from /metrics by measure/server_metrics.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -22,6 +22,33 @@ class Traffic:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Traffic:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class TrafficWatch:
+    """Other clients' traffic on the running original, seen before anything was touched."""
+
+    seconds: float
+    traffic: Traffic
+    text: str  # as the progress line said it
+    quiet: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "traffic": self.traffic.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrafficWatch:
+        return cls(
+            seconds=float(data["seconds"]),
+            traffic=Traffic.from_dict(data.get("traffic") or {}),
+            text=str(data.get("text", "")),
+            quiet=bool(data.get("quiet", True)),
+        )
 
 
 @dataclass(frozen=True)

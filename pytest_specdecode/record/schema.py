@@ -17,7 +17,8 @@ from ..config.arms import design_keys
 from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
-from .counters import Acceptance, Traffic, client_accepted_tokens, combine
+from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens, combine
+from .ending import RestoreReport, RunEnding
 from .level_stats import LevelStats, level_stats
 from .request_metrics import acceptance_of, against_counters
 from .samples import RequestSample
@@ -268,12 +269,12 @@ class RunRecord:
     prompt_types: dict[str, PromptType]
     environment: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, Phase] = field(default_factory=dict)
-    baseline_from: dict[str, Any] | None = None  # the stored run a baseline was reused from
+    baseline_from: BaselineSource | None = None  # the stored run a baseline was reused from
     failures: dict[str, str] = field(default_factory=dict)  # arm -> why it failed
-    restore: dict[str, Any] | None = None  # lifecycle.RestoreReport, as a dict
+    restore: RestoreReport | None = None  # how the original was put back
     restart_noise_prior: dict[str, dict[str, Any]] | None = None  # per metric, stored runs'
-    traffic_watch: dict[str, Any] | None = None  # other clients seen before anything was touched
-    ending: dict[str, Any] | None = None  # lifecycle.RunEnding: finished or interrupted, and how
+    traffic_watch: TrafficWatch | None = None  # other clients seen before anything was touched
+    ending: RunEnding | None = None  # finished or interrupted, and how
     schema: int = SCHEMA
 
     @property
@@ -302,12 +303,12 @@ class RunRecord:
                 "candidates": self.candidates,
                 "prompt_types": {k: v.to_dict() for k, v in self.prompt_types.items()},
                 "environment": self.environment,
-                "baseline_from": self.baseline_from,
+                "baseline_from": _optional(self.baseline_from),
                 "failures": self.failures,
-                "restore": self.restore,
+                "restore": _optional(self.restore),
                 "restart_noise_prior": self.restart_noise_prior,
-                "traffic_watch": self.traffic_watch,
-                "ending": self.ending,
+                "traffic_watch": _optional(self.traffic_watch),
+                "ending": _optional(self.ending),
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -330,12 +331,12 @@ class RunRecord:
                 prompt_types={k: PromptType.from_dict(v) for k, v in data["prompt_types"].items()},
                 environment=dict(data.get("environment") or {}),
                 phases={k: Phase.from_json(p) for k, p in data.get("phases", {}).items()},
-                baseline_from=data.get("baseline_from"),
+                baseline_from=_read(BaselineSource, data.get("baseline_from")),
                 failures=dict(data.get("failures") or {}),
-                restore=data.get("restore"),
+                restore=_read(RestoreReport, data.get("restore")),
                 restart_noise_prior=data.get("restart_noise_prior"),
-                traffic_watch=data.get("traffic_watch"),
-                ending=data.get("ending"),
+                traffic_watch=_read(TrafficWatch, data.get("traffic_watch")),
+                ending=_read(RunEnding, data.get("ending")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
@@ -348,8 +349,9 @@ def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in names}
 
 
-def _optional(acc: Acceptance | None) -> dict[str, Any] | None:
-    return acc.to_dict() if acc is not None else None
+def _optional(part: Any) -> dict[str, Any] | None:
+    """A typed part's JSON, or None."""
+    return part.to_dict() if part is not None else None
 
 
 def _acceptance(data: Mapping[str, Any] | None) -> Acceptance:
@@ -365,3 +367,23 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class BaselineSource:
+    """The stored run a reused baseline came from (--spec-baseline-from), and its facts."""
+
+    path: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "facts": self.facts}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BaselineSource:
+        return cls(path=str(data["path"]), facts=dict(data.get("facts") or {}))
+
+
+def _read(kind: Any, data: Mapping[str, Any] | None) -> Any:
+    """A typed part of the record from its JSON, or None."""
+    return kind.from_dict(data) if data is not None else None

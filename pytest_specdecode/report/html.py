@@ -229,5 +229,5 @@ def environment(record: RunRecord) -> dict[str, Any]:
         "Config file": record.config_file,
     }
     if record.baseline_from:
-        table_rows["Stored baseline"] = record.baseline_from.get("path")
+        table_rows["Stored baseline"] = record.baseline_from.path
     return table_rows

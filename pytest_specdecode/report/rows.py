@@ -11,7 +11,6 @@ from ..analysis.compare import PromptTypeVerdict
 from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.schema import RunRecord
-from ..targets.lifecycle import RestoreReport
 from .text import finite, fmt_num, fmt_p, fmt_pct, noise_text
 
 TABLE_HEADER = (
@@ -173,7 +172,7 @@ class Check:
 def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
     """The checks beside the verdicts, in the order a reviewer reads them."""
     out = [Check(w, True) for w in analysis.warnings]
-    restore = RestoreReport.from_dict(record.restore) if record.restore else None
+    restore = record.restore
     if restore is not None and (restore.errors or restore.failed):
         out.append(Check(f"restore: {restore.describe()}", True))  # after the analysis: its own
     for candidate, per in analysis.equivalence.items():
@@ -189,7 +188,7 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
             Check(f"Restart noise measured by this run, {metric}: {noise_text(noise)}", False)
         )
     if record.baseline_from:
-        out.append(Check(f"Baseline reused from {record.baseline_from.get('path')}", False))
+        out.append(Check(f"Baseline reused from {record.baseline_from.path}", False))
     if restore is not None and not (restore.errors or restore.failed):
         out.append(Check(f"Restore: {restore.describe()}", False))
     return out

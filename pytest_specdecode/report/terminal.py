@@ -8,7 +8,6 @@ from pathlib import Path
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
-from ..targets.lifecycle import RestoreReport
 from . import acceptance, levels, prediction
 from .rows import checks, headline, rows, undecided
 from .text import fmt_num, fmt_p, fmt_pct
@@ -54,7 +53,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     out += prediction.terminal_lines(record, analysis)
     out += acceptance.terminal_lines(record, analysis)
     if record.restore:
-        out.append(RestoreReport.from_dict(record.restore).describe())
+        out.append(record.restore.describe())
     out += [
         f"warning: {c.text}" if c.warn else c.text
         for c in checks(record, analysis)

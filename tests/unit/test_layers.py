@@ -16,9 +16,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_specdecode"
 LAYERS: list[set[str]] = [
     {"clock", "errors", "files", "redaction"},
     {"config"},
-    {"targets", "record"},
+    {"record"},
+    {"targets"},
     {"analysis"},
-    {"measure", "report", "case", "hookspecs"},
+    {"measure", "report", "case", "hookspecs", "options", "progress", "run_folder"},
     {"session", "cli"},
     {"html_hooks", "fixtures", "standard"},
     {"plugin"},

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.errors import HostError, ServiceError
-from pytest_specdecode.session import ProgressLog
+from pytest_specdecode.progress import ProgressLog
+from pytest_specdecode.record.ending import RunEnding
 from pytest_specdecode.targets import lifecycle
-from pytest_specdecode.targets.lifecycle import Interrupts, RunEnding, experiment_services
+from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
 
 from ..support.standin_target import SPEC, StandInTarget
 from ..support.virtual_clock import VirtualTime

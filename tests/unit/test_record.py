@@ -90,3 +90,29 @@ def test_one_median_a_request_without_output_enters_no_rate() -> None:
     assert m.median_tokens_per_s == m.stats.median_tokens_per_s == 12.0
     written = m.to_json()["summary"]
     assert written["median_tokens_per_s"] == written["level"]["median_tokens_per_s"] == 12.0
+
+
+def test_the_record_is_typed_through_json(tmp_path: Path) -> None:
+    """How the run ended, the restore, the traffic watch and a reused baseline's source are
+    typed parts of the record, and come back from results.json as written (issue 19)."""
+    from pytest_specdecode.record.counters import Traffic, TrafficWatch
+    from pytest_specdecode.record.ending import RestoreReport, RunEnding
+    from pytest_specdecode.record.schema import BaselineSource
+
+    rec = record(settings(tmp_path))
+    add_phase(rec, BASELINE, {"coding": 20.0, "math": 16.0}).startup_s = 41.5
+    rec.restore = RestoreReport("unit u", True, True, 12.0, ["one"], serving=True, notes=["n"])
+    rec.ending = RunEnding(how="interrupted", signals=["SIGINT"], restore_s=30.0)
+    rec.traffic_watch = TrafficWatch(2.0, Traffic(requests=3.0), "3 requests in 2s", False)
+    rec.baseline_from = BaselineSource("/runs/a/results.json", {"vllm": "0.32.0"})
+    back = RunRecord.from_json(json.loads(json.dumps(rec.to_json())))
+    assert back == rec
+    assert isinstance(back.restore, RestoreReport) and back.restore.describe().startswith(
+        "unit u restored to active and serving in 12s"
+    )
+    assert isinstance(back.ending, RunEnding) and back.ending.describe().startswith(
+        "interrupted by SIGINT"
+    )
+    assert back.phases[BASELINE].startup_s == 41.5
+    warnings = analyze(back).warnings
+    assert "other clients used the service before the run: 3 requests in 2s" in warnings

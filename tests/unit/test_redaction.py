@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
+from pytest_specdecode.progress import ProgressLog
 from pytest_specdecode.record.store import JOURNAL_FILE, RunStore
 from pytest_specdecode.redaction import (
     REDACTED,
@@ -19,7 +20,6 @@ from pytest_specdecode.redaction import (
     register_secret,
 )
 from pytest_specdecode.report import html, write_reports
-from pytest_specdecode.session import ProgressLog
 from pytest_specdecode.targets.local import LocalProcessService
 
 from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
