@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_specdecode.cli import compare
+from pytest_specdecode.analysis.run import analyze
+from pytest_specdecode.cli import compare_runs as compare
+from pytest_specdecode.record.store import load_run
 
 from ..support.embedded import EmbeddedExperiment, all_samples, require_embedded, write_experiment
 
@@ -253,6 +255,14 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
 
     # And two stored runs compare (here: the run with itself).
     assert compare.main([str(run / "results.json"), str(run)]) == 0
+    # The verdicts computed live are those recomputed from results.json.
+    live = ngram_run.data["analysis"]
+    again = analyze(load_run(run / "results.json"))
+    assert again.outcome == live["outcome"] and again.passed == live["passed"]
+    assert {c: {t: (v.verdict.value, v.reason) for t, v in per.items()}
+            for c, per in again.verdicts.items()} == {
+        c: {t: (v["verdict"], v["reason"]) for t, v in per.items()}
+        for c, per in live["verdicts"].items()}  # fmt: skip
 
 
 def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pytester) -> None:
