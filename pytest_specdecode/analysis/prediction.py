@@ -16,7 +16,7 @@ token ids (`Measurement.token_ids`, recorded after each prompt type's timed requ
   candidates, predicts tok/s with a band for every config, and recommends the next reload.
 
 Suffix decoding is not predicted; draft-model, EAGLE and MTP candidates have measured figures
-only (`ngram_replay.unsupported_reason`).
+only (`ngram_types.unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ from .cost_model import (
     recommend,
     relative_noise,
 )
-from .ngram_replay import (
+from .ngram_replay import grid
+from .ngram_types import (
     DraftRatios,
     NgramSettings,
     ReplayStats,
     RequestTokens,
     aggregate,
     effective_settings,
-    grid,
     grid_settings,
     prefix_cached_tokens,
     unsupported_reason,
