@@ -40,7 +40,7 @@ def acceptance_cross_check(
     """
     if not server.present or num_speculative_tokens is None:
         return None
-    # k per request, not the replay's k - 1 (analysis.ngram_replay.ReplayStats): that bound is
+    # k per request, not the replay's k - 1 (analysis.ngram_types.ReplayStats): that bound is
     # on draft tokens checked past the known output. vLLM 0.32 counts a step's accepted tokens
     # before check_stop trims the step's tokens at max_tokens or EOS (Scheduler.
     # update_from_output), so a last step that starts one token before max_tokens delivers

@@ -37,7 +37,7 @@ Without a measured candidate the cost is
 unknown: only the ceiling (tok/s if a speculative step cost no more than a plain one) is given.
 
 Only replayable methods are predicted: suffix decoding is not, and draft-model, EAGLE or MTP
-methods cannot be (see `ngram_replay.unsupported_reason`).
+methods cannot be (see `ngram_types.unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Literal
 import numpy as np
 from scipy import optimize, stats
 
-from .ngram_replay import NgramSettings, ReplayStats
+from .ngram_types import NgramSettings, ReplayStats
 
 __all__ = [
     "BaselineTiming",

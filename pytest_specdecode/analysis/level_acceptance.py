@@ -29,15 +29,14 @@ from ..record.request_metrics import read
 from ..record.samples import RequestSample
 from ..record.schema import Measurement, Phase, RunRecord
 from ..record.token_capture import CapturedTokens
-from .ngram_replay import (
+from .ngram_replay import StepReplay, replay_many
+from .ngram_types import (
     DraftRatios,
     NgramSettings,
     ReplayStats,
     RequestTokens,
-    StepReplay,
     effective_settings,
     prefix_cached_tokens,
-    replay_many,
     unsupported_reason,
 )
 from .step_check import LevelSteps, StepCheck, check_steps

@@ -16,26 +16,21 @@ token ids (`Measurement.token_ids`, recorded after each prompt type's timed requ
   candidates, predicts tok/s with a band for every config, and recommends the next reload.
 
 Suffix decoding is not predicted; draft-model, EAGLE and MTP candidates have measured figures
-only (`ngram_replay.unsupported_reason`).
+only (`ngram_types.unsupported_reason`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
 import statistics
-from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from ..config.arms import BASELINE, cell_key
-from ..record.counters import Acceptance
-from ..record.samples import RequestSample
+from ..config.arms import BASELINE
 from ..record.schema import Measurement, RunRecord
-from ..record.token_capture import TokenIds
 from . import noise
 from .cost_model import (
     BaselineTiming,
@@ -48,28 +43,31 @@ from .cost_model import (
     recommend,
     relative_noise,
 )
-from .ngram_replay import (
-    DraftRatios,
+from .ngram_types import (
     NgramSettings,
     ReplayStats,
     RequestTokens,
-    aggregate,
     effective_settings,
-    grid,
     grid_settings,
-    prefix_cached_tokens,
     unsupported_reason,
+)
+from .prediction_check import Comparison, _compare, _divergence
+from .prediction_inputs import (
+    _baseline_ids,
+    _first,
+    _max_model_len,
+    _replay,
+    _requests,
+    earlier_prompts,
+    first_key,
+    timed_prompts,
 )
 
 __all__ = [
     "CandidateNote",
-    "Comparison",
     "RunPrediction",
     "predict_run",
 ]
-
-Status = Literal["exact", "within bound", "mismatch", "outputs differ", "not compared"]
-AGREES: tuple[Status, ...] = ("exact", "within bound")
 
 
 @dataclass(frozen=True)
@@ -86,66 +84,6 @@ class CandidateNote:
         if self.settings is not None:
             return f"{self.name} (effective {self.settings.label})"
         return f"{self.name}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class Counts(DraftRatios):
-    """The server's spec-decode counts over a measured window."""
-
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    per_position: tuple[int, ...]
-
-    @classmethod
-    def of(cls, acc: Acceptance, width: int) -> Counts:
-        per = [round(r * acc.drafts) for r in acc.per_position_rates][:width]
-        return cls(
-            drafts=round(acc.drafts),
-            draft_tokens=round(acc.draft_tokens),
-            accepted=round(acc.accepted),
-            per_position=tuple(per + [0] * (width - len(per))),
-        )
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One measured n-gram candidate on one prompt type: replayed against counted."""
-
-    candidate: str
-    prompt_type: str
-    settings: NgramSettings
-    status: Status
-    detail: str  # one sentence: what agreed, or where outputs differ and how far apart
-    predicted: ReplayStats | None = None  # the baseline's ids replayed
-    measured: Counts | None = None
-    own: ReplayStats | None = None  # outputs differ: the candidate's own ids replayed
-    own_status: Status | None = None
-
-    @property
-    def agrees(self) -> bool:
-        return self.status in AGREES
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "candidate": self.candidate,
-            "prompt_type": self.prompt_type,
-            "effective": self.settings.label,
-            "status": self.status,
-            "detail": self.detail,
-            "predicted": _stats_json(self.predicted),
-            "measured": (
-                {
-                    **dataclasses.asdict(self.measured),
-                    "mean_acceptance_length": self.measured.mean_acceptance_length,
-                    "draft_acceptance_rate": self.measured.draft_acceptance_rate,
-                }
-                if self.measured
-                else None
-            ),
-            "own": _stats_json(self.own),
-            "own_status": self.own_status,
-        }
 
 
 @dataclass(frozen=True)
@@ -273,7 +211,7 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
     )
 
 
-# --- the inputs ------------------------------------------------------------------------------
+# --- the inputs (the record's prompts and token ids: prediction_inputs.py) -------------------
 
 
 def _note(name: str, values: Mapping[str, Any]) -> CandidateNote:
@@ -284,316 +222,6 @@ def _note(name: str, values: Mapping[str, Any]) -> CandidateNote:
         return CandidateNote(name, values, effective_settings(values))
     except (ValueError, TypeError) as exc:
         return CandidateNote(name, values, None, f"not replayable: {exc}")
-
-
-def timed_prompts(record: RunRecord, m: Measurement) -> list[str]:
-    """The prompt of each timed request, in order."""
-    return _sent_prompts(record, m, m.samples)
-
-
-def earlier_prompts(record: RunRecord, m: Measurement) -> list[str]:
-    """Prompts the same server saw before the timed requests: the warm-up requests."""
-    return _sent_prompts(record, m, m.warmup)
-
-
-def _sent_prompts(record: RunRecord, m: Measurement, samples: Sequence[RequestSample]) -> list[str]:
-    prompts = record.prompt_types[m.prompt_type].prompts
-    return [prompts[s.prompt_index or 0].text for s in samples]
-
-
-def first_key(record: RunRecord, prompt_type: str) -> str:
-    """The measurement the prediction reads: the prompt type at the run's first load level
-    (one stream in the default design; the replay models requests one after another)."""
-    levels = record.run.levels
-    return cell_key(prompt_type, levels[0], several=len(levels) > 1)
-
-
-def _requests(
-    prompts: Sequence[str], earlier: Sequence[str], ids: TokenIds, cache: TokenIds | None = None
-) -> list[RequestTokens] | None:
-    """The timed requests as the replay needs them; None when a prompt has no usable ids.
-
-    A prompt the server saw before is served partly from its prefix cache (whole blocks, never
-    the last token); `cache` says how that server's cache was set (default: as `ids` says).
-    """
-    cache = cache if cache is not None and cache.missing is None else ids
-    seen = set(earlier)
-    out = []
-    for prompt in prompts:
-        captured = ids.prompts.get(prompt)
-        if captured is None or not captured.consistent or not captured.output_ids:
-            return None
-        cached = 0
-        if prompt in seen and cache.prefix_caching and cache.block_size:
-            cached = prefix_cached_tokens(len(captured.prompt_ids), cache.block_size)
-        out.append(
-            RequestTokens.of(
-                captured.prompt_ids, captured.output_ids, captured.lookahead_ids, cached
-            )
-        )
-        seen.add(prompt)
-    return out
-
-
-def _first(record: RunRecord, arm: str, prompt_type: str) -> Measurement | None:
-    for phase in record.arm_phases(arm):
-        key = first_key(record, prompt_type)
-        if key in phase.measurements:
-            return phase.measurements[key]
-    return None
-
-
-def _baseline_ids(
-    record: RunRecord,
-) -> tuple[dict[str, str], dict[str, tuple[Measurement, list[RequestTokens]]]]:
-    """Per prompt type: where the baseline's ids came from (or why none), and its requests."""
-    sources: dict[str, str] = {}
-    found: dict[str, tuple[Measurement, list[RequestTokens]]] = {}
-    for name in record.prompt_types:
-        m = _first(record, BASELINE, name)
-        if m is None:
-            continue
-        ids = m.token_ids
-        if ids is None:
-            sources[name] = "no token ids recorded (the run ended before it recorded them)"
-            continue
-        if ids.missing is not None:
-            sources[name] = f"no token ids: {ids.missing}"
-            continue
-        bad = [c.check for c in ids.prompts.values() if not c.consistent]
-        if bad:
-            sources[name] = f"the token ids do not reproduce the timed output: {bad[0]}"
-            continue
-        requests = _requests(timed_prompts(record, m), earlier_prompts(record, m), ids)
-        if not requests:
-            sources[name] = "no token ids for the timed requests' prompts"
-            continue
-        found[name] = (m, requests)
-        sources[name] = _source_text(ids)
-    return sources, found
-
-
-def _source_text(ids: TokenIds) -> str:
-    first = next(iter(ids.prompts.values()))
-    ahead = min(len(c.lookahead_ids) for c in ids.prompts.values())
-    cache = (
-        f"prefix cache {'on' if ids.prefix_caching else 'off'}, block size {ids.block_size}"
-        if ids.block_size
-        else "KV block size unknown: a padded prefill after a prefix-cache hit is not modelled"
-    )
-    return (
-        f"{len(ids.prompts)} prompt(s); output ids from {first.support.output}, prompt ids from "
-        f"{first.support.prompt}; look-ahead {ahead}; {cache}"
-    )
-
-
-def _max_model_len(baseline: Mapping[str, tuple[Measurement, list[RequestTokens]]]) -> int | None:
-    lengths = [m.token_ids.max_model_len for m, _ in baseline.values() if m.token_ids]
-    known = [n for n in lengths if n]
-    return min(known) if known else None
-
-
-def _replay(
-    groups: Mapping[Any, Sequence[RequestTokens]],
-    settings: Sequence[NgramSettings],
-    max_model_len: int | None,
-) -> dict[Any, dict[NgramSettings, ReplayStats]]:
-    """Each group's requests under every config, aggregated; repeated requests replayed once."""
-    distinct = {name: Counter(requests) for name, requests in groups.items()}
-    keyed = {
-        (name, j): [request]
-        for name, counts in distinct.items()
-        for j, request in enumerate(counts)
-    }
-    replayed = grid(keyed, settings, max_model_len=max_model_len)
-    return {
-        name: {
-            s: aggregate(
-                [_scaled(replayed[(name, j)][s], n) for j, n in enumerate(counts.values())]
-            )
-            for s in settings
-        }
-        for name, counts in distinct.items()
-    }
-
-
-def _scaled(stats: ReplayStats, times: int) -> ReplayStats:
-    """One request's replay counted `times` times."""
-    if times == 1:
-        return stats
-    return dataclasses.replace(
-        stats,
-        requests=stats.requests * times,
-        output_tokens=stats.output_tokens * times,
-        steps=stats.steps * times,
-        drafts=stats.drafts * times,
-        draft_tokens=stats.draft_tokens * times,
-        accepted=stats.accepted * times,
-        accepted_per_position=tuple(x * times for x in stats.accepted_per_position),
-        unverified_tokens=stats.unverified_tokens * times,
-        accepted_per_position_max=tuple(x * times for x in stats.accepted_per_position_max),
-    )
-
-
-# --- predicted against measured ----------------------------------------------------------------
-
-
-def _compare(
-    record: RunRecord,
-    candidate: str,
-    settings: NgramSettings,
-    prompt_type: str,
-    baseline: tuple[Measurement, list[RequestTokens]] | None,
-) -> Comparison | None:
-    mc = _first(record, candidate, prompt_type)
-    if mc is None or not mc.samples:
-        return None
-
-    def skip(why: str) -> Comparison:
-        return Comparison(candidate, prompt_type, settings, "not compared", why)
-
-    if baseline is None:
-        return skip("not predicted: the baseline has no token ids for this prompt type")
-    if not mc.acceptance.present:
-        return skip("the candidate's server exported no spec-decode counters")
-    mb, _ = baseline
-    assert mb.token_ids is not None
-    prompts, earlier = timed_prompts(record, mc), earlier_prompts(record, mc)
-    requests = _requests(prompts, earlier, mb.token_ids, mc.token_ids)
-    if requests is None:
-        return skip("the baseline has no token ids for a prompt the candidate was timed on")
-    mml = mb.token_ids.max_model_len
-    predicted = _replay({"p": requests}, [settings], mml)["p"][settings]
-    measured = Counts.of(mc.acceptance, settings.num_speculative_tokens)
-    differs = _divergence(record, mb, mc, prompts)
-    if differs is None:
-        status = _agreement(predicted, measured)
-        detail = f"outputs equal the baseline's; {_figures(predicted, measured, status)}"
-        return Comparison(candidate, prompt_type, settings, status, detail, predicted, measured)
-    own = own_status = None
-    own_text = "the candidate's own token ids were not recorded"
-    if mc.token_ids is not None and mc.token_ids.missing is None:
-        own_requests = _requests(prompts, earlier, mc.token_ids)
-        if own_requests is not None and _self_consistent(record, mc, prompts):
-            own = _replay({"p": own_requests}, [settings], mml)["p"][settings]
-            own_status = _agreement(own, measured)
-            own_text = f"its own outputs replayed: {_figures(own, measured, own_status)}"
-        else:
-            own_text = "its own timed outputs were not all alike, so they were not replayed"
-    detail = (
-        f"outputs differ from the baseline's ({differs}): predicted from the baseline "
-        f"{_apart(predicted, measured)}; {own_text}"
-    )
-    return Comparison(
-        candidate, prompt_type, settings, "outputs differ", detail, predicted, measured, own,
-        own_status,
-    )  # fmt: skip
-
-
-def _agreement(predicted: ReplayStats, measured: Counts) -> Status:
-    """exact, within the stated last-step bound, or a mismatch."""
-    same_drafts = (predicted.drafts, predicted.draft_tokens) == (
-        measured.drafts,
-        measured.draft_tokens,
-    )
-    if (
-        same_drafts
-        and predicted.exact
-        and measured.accepted == predicted.accepted
-        and measured.per_position == predicted.accepted_per_position
-    ):
-        return "exact"
-    within = (
-        same_drafts
-        and predicted.accepted <= measured.accepted <= predicted.accepted_max
-        and all(
-            lo <= x <= hi
-            for lo, x, hi in zip(
-                predicted.accepted_per_position,
-                measured.per_position,
-                predicted.accepted_per_position_max,
-                strict=True,
-            )
-        )
-    )
-    return "within bound" if within and not predicted.exact else "mismatch"
-
-
-def _figures(predicted: ReplayStats, measured: Counts, status: Status) -> str:
-    bound = (
-        f" (+0..{predicted.unverified_tokens} verified past the recorded tokens)"
-        if predicted.unverified_tokens
-        else ""
-    )
-    said = {
-        "exact": "predicted exactly",
-        "within bound": "predicted within the last-step bound",
-        "mismatch": "MISMATCH: the replay or vLLM's proposer differs from its description",
-    }[status]
-    return (
-        f"{said}: predicted {predicted.drafts} drafts, {predicted.draft_tokens} draft tokens, "
-        f"{predicted.accepted}{bound} accepted {list(predicted.accepted_per_position)}; "
-        f"measured {measured.drafts}, {measured.draft_tokens}, {measured.accepted} "
-        f"{list(measured.per_position)}"
-    )
-
-
-def _apart(predicted: ReplayStats, measured: Counts) -> str:
-    p_len, m_len = predicted.mean_acceptance_length, measured.mean_acceptance_length
-    p_rate, m_rate = predicted.draft_acceptance_rate, measured.draft_acceptance_rate
-    length = (
-        f"acceptance length {p_len:.2f} vs measured {m_len:.2f} ({m_len - p_len:+.2f})"
-        if p_len is not None and m_len is not None
-        else f"{predicted.drafts} drafts vs measured {measured.drafts}"
-    )
-    rate = (
-        f", draft acceptance {p_rate:.1%} vs {m_rate:.1%}"
-        if p_rate is not None and m_rate is not None
-        else ""
-    )
-    return f"{length}{rate}, drafts {predicted.drafts} vs {measured.drafts}"
-
-
-def _texts(record: RunRecord, m: Measurement, prompt: str) -> list[str]:
-    return [s.text for s, p in zip(m.samples, timed_prompts(record, m), strict=True) if p == prompt]
-
-
-def _divergence(
-    record: RunRecord, mb: Measurement, mc: Measurement, prompts: Sequence[str]
-) -> str | None:
-    """Where the candidate's outputs first differ from the baseline's; None when all equal."""
-    distinct = list(dict.fromkeys(prompts))
-    for i, prompt in enumerate(distinct):
-        where = f"prompt {i + 1} of {len(distinct)}: " if len(distinct) > 1 else ""
-        base = mb.token_ids.prompts.get(prompt) if mb.token_ids else None
-        own = mc.token_ids.prompts.get(prompt) if mc.token_ids else None
-        if base is not None and own is not None and own.output_ids != base.output_ids:
-            at = _first_difference(base.output_ids, own.output_ids)
-            return (
-                f"{where}from output token {at} of {len(base.output_ids)} "
-                f"(the candidate gave {len(own.output_ids)})"
-            )
-        reference = _texts(record, mb, prompt)
-        for text in _texts(record, mc, prompt):
-            if reference and text != reference[0]:
-                at = _first_difference(reference[0], text)
-                return f"{where}a timed output differs from character {at}"
-    return None
-
-
-def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
-    return next(
-        (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-    )
-
-
-def _self_consistent(record: RunRecord, m: Measurement, prompts: Sequence[str]) -> bool:
-    """Every timed output of each prompt alike, and the recorded ids reproduce them."""
-    for prompt in dict.fromkeys(prompts):
-        captured = m.token_ids.prompts.get(prompt) if m.token_ids else None
-        if captured is None or not captured.consistent or len(set(_texts(record, m, prompt))) > 1:
-            return False
-    return True
 
 
 # --- the cost model --------------------------------------------------------------------------
@@ -710,10 +338,6 @@ def _grid_json(
         ]
         rows.append([round(x, 4) if isinstance(x, float) else x for x in row])
     return {"columns": list(GRID_COLUMNS), "rows": rows}
-
-
-def _stats_json(stats: ReplayStats | None) -> dict[str, Any] | None:
-    return stats.to_dict() if stats is not None else None
 
 
 def _fit_json(fit: CostFit | None) -> dict[str, Any] | None:

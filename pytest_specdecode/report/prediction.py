@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..analysis.ngram_replay import NGRAM_GRID_K, NgramSettings
-from ..analysis.prediction import RunPrediction, first_key, predict_run
+from ..analysis.ngram_types import NGRAM_GRID_K, NgramSettings
+from ..analysis.prediction import RunPrediction, predict_run
+from ..analysis.prediction_inputs import first_key
 from ..analysis.run import RunAnalysis
 from ..config.settings import Settings
 from ..record.schema import RunRecord

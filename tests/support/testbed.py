@@ -18,7 +18,7 @@ from pytest_specdecode.errors import HostError
 from pytest_specdecode.record.store import JOURNAL_FILE
 from pytest_specdecode.targets.hosts import CommandResult
 from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd import (
+from pytest_specdecode.targets.systemd_watchdog import (
     HANDOVER_UNIT,
     LOCK_DIR,
     RESTORE_SCRIPT,

@@ -12,7 +12,7 @@ from pytest_specdecode.config.vllm_argv import (
     with_speculative_config,
 )
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.systemd import port_held_by_unit
+from pytest_specdecode.targets.systemd_inspection import port_held_by_unit
 from pytest_specdecode.targets.unitfile import quote_arg, render_dropin, split_exec
 
 NGRAM = parse_spec_config('{"method":"ngram","num_speculative_tokens":5}', {})

@@ -16,7 +16,7 @@ from pytest_specdecode.analysis.cost_model import (
     recommend,
     relative_noise,
 )
-from pytest_specdecode.analysis.ngram_replay import NgramSettings, ReplayStats
+from pytest_specdecode.analysis.ngram_types import NgramSettings, ReplayStats
 
 S = NgramSettings
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.checks import acceptance_cross_check
-from pytest_specdecode.analysis.ngram_replay import NgramSettings, replay
+from pytest_specdecode.analysis.ngram_replay import replay
+from pytest_specdecode.analysis.ngram_types import NgramSettings
 from pytest_specdecode.measure.server_metrics import (
     ServerCounters,
     acceptance_between,

@@ -10,18 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.ngram_replay import (
+from pytest_specdecode.analysis.ngram_replay import grid, propose, replay, replay_many
+from pytest_specdecode.analysis.ngram_types import (
     NgramSettings,
     ReplayStats,
     RequestTokens,
     aggregate,
     effective_settings,
-    grid,
     grid_settings,
     prefix_cached_tokens,
-    propose,
-    replay,
-    replay_many,
     unsupported_reason,
 )
 

@@ -7,13 +7,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pytest_specdecode.analysis.ngram_replay import (
-    NgramSettings,
-    RequestTokens,
-    grid_settings,
-    replay,
-    replay_many,
-)
+from pytest_specdecode.analysis.ngram_replay import replay, replay_many
+from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens, grid_settings
 from pytest_specdecode.analysis.prediction import predict_run
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE

@@ -19,7 +19,7 @@ from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets import api_through_ssh
 from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd import HOST_PROGRAMS
+from pytest_specdecode.targets.systemd_inspection import HOST_PROGRAMS
 from pytest_specdecode.targets.tunnel import ApiTunnel
 
 REPO = Path(__file__).resolve().parents[2]

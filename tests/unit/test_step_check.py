@@ -7,12 +7,8 @@ import random
 
 import pytest
 
-from pytest_specdecode.analysis.ngram_replay import (
-    NgramSettings,
-    RequestTokens,
-    StepReplay,
-    replay_many,
-)
+from pytest_specdecode.analysis.ngram_replay import StepReplay, replay_many
+from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens
 from pytest_specdecode.analysis.step_check import LevelSteps, check_steps
 from pytest_specdecode.record.request_metrics import RequestSpecDecode
 from tests.support.synthetic import per_request_data

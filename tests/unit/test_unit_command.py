@@ -15,7 +15,8 @@ from pytest_specdecode.config.vllm_argv import ServerCommand, host_address, pars
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets.container import first_process
 from pytest_specdecode.targets.hosts import CommandResult
-from pytest_specdecode.targets.systemd import SystemdTarget, bus_label
+from pytest_specdecode.targets.systemd import SystemdTarget
+from pytest_specdecode.targets.systemd_inspection import bus_label
 from pytest_specdecode.targets.vllm_facts import MARKER, VllmFactsError
 
 PYTHON = "/opt/venv/bin/python"
