@@ -21,7 +21,12 @@ def test_aa_with_two_starts_per_arm_reports_the_noise_and_calls_nothing(
     # alpha 0.01: a false alarm is a chance event even where the noise model holds (alpha
     # per side at most; tests/unit/test_calibration.py pins the rate). At 0.01 this test's own
     # chance of one is under 1% up to a restart noise of 10% (this machine's: 7-9%).
-    run = {"samples": 5, "max_samples": 5, "repeats": 2, "alpha": 0.01}
+    # The assumption set to this machine's restart noise (7-9%, docs/statistics.md), as a user
+    # who knows the host writes it: with the default 5%, simulated runs of this design called a
+    # false difference in 1-4.5% of runs at 8-10% noise, over alpha; with 8%, in 0-0.5%. The
+    # default on a host noisier than assumed is tested through the chain (test_calibration.py).
+    run = {"samples": 5, "max_samples": 5, "repeats": 2, "alpha": 0.01,
+           "assumed_restart_noise": 0.08}  # fmt: skip
     exp = write_experiment(pytester, run=run)
     result = pytester.runpytest_subprocess(
         *exp.args("--spec-config", "baseline", "--spec-prompt-type", "coding", "-rA")

@@ -61,7 +61,7 @@ def test_stored_baseline_needs_candidates_and_every_prompt_type(tmp_path: Path) 
     path = stored_run(tmp_path / "old", rates={"coding": 20.0}, candidate={"coding": 25.0})
     phase, source = stored_baseline(str(path), settings(tmp_path, prompt_types=("coding",)))
     assert phase.reused_from == str(path.resolve()) and list(phase.measurements) == ["coding"]
-    assert source["facts"]["vllm_version"] == "0.32.0"
+    assert source.facts["vllm_version"] == "0.32.0"
     with pytest.raises(ConfigError, match="pass --spec-config"):
         stored_baseline(str(path), settings(tmp_path, candidates=()))
     with pytest.raises(ConfigError, match=r"requests for math \(prompt type"):
