@@ -51,15 +51,15 @@ from .ngram_types import (
     grid_settings,
     unsupported_reason,
 )
-from .prediction_check import Comparison, _compare, _divergence
+from .prediction_check import Comparison, compare_prediction, output_divergence
 from .prediction_inputs import (
-    _baseline_ids,
-    _first,
-    _max_model_len,
-    _replay,
-    _requests,
+    baseline_ids,
     earlier_prompts,
     first_key,
+    first_measurement,
+    max_model_len_of,
+    replay_groups,
+    request_tokens,
     timed_prompts,
 )
 
@@ -169,9 +169,9 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         set(grid_settings())
         | {n.settings for n in [*notes.values(), *measured.values()] if n.settings}
     )
-    sources, baseline = _baseline_ids(record)
+    sources, baseline = baseline_ids(record)
     groups = {name: requests for name, (_, requests) in baseline.items()}
-    replays = _replay(groups, settings, _max_model_len(baseline)) if groups else {}
+    replays = replay_groups(groups, settings, max_model_len_of(baseline)) if groups else {}
 
     comparisons: dict[str, dict[str, Comparison]] = {}
     observations: list[CandidateTiming] = []
@@ -179,7 +179,9 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         if note.settings is None:
             continue
         for prompt_type in record.prompt_types:
-            found = _compare(record, name, note.settings, prompt_type, baseline.get(prompt_type))
+            found = compare_prediction(
+                record, name, note.settings, prompt_type, baseline.get(prompt_type)
+            )
             if found is not None:
                 comparisons.setdefault(name, {})[prompt_type] = found
             observations += _observations(record, name, note.settings, prompt_type, baseline)
@@ -261,22 +263,22 @@ def _observations(
 ) -> list[CandidateTiming]:
     """One per timed request of a measured candidate: its TPOT, and its steps replayed on its
     own token ids (the baseline's where the candidate's were not recorded and outputs agree)."""
-    mc = _first(record, candidate, prompt_type)
+    mc = first_measurement(record, candidate, prompt_type)
     if mc is None or not mc.samples:
         return []
     prompts, earlier = timed_prompts(record, mc), earlier_prompts(record, mc)
     requests = None
     if mc.token_ids is not None and mc.token_ids.missing is None:
-        requests = _requests(prompts, earlier, mc.token_ids)
+        requests = request_tokens(prompts, earlier, mc.token_ids)
     if requests is None and prompt_type in baseline:
         mb, _ = baseline[prompt_type]
-        if _divergence(record, mb, mc, prompts) is None and mb.token_ids is not None:
-            requests = _requests(prompts, earlier, mb.token_ids, mc.token_ids)
+        if output_divergence(record, mb, mc, prompts) is None and mb.token_ids is not None:
+            requests = request_tokens(prompts, earlier, mb.token_ids, mc.token_ids)
     if requests is None:
         return []
     mml = mc.token_ids.max_model_len if mc.token_ids else None
     distinct: dict[Hashable, list[RequestTokens]] = {r: [r] for r in requests}
-    single = _replay(distinct, [settings], mml)  # each request on its own
+    single = replay_groups(distinct, [settings], mml)  # each request on its own
     noise = relative_noise(_positive([s.tpot_s for s in mc.samples]))
     return [
         CandidateTiming.from_replay(prompt_type, single[r][settings], s.tpot_s, noise)

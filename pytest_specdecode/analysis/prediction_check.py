@@ -12,12 +12,17 @@ from typing import Any, Literal
 from ..record.counters import Acceptance
 from ..record.schema import Measurement, RunRecord
 from .ngram_types import DraftRatios, NgramSettings, ReplayStats, RequestTokens
-from .prediction_inputs import _first, _replay, _requests, earlier_prompts, timed_prompts
+from .prediction_inputs import (
+    earlier_prompts,
+    first_measurement,
+    replay_groups,
+    request_tokens,
+    timed_prompts,
+)
 
-__all__ = ["AGREES", "Comparison", "Counts", "Status"]
+__all__ = ["Comparison", "Counts", "Status"]
 
 Status = Literal["exact", "within bound", "mismatch", "outputs differ", "not compared"]
-AGREES: tuple[Status, ...] = ("exact", "within bound")
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,6 @@ class Comparison:
     own: ReplayStats | None = None  # outputs differ: the candidate's own ids replayed
     own_status: Status | None = None
 
-    @property
-    def agrees(self) -> bool:
-        return self.status in AGREES
-
     def to_json(self) -> dict[str, Any]:
         return {
             "candidate": self.candidate,
@@ -87,14 +88,14 @@ def _stats_json(stats: ReplayStats | None) -> dict[str, Any] | None:
 # --- predicted against measured ----------------------------------------------------------------
 
 
-def _compare(
+def compare_prediction(
     record: RunRecord,
     candidate: str,
     settings: NgramSettings,
     prompt_type: str,
     baseline: tuple[Measurement, list[RequestTokens]] | None,
 ) -> Comparison | None:
-    mc = _first(record, candidate, prompt_type)
+    mc = first_measurement(record, candidate, prompt_type)
     if mc is None or not mc.samples:
         return None
 
@@ -108,13 +109,13 @@ def _compare(
     mb, _ = baseline
     assert mb.token_ids is not None
     prompts, earlier = timed_prompts(record, mc), earlier_prompts(record, mc)
-    requests = _requests(prompts, earlier, mb.token_ids, mc.token_ids)
+    requests = request_tokens(prompts, earlier, mb.token_ids, mc.token_ids)
     if requests is None:
         return skip("the baseline has no token ids for a prompt the candidate was timed on")
     mml = mb.token_ids.max_model_len
-    predicted = _replay({"p": requests}, [settings], mml)["p"][settings]
+    predicted = replay_groups({"p": requests}, [settings], mml)["p"][settings]
     measured = Counts.of(mc.acceptance, settings.num_speculative_tokens)
-    differs = _divergence(record, mb, mc, prompts)
+    differs = output_divergence(record, mb, mc, prompts)
     if differs is None:
         status = _agreement(predicted, measured)
         detail = f"outputs equal the baseline's; {_figures(predicted, measured, status)}"
@@ -122,9 +123,9 @@ def _compare(
     own = own_status = None
     own_text = "the candidate's own token ids were not recorded"
     if mc.token_ids is not None and mc.token_ids.missing is None:
-        own_requests = _requests(prompts, earlier, mc.token_ids)
+        own_requests = request_tokens(prompts, earlier, mc.token_ids)
         if own_requests is not None and _self_consistent(record, mc, prompts):
-            own = _replay({"p": own_requests}, [settings], mml)["p"][settings]
+            own = replay_groups({"p": own_requests}, [settings], mml)["p"][settings]
             own_status = _agreement(own, measured)
             own_text = f"its own outputs replayed: {_figures(own, measured, own_status)}"
         else:
@@ -207,7 +208,7 @@ def _texts(record: RunRecord, m: Measurement, prompt: str) -> list[str]:
     return [s.text for s, p in zip(m.samples, timed_prompts(record, m), strict=True) if p == prompt]
 
 
-def _divergence(
+def output_divergence(
     record: RunRecord, mb: Measurement, mc: Measurement, prompts: Sequence[str]
 ) -> str | None:
     """Where the candidate's outputs first differ from the baseline's; None when all equal."""

@@ -41,7 +41,7 @@ def first_key(record: RunRecord, prompt_type: str) -> str:
     return cell_key(prompt_type, levels[0], several=len(levels) > 1)
 
 
-def _requests(
+def request_tokens(
     prompts: Sequence[str], earlier: Sequence[str], ids: TokenIds, cache: TokenIds | None = None
 ) -> list[RequestTokens] | None:
     """The timed requests as the replay needs them; None when a prompt has no usable ids.
@@ -68,7 +68,7 @@ def _requests(
     return out
 
 
-def _first(record: RunRecord, arm: str, prompt_type: str) -> Measurement | None:
+def first_measurement(record: RunRecord, arm: str, prompt_type: str) -> Measurement | None:
     for phase in record.arm_phases(arm):
         key = first_key(record, prompt_type)
         if key in phase.measurements:
@@ -76,14 +76,14 @@ def _first(record: RunRecord, arm: str, prompt_type: str) -> Measurement | None:
     return None
 
 
-def _baseline_ids(
+def baseline_ids(
     record: RunRecord,
 ) -> tuple[dict[str, str], dict[str, tuple[Measurement, list[RequestTokens]]]]:
     """Per prompt type: where the baseline's ids came from (or why none), and its requests."""
     sources: dict[str, str] = {}
     found: dict[str, tuple[Measurement, list[RequestTokens]]] = {}
     for name in record.prompt_types:
-        m = _first(record, BASELINE, name)
+        m = first_measurement(record, BASELINE, name)
         if m is None:
             continue
         ids = m.token_ids
@@ -97,7 +97,7 @@ def _baseline_ids(
         if bad:
             sources[name] = f"the token ids do not reproduce the timed output: {bad[0]}"
             continue
-        requests = _requests(timed_prompts(record, m), earlier_prompts(record, m), ids)
+        requests = request_tokens(timed_prompts(record, m), earlier_prompts(record, m), ids)
         if not requests:
             sources[name] = "no token ids for the timed requests' prompts"
             continue
@@ -120,13 +120,13 @@ def _source_text(ids: TokenIds) -> str:
     )
 
 
-def _max_model_len(baseline: Mapping[str, tuple[Measurement, list[RequestTokens]]]) -> int | None:
+def max_model_len_of(baseline: Mapping[str, tuple[Measurement, list[RequestTokens]]]) -> int | None:
     lengths = [m.token_ids.max_model_len for m, _ in baseline.values() if m.token_ids]
     known = [n for n in lengths if n]
     return min(known) if known else None
 
 
-def _replay(
+def replay_groups(
     groups: Mapping[Any, Sequence[RequestTokens]],
     settings: Sequence[NgramSettings],
     max_model_len: int | None,

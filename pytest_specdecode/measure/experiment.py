@@ -202,7 +202,7 @@ class Experiment:
             return
         if self.settings.aa_only and prompt_type.name in self._ids_recorded:
             # An A/A run starts one configuration again and again: its ids, at temperature 0,
-            # are the first start's, and recording them again would cost as much as measuring.
+            # are the first start's: recording them again would only repeat them.
             first.m.token_ids = TokenIds(missing="an A/A run records them at its first start")
             return
         self._record_token_ids(first)
