@@ -130,20 +130,10 @@ def _with_lookahead(
         payload["ignore_eos"] = True
     url = f"{spec.api_base}/v1/completions"
     with _client(spec, headers, transport) as client:
-        try:
-            response = client.post(url, json=payload)
-        except httpx.HTTPError as exc:
-            raise RequestError(
-                f"{url}: the look-ahead request failed ({type(exc).__name__}: {exc or 'no detail'})"
-            ) from None
-    body = response.json() if response.status_code == 200 else None
-    choices = body.get("choices") if isinstance(body, dict) else None
-    ids = _int_list(choices[0].get("token_ids")) if choices else None
+        body = _post(client, url, payload, "look-ahead request")
+    ids = _int_list(body["choices"][0].get("token_ids"))
     if ids is None:
-        raise RequestError(
-            f"{url} gave no look-ahead token ids (HTTP {response.status_code}): "
-            f"{response.text[:300]}"
-        )
+        raise RequestError(f"{url} gave no look-ahead token ids: {str(body)[:300]}")
     return replace(
         own,
         lookahead_ids=tuple(ids[:lookahead]),
@@ -231,20 +221,24 @@ def _complete(
     if logprobs:
         payload.update(return_tokens_as_token_ids=True)
         payload["logprobs"] = True if spec.endpoint == "chat" else 1
+    return _post(client, url, payload, "token-id request")
+
+
+def _post(client: httpx.Client, url: str, payload: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """One untimed request; its answer, which has choices, or a RequestError saying why not."""
     try:
         response = client.post(url, json=payload)
     except httpx.HTTPError as exc:
         raise RequestError(
-            f"{url}: the token-id request failed ({type(exc).__name__}: {exc or 'no detail'})"
+            f"{url}: the {what} failed ({type(exc).__name__}: {exc or 'no detail'})"
         ) from None
     if response.status_code != 200:
         raise RequestError(
-            f"{url} answered HTTP {response.status_code} to the token-id request: "
-            f"{response.text[:300]}"
+            f"{url} answered HTTP {response.status_code} to the {what}: {response.text[:300]}"
         )
     body = response.json()
     if not isinstance(body, dict) or not body.get("choices"):
-        raise RequestError(f"{url}: the token-id request's answer has no choices")
+        raise RequestError(f"{url}: the {what}'s answer has no choices")
     return body
 
 
