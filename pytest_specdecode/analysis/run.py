@@ -205,7 +205,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         prediction=prediction,
         crossovers=_crossovers(points),
         dynamic_k=recommend_dynamic_k(
-            {c: record.candidates[c] for c in points}, points, max_num_seqs=_max_num_seqs(record)
+            {c: record.candidates[c] for c in points}, points, max_num_seqs=max_num_seqs(record)
         )
         if points
         else [],
@@ -250,7 +250,8 @@ def _crossovers(
     }
 
 
-def _max_num_seqs(record: RunRecord) -> int | None:
+def max_num_seqs(record: RunRecord) -> int | None:
+    """The server's --max-num-seqs, where its command says it."""
     value = option_value(record.target.command, "--max-num-seqs")
     return int(value) if value and value.isdigit() and int(value) > 0 else None
 

@@ -36,12 +36,12 @@ from ..record.schema import RunRecord
 from ..record.search import PredictedBand
 from .compare import PromptTypeVerdict
 from .cost_model import CostPrior, Prediction
-from .coverage import Coverage
-from .level_prediction import LevelPredictions, ngram_arms, predict_levels
+from .coverage import Coverage, band_coverage
+from .level_prediction import LevelPredictions, cost_prior, ngram_arms, predict_levels
 from .ngram_types import NgramSettings, grid_settings
 from .search_answer import Schedule, level_winners, schedule
 
-__all__ = ["Gain", "Reload", "SearchPolicy", "Stop", "predicted_bands"]
+__all__ = ["Gain", "Reload", "SearchPlan", "SearchPolicy", "Stop", "plan_search", "predicted_bands"]
 
 Verdicts = Mapping[str, Mapping[str, PromptTypeVerdict]]  # arm -> key -> verdict
 _USELESS = 1.0 + 1e-9  # tokens per decode step: a config that never gains a token
@@ -130,7 +130,7 @@ class SearchPolicy:
                 values=gain.settings.to_values(),
                 label=gain.settings.label,
                 kind="predicted best",
-                why=f"{why} (cost model at {gain.level}: {fit.describe()})",
+                why=f"{why}; cost model at {gain.level}: {fit.describe()}",
                 predicted=predicted_bands(found, gain.settings),
                 settings=gain.settings,
             )
@@ -326,3 +326,34 @@ def _geomean_bands(preds: Sequence[Prediction]) -> tuple[float, float, float]:
 
 def _same_values(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return dict(a) == dict(b)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What a search would do next from a run, with what it knows from stored runs."""
+
+    coverage: Coverage
+    prior: dict[str, CostPrior]
+    step: Reload | Stop
+    margin: float
+
+
+def plan_search(
+    record: RunRecord,
+    verdicts: Verdicts,
+    stored: Sequence[tuple[str, RunRecord]],
+    *,
+    name: str | None = None,
+    max_num_seqs: int | None = None,
+) -> SearchPlan:
+    """The next reload a search would make from this run (`specdecode-predict`, the dry run).
+
+    `stored`: this host's and model's stored runs by folder name (the band's coverage reads
+    them all; the cost prior every one but `name`, the run itself).
+    """
+    coverage = band_coverage(stored)
+    prior = cost_prior([(n, r) for n, r in stored if n != name], record)
+    policy = SearchPolicy(
+        margin=record.run.min_effect, prior=prior, coverage=coverage, max_num_seqs=max_num_seqs
+    )
+    return SearchPlan(coverage, prior, policy.next(record, verdicts, used=0), policy.margin)
