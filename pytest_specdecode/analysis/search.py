@@ -13,10 +13,9 @@ says what the next reload should be:
 2. **A cost model** (fitted to the measured candidates per level, or this host's stored runs'
    prior): per load level, the best untried config's predicted speedup is put against the best
    measured one (or against speculation off, 1.0, where nothing measured beats it). The gain is
-   worth a reload when
-   - its point estimate reaches the margin (`[run] min_effect`); or
-   - its band reaches the margin while the cost model at that level rests on one k, and this
-     config has another k: the reload then teaches the model what one k cannot.
+   worth a reload when its point estimate reaches the margin (`[run] min_effect`). Where none
+   does while the cost model at a level rests on one k, the best untried config with another
+   k is worth a reload if its band reaches the margin: it teaches the model what one k cannot.
    Where several levels are worth a reload, the largest gain is reloaded first.
 3. **Nothing worth a reload**: where the best measured config differs between load levels, a
    `num_speculative_tokens_per_batch_size` schedule (search_answer.schedule) is measured as one
@@ -121,7 +120,15 @@ class SearchPolicy:
         if all(found.fits.get(level) is None for level in found.levels):
             return self._teach(found)
         gains = self.gains(record, verdicts, found)
-        worth = [(g, why) for g in gains if (why := self._worth(g, record)) is not None]
+        worth = [
+            (g, why) for g in gains if g.gain >= self.margin and (why := self._worth(g, record))
+        ]
+        if not worth:  # the best with a k not yet measured, where one k leaves the cost unsplit
+            worth = [
+                (g, why)
+                for g in self.gains(record, verdicts, found, new_k=True)
+                if (why := self._worth(g, record)) is not None
+            ]
         if worth:
             gain, why = max(worth, key=lambda w: w[0].gain)
             fit = found.fits[gain.level]
@@ -145,9 +152,13 @@ class SearchPolicy:
             f"({self.margin:+.0%}): the best, {best.text}"
         )
 
-    def gains(self, record: RunRecord, verdicts: Verdicts, found: LevelPredictions) -> list[Gain]:
-        """Per level with a cost model, the best untried config against the best measured."""
+    def gains(
+        self, record: RunRecord, verdicts: Verdicts, found: LevelPredictions, *, new_k: bool = False
+    ) -> list[Gain]:
+        """Per level with a cost model, the best untried config against the best measured
+        (`new_k`: the best of those whose k was not measured yet)."""
         measured = set(ngram_arms(record).values())
+        ks = {s.num_speculative_tokens for s in measured}
         winners = level_winners(record, verdicts, margin=0.0)
         out = []
         for level in found.levels:
@@ -164,7 +175,7 @@ class SearchPolicy:
             )
             best: tuple[float, float, float, NgramSettings] | None = None
             for s in self.configs:
-                if s in measured:
+                if s in measured or (new_k and s.num_speculative_tokens in ks):
                     continue
                 found_at = [found.prediction(k, s) for k in keys]
                 if any(p is None or p.speedup is None or not p.speedup_band for p in found_at):
