@@ -49,7 +49,9 @@ from .report.plan import (
     design_lines,
     dry_run_lines,
     previous_timing,
+    search_text,
     stored_prediction,
+    stored_search_plan,
 )
 from .report.text import noise_text
 from .run_folder import api_headers, check_writable, new_run_dir
@@ -168,7 +170,11 @@ class SpecDecodeSession:
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
             noise=self._noise_plan(target.host_name),
-            predicted=stored_prediction(settings, host=target.host_name),
+            predicted=(
+                stored_search_plan(settings, host=target.host_name)
+                if settings.run.search
+                else stored_prediction(settings, host=target.host_name)
+            ),
             design=self._design_lines(target),
         )
         write_line("\n".join(lines), stream=sys.stdout)
@@ -203,6 +209,8 @@ class SpecDecodeSession:
         try:  # nothing is touched until preflight has passed; its last step takes the lock
             for step in target.plan(settings.candidates):
                 self.progress(f"plan: {step}")
+            if settings.run.search:
+                self.progress(f"plan: candidates {search_text(settings.run)}")
             self.progress(f"plan: restart noise: {self._noise_plan(target.host_name)}")
             for line in self._design_lines(target):
                 self.progress(f"plan: {line}")

@@ -13,6 +13,9 @@ import re
 
 import pytest
 
+from pytest_specdecode.record.store import RunStore
+
+from ..support.search_sim import Truth, measure, search_record
 from .test_gate import _importable_support, write_gate  # noqa: F401  (PYTHONPATH for the conftest)
 
 CONFIG = """
@@ -35,6 +38,7 @@ prompt = "coding"
 prompt = "math"
 """
 
+TRUTH = Truth(cost={"c1": (0.1, 0.03)})
 CONFTEST = """
 import json
 from pathlib import Path
@@ -126,6 +130,10 @@ def test_a_search_fills_its_slots_and_skips_the_rest_with_the_reason(
     assert re.search(r"search-1: k=\d n=\d\.\.\d \[teach\]", summary), summary
     (run,) = (pytester.path / "reports").iterdir()
     assert run.name.endswith("-search-ngram")
+    log = (run / "run.log").read_text()
+    assert "plan: candidates chosen by --spec-search ngram: up to 3 reloads, search-1" in log
+    assert re.search(r"search: reload 1 of 3: search-1 = k=\d n=\d\.\.\d \[teach\]", log), log
+    assert "search: stopped after 1 of 3 reloads: no untried config" in log
     md = (run / "summary.md").read_text()
     assert md.splitlines()[2].startswith("> **Answer:** ")
     html = (run / "report.html").read_text()
@@ -170,3 +178,36 @@ def test_search_with_candidates_is_refused_before_anything_starts(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--spec-search ngram chooses its own candidates: drop --spec-config ngram" in out
     assert not (pytester.path / "target-state.json").exists()
+
+
+def test_the_dry_run_shows_the_search_and_its_first_reload(pytester: pytest.Pytester) -> None:
+    config = CONFIG.replace('prompt = "coding"', 'prompt = "the coding prompt"').replace(
+        'prompt = "math"', 'prompt = "the math prompt"'
+    )
+    args = write_gate(pytester, CONFTEST.format(fail_at=0), config)
+    args = [a for a in args if a not in ("--spec-config", "ngram")]
+    stored = search_record(pytester.path / "sim", TRUTH)
+    stored.target.host = "scripted-host"
+    measure(stored, "k2", {"method": "ngram", "num_speculative_tokens": 2}, TRUTH)
+    measure(stored, "k6", {"method": "ngram", "num_speculative_tokens": 6}, TRUTH, seed=3)
+    (pytester.path / "reports" / "20261201T090000Z-k2-k6").mkdir(parents=True)
+    RunStore(pytester.path / "reports" / "20261201T090000Z-k2-k6", stored)
+    result = pytester.runpytest_subprocess(
+        *args, "--spec-search", "ngram", "--spec-max-reloads", "2", "--spec-dry-run"
+    )
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
+    assert "candidates: chosen by --spec-search ngram: up to 2 reloads, search-1, search-2" in out
+    assert "server starts, in order: baseline (as it runs), search-1, search-2" in out
+    assert (
+        "the search's first reload, predicted from the stored baseline of "
+        "20261201T090000Z-k2-k6 (prompt types with the same prompts: coding, math):" in out
+    )
+    timed = sum(len(m.samples) for a in ("k2", "k6") for p in stored.arm_phases(a)
+                for m in p.measurements.values())  # fmt: skip
+    assert f"cost prior at c1: {timed} observations (k=2, k=6) from 1 stored run" in out
+    assert re.search(r"search plan \(--spec-search ngram, margin \+3%, up to 2 reloads\): next "
+                     r"reload: k=\d n=\d\.\.\d \[predicted best\]", out), out  # fmt: skip
+    assert list((pytester.path / "reports").iterdir()) == [
+        pytester.path / "reports" / "20261201T090000Z-k2-k6"
+    ]  # nothing written
