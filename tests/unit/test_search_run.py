@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.analysis.search import SearchPolicy
-from pytest_specdecode.config.specconfig import SpecConfig
+from pytest_specdecode.config.specconfig import BATCH_TABLE_KEY, SpecConfig
 from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.measure.search import SearchRun, SearchStopped
 from pytest_specdecode.record.store import RunStore
@@ -42,8 +43,10 @@ def target(*, running: bool = True, **extra) -> ScriptedTarget:
 
 
 @contextmanager
-def search(tmp_path: Path, t: ScriptedTarget, *, max_reloads: int = 2) -> Iterator[SearchRun]:
-    s = synthetic.settings(tmp_path, candidates=(), samples=4, prompts=PROMPTS)
+def search(
+    tmp_path: Path, t: ScriptedTarget, *, max_reloads: int = 2, run_extra: str = ""
+) -> Iterator[SearchRun]:
+    s = synthetic.settings(tmp_path, candidates=(), samples=4, prompts=PROMPTS, run_extra=run_extra)
     (tmp_path / "run").mkdir()
     store = RunStore(tmp_path / "run", synthetic.record(s))
     with experiment_services(
@@ -143,3 +146,83 @@ def test_a_reload_that_fails_is_raised_for_its_slot_and_stops_the_search(tmp_pat
         assert "search-1" in run.record.failures
     assert no_candidate_running(t)
     assert t.events[-2:] == ["start original", "close"]
+
+
+def pays(batch_cost: float = 0.0):
+    """Configs that pay at c1: each k drafts more tokens a step for a little more per step;
+    `batch_cost` x k: each step dearer per request in flight (speculation loses in a batch)."""
+
+    def script(spec: SpecConfig) -> Script:
+        k = int(spec.values.get("num_speculative_tokens", 1))
+        speed = Speed(gap_s=0.010 * (1 + 0.02 * k), tokens=24, tokens_per_chunk=min(k, 3) + 1,
+                      text=TEXT)  # fmt: skip
+        return Script({p: speed for p in PROMPTS.values()}, token_ids=True,
+                      batch_cost=batch_cost * k)  # fmt: skip
+
+    return script
+
+
+def test_the_reload_budget_is_spent_and_never_exceeded(tmp_path: Path) -> None:
+    t = target(speculative=pays())
+    with search(tmp_path, t, max_reloads=2) as run:
+        run.complete()
+        found = run.record.search
+        assert found is not None and found.used == 2 and found.stopped is None
+        assert [r.kind for r in found.reloads] == ["teach", "predicted best"]
+        with pytest.raises(SearchStopped, match="there is no slot 3: the budget is 2"):
+            run.arm(3)
+        run.complete()  # asked again: nothing more is started
+    assert [c.name for c in t.candidates] == ["search-1", "search-2"]
+    assert no_candidate_running(t)
+    answer = analyze(run.record).search
+    assert answer is not None and "Reloads: 2 of 2." in answer.paragraph
+    assert "The search stopped" not in answer.paragraph
+    assert answer.paragraph.startswith("Turn on ngram ")
+
+
+def test_the_search_stops_when_no_untried_config_beats_the_best_by_the_margin(
+    tmp_path: Path,
+) -> None:
+    t = target(speculative=pays())
+    with search(tmp_path, t, max_reloads=3) as run:
+        run.complete()
+        found = run.record.search
+        assert found is not None and found.used < 3
+        assert found.stopped is not None
+        assert found.stopped.startswith(
+            "no untried config is predicted to beat the best measured by the margin (+3%)"
+        )
+        with pytest.raises(SearchStopped, match="no untried config is predicted"):
+            run.arm(3)
+    assert len(t.candidates) == found.used
+    assert no_candidate_running(t)
+    answer = analyze(run.record).search
+    assert answer is not None
+    assert f"Reloads: {found.used} of 3. The search stopped: no untried config" in (
+        answer.paragraph
+    )
+
+
+def test_the_choice_is_made_per_level_and_a_changing_best_is_measured_as_a_schedule(
+    tmp_path: Path,
+) -> None:
+    # Speculation pays alone (c1) and costs in a batch (c4): the best changes with load.
+    t = target(speculative=pays(batch_cost=0.3))
+    with search(tmp_path, t, max_reloads=3, run_extra="concurrency = [1, 4]") as run:
+        run.complete()
+        found = run.record.search
+        assert found is not None and found.used == 3
+        assert {k.split("@")[1] for r in found.reloads for k in r.predicted} == {"c1", "c4"}
+        last = found.reloads[-1]
+        assert last.kind == "schedule" and BATCH_TABLE_KEY in last.values
+        table = last.values[BATCH_TABLE_KEY]
+        assert table[0][0] == 1 and table[0][2] > 0  # speculation on alone
+        assert table[-1][2] == 0  # and off in the largest batches
+    assert no_candidate_running(t)
+    answer = analyze(run.record).search
+    assert answer is not None
+    winners = answer.winners
+    assert winners["c1"] is not None and winners["c1"].on
+    assert winners["c4"] is None or not winners["c4"].on
+    assert "at concurrency <= 1. At c4, keep it off (or use this schedule: " in answer.paragraph
+    assert "measured as search-3" in answer.paragraph
