@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,23 +45,22 @@ from .cost_model import (
     relative_noise,
 )
 from .level_acceptance import (
-    _ahead,
-    _cache,
-    _captures,
-    _earlier,
-    _max_model_len,
     acceptance_by_level,
+    baseline_captures,
+    lookahead_of,
+    prefix_block_size,
+    record_max_model_len,
+    sent_times,
 )
-from .ngram_replay import grid
 from .ngram_types import (
     NgramSettings,
     ReplayStats,
     RequestTokens,
-    aggregate,
     effective_settings,
     prefix_cached_tokens,
     unsupported_reason,
 )
+from .prediction_inputs import replay_groups
 
 __all__ = [
     "KeyModel",
@@ -146,7 +144,7 @@ def predict_levels(
     replays = _replay(
         {k: m.requests for k, m in models.items() if m.level not in withheld},
         sorted(set(settings)),
-        _max_model_len(record),
+        record_max_model_len(record),
     )
     fits: dict[str, CostFit | None] = {}
     restart_sd = noise.best_estimate(record)["throughput"].sd
@@ -183,7 +181,7 @@ def observations(record: RunRecord, level: str) -> list[CandidateTiming]:
     """One per timed request of each measured n-gram candidate at this level: its TPOT, and
     its steps replayed on its own output ids."""
     out: list[CandidateTiming] = []
-    mml = _max_model_len(record)
+    mml = record_max_model_len(record)
     for arm, settings in ngram_arms(record).items():
         for phase in record.arm_phases(arm):
             for m in phase.measurements.values():
@@ -300,9 +298,9 @@ def _own_requests(
     captures: dict[str, CapturedTokens] = {}
     if m.token_ids is not None and m.token_ids.missing is None:
         captures = {t: c for t, c in m.token_ids.prompts.items() if c.consistent and c.output_ids}
-    baseline = _captures(record, m.prompt_type)
-    seen = _earlier(phase, prompts, m.prompt_type)
-    cache = _cache(phase, m.prompt_type)
+    baseline = baseline_captures(record, m.prompt_type)
+    seen = sent_times(phase, prompts, m.prompt_type)
+    cache = prefix_block_size(phase, m.prompt_type)
     out: list[tuple[Any, RequestTokens | None]] = []
     for s in m.samples:
         text = prompts[s.prompt_index or 0].text
@@ -315,7 +313,7 @@ def _own_requests(
         cached = 0
         if cache and any(t < s.started_at for t in seen.get(text, ())):
             cached = prefix_cached_tokens(len(prompt_ids), cache)
-        out.append((s, RequestTokens.of(prompt_ids, output, _ahead(capture, output), cached)))
+        out.append((s, RequestTokens.of(prompt_ids, output, lookahead_of(capture, output), cached)))
     return out
 
 
@@ -332,41 +330,8 @@ def _replay(
     settings: Sequence[NgramSettings],
     max_model_len: int | None,
 ) -> dict[str, dict[NgramSettings, ReplayStats]]:
-    """Each group's requests under every config, aggregated; repeated requests replayed once."""
+    """Each group's requests under every config, aggregated (prediction_inputs.replay_groups);
+    an empty group or an empty grid predicts nothing."""
     if not settings:
         return {name: {} for name in groups}
-    distinct = {name: Counter(requests) for name, requests in groups.items()}
-    keyed = {
-        f"{name}#{j}": [request]
-        for name, counts in distinct.items()
-        for j, request in enumerate(counts)
-    }
-    replayed = grid(keyed, settings, max_model_len=max_model_len)
-    return {
-        name: {
-            s: aggregate(
-                [_times(replayed[f"{name}#{j}"][s], n) for j, n in enumerate(counts.values())]
-            )
-            for s in settings
-        }
-        for name, counts in distinct.items()
-        if counts
-    }
-
-
-def _times(stats: ReplayStats, n: int) -> ReplayStats:
-    """One request's replay counted n times."""
-    if n == 1:
-        return stats
-    return dataclasses.replace(
-        stats,
-        requests=stats.requests * n,
-        output_tokens=stats.output_tokens * n,
-        steps=stats.steps * n,
-        drafts=stats.drafts * n,
-        draft_tokens=stats.draft_tokens * n,
-        accepted=stats.accepted * n,
-        accepted_per_position=tuple(x * n for x in stats.accepted_per_position),
-        unverified_tokens=stats.unverified_tokens * n,
-        accepted_per_position_max=tuple(x * n for x in stats.accepted_per_position_max),
-    )
+    return replay_groups({n: r for n, r in groups.items() if r}, settings, max_model_len)

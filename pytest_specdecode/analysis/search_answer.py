@@ -26,7 +26,7 @@ from ..config.arms import cell_key
 from ..config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 from ..record.schema import RunRecord
 from .compare import PromptTypeVerdict
-from .coverage import NOMINAL
+from .coverage import NOMINAL, CoverageCase
 from .crossover import DEFAULT_MAX_BATCH, batch_boundaries
 from .level_prediction import config_settings
 from .ngram_types import NgramSettings
@@ -75,21 +75,13 @@ class Schedule:
 
 
 @dataclass(frozen=True)
-class BandCheck:
-    """A reload's measured tok/s against the band predicted before it, on one measurement."""
-
-    arm: str
-    label: str
-    key: str
-    prompt_type: str
-    predicted: float
-    low: float
-    high: float
-    measured: float
+class BandCheck(CoverageCase):
+    """A reload's measured tok/s against the band predicted before it, on one measurement (a
+    held-out case of this run: `config` is the reload's label)."""
 
     @property
-    def inside(self) -> bool:
-        return self.low <= self.measured <= self.high
+    def label(self) -> str:
+        return self.config
 
     @property
     def text(self) -> str:
@@ -99,18 +91,6 @@ class BandCheck:
             f"the band predicted before its reload, {self.predicted:.1f} "
             f"[{self.low:.1f}, {self.high:.1f}]"
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "arm": self.arm,
-            "label": self.label,
-            "key": self.key,
-            "prompt_type": self.prompt_type,
-            "predicted": self.predicted,
-            "band": [self.low, self.high],
-            "measured": self.measured,
-            "inside": self.inside,
-        }
 
 
 @dataclass(frozen=True)
@@ -301,14 +281,15 @@ def band_checks(record: RunRecord) -> list[BandCheck]:
             )
             out.append(
                 BandCheck(
-                    reload.arm,
-                    reload.label,
-                    key,
-                    m.prompt_type,
-                    band.tokens_per_s,
-                    band.low,
-                    band.high,
-                    statistics.median(values),
+                    run="this run",
+                    arm=reload.arm,
+                    config=reload.label,
+                    prompt_type=m.prompt_type,
+                    key=key,
+                    predicted=band.tokens_per_s,
+                    low=band.low,
+                    high=band.high,
+                    measured=statistics.median(values),
                 )
             )
     return out
