@@ -111,7 +111,8 @@ def test_the_search_picks_its_reloads_by_prediction(run: Run) -> None:
 def test_each_reload_is_an_ordinary_candidate_and_none_is_left_running(run: Run) -> None:
     assert set(run.record.phases) == {BASELINE, *SLOTS}
     assert {arm: run.record.candidates[arm] for arm in SLOTS} == {
-        r.arm: r.values for r in run.record.search.reloads  # type: ignore[union-attr]
+        r.arm: r.values
+        for r in run.record.search.reloads  # type: ignore[union-attr]
     }
     found = outcomes(run.stdout)
     for slot in SLOTS:  # confirmed by its own verdict tests, none skipped
