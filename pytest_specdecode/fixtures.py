@@ -18,6 +18,7 @@ from .config.arms import BASELINE, cell_key
 from .config.load import LoadLevel
 from .config.settings import PromptType, Settings
 from .measure.experiment import Experiment
+from .measure.search import SearchStopped
 from .record.schema import Measurement, Phase
 from .session import SpecDecodeSession, session_of
 
@@ -42,17 +43,31 @@ def specdecode_experiment(
 
 
 @pytest.fixture(scope="session")
-def specdecode_phase(request: pytest.FixtureRequest, specdecode_experiment: Experiment) -> Phase:
-    """The measurements of one arm, over all its starts: 'baseline' or a candidate's name."""
-    return specdecode_experiment.arm(request.param)
+def specdecode_phase(
+    request: pytest.FixtureRequest,
+    specdecode_session: SpecDecodeSession,
+    specdecode_experiment: Experiment,
+) -> Phase:
+    """The measurements of one arm, over all its starts: 'baseline' or a candidate's name (a
+    search's slot, search-1 .., is its config once the search chose it)."""
+    return _arm(specdecode_session, request.param)
 
 
 @pytest.fixture(scope="session")
 def specdecode_candidate(
-    request: pytest.FixtureRequest, specdecode_experiment: Experiment
+    request: pytest.FixtureRequest,
+    specdecode_session: SpecDecodeSession,
+    specdecode_experiment: Experiment,
 ) -> Phase:
     """A candidate's measurements over all its starts, after the baseline's."""
-    return specdecode_experiment.arm(request.param)
+    return _arm(specdecode_session, request.param)
+
+
+def _arm(session: SpecDecodeSession, name: str) -> Phase:
+    try:
+        return session.arm(name)
+    except SearchStopped as stopped:
+        pytest.skip(f"the search stopped before {name}: {stopped}")
 
 
 @pytest.fixture

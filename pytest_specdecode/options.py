@@ -47,6 +47,8 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "rate": opt("spec_rate"),
             "alpha": opt("spec_alpha"),
             "min_effect": opt("spec_min_effect"),
+            "search": opt("spec_search"),
+            "max_reloads": opt("spec_max_reloads"),
         },
     )
 

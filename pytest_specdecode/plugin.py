@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from . import fixtures, hookspecs, standard
-from .config.settings import Settings
+from .config.settings import SEARCH_METHODS, Settings
 from .errors import ConfigError
 from .options import settings_from_options
+from .record.search import slot_name
 from .session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
@@ -21,6 +22,7 @@ from .targets.lifecycle import interrupt_on_signals
 GROUP = "specdecode"
 _EXPERIMENT_OPTIONS = (
     "spec_config",
+    "spec_search",
     "spec_file",
     "spec_host",
     "spec_dry_run",
@@ -50,6 +52,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="a candidate: a preset name from the config file or inline JSON for vLLM's "
         "--speculative-config; repeat for several candidates. 'baseline' starts the original's "
         "own configuration again (A/A: measures the restart noise)",
+    )
+    add(
+        "--spec-search",
+        choices=SEARCH_METHODS,
+        default=None,
+        help="search the n-gram configs for the best at this load, with the fewest reloads: "
+        "each reload chosen by the replay's prediction, confirmed by its own verdict tests "
+        "(search-1 .. search-N)",
+    )
+    add(
+        "--spec-max-reloads",
+        type=int,
+        metavar="N",
+        help="--spec-search: the most candidates it may start (default [run] max_reloads, 3)",
     )
     add(
         "--spec-file",
@@ -275,6 +291,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     settings = session_of(metafunc.config).settings
     candidates = [c.name for c in settings.candidates]
+    if settings.run.search:  # the search's slots: each resolved to its config at run time
+        candidates += [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
     if "specdecode_phase" in metafunc.fixturenames:
         metafunc.parametrize(
             "specdecode_phase", ["baseline", *candidates], indirect=True, scope="session"

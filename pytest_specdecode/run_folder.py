@@ -28,7 +28,9 @@ def api_headers(settings: Settings) -> dict[str, str]:
 def new_run_dir(settings: Settings) -> Path:
     """This run's own folder under the reports dir: a name no other run has taken."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    label = "-".join(c.name for c in settings.candidates) or "baseline-only"
+    label = "-".join(c.name for c in settings.candidates) or (
+        f"search-{settings.run.search}" if settings.run.search else "baseline-only"
+    )
     label = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:60]
     run_dir = settings.reports_dir / f"{stamp}-{label}"
     suffix = 1

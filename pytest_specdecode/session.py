@@ -24,19 +24,21 @@ from .analysis.compare import PromptTypeVerdict
 from .analysis.design import check_design
 from .analysis.restarts import RestartNoise
 from .analysis.reuse import stored_baseline
-from .analysis.run import RunAnalysis, analyze
+from .analysis.run import RunAnalysis, analyze, max_num_seqs
 from .config.arms import BASELINE, BASELINE_AFTER
 from .config.settings import Settings
-from .config.specconfig import VllmFacts
+from .config.specconfig import SpecConfig, VllmFacts, validate_spec_values
 from .errors import ConfigError, HostError, SpecDecodeError
 from .measure.environment import environment
 from .measure.experiment import Experiment
+from .measure.search import SearchRun
 from .measure.traffic import quiet, rate_text
 from .options import settings_from_options
 from .progress import ProgressLog, write_line
 from .record.counters import TrafficWatch
 from .record.profile import add_entry, profile_path, profiles_dir, read_profile
-from .record.schema import RunRecord, TargetInfo
+from .record.schema import Phase, RunRecord, TargetInfo
+from .record.search import SEARCH_PREFIX
 from .record.store import RunStore, stored_runs
 from .redaction import redact_argv, redact_env, redact_text
 from .report import Written, write_reports
@@ -47,7 +49,9 @@ from .report.plan import (
     design_lines,
     dry_run_lines,
     previous_timing,
+    search_text,
     stored_prediction,
+    stored_search_plan,
 )
 from .report.text import noise_text
 from .run_folder import api_headers, check_writable, new_run_dir
@@ -83,6 +87,7 @@ class SpecDecodeSession:
         self.settings = settings
         self.run_dir = new_run_dir(settings)  # created once the run really starts
         self.experiment: Experiment | None = None
+        self.search: SearchRun | None = None  # --spec-search: its slots, resolved on demand
         self.written: Written | None = None
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
@@ -102,7 +107,8 @@ class SpecDecodeSession:
         if path:
             stored_baseline(path, self.settings)
         check_writable(self.settings.reports_dir)
-        if self.settings.candidates and self.writes_html:  # a run; the dry run checks its own
+        wanted = self.settings.candidates or self.settings.run.search
+        if wanted and self.writes_html:  # a run; the dry run checks its own
             self._use_facts(self._validated())
 
     def _use_facts(self, facts: VllmFacts) -> None:
@@ -164,7 +170,11 @@ class SpecDecodeSession:
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
             noise=self._noise_plan(target.host_name),
-            predicted=stored_prediction(settings, host=target.host_name),
+            predicted=(
+                stored_search_plan(settings, host=target.host_name)
+                if settings.run.search
+                else stored_prediction(settings, host=target.host_name)
+            ),
             design=self._design_lines(target),
         )
         write_line("\n".join(lines), stream=sys.stdout)
@@ -199,6 +209,8 @@ class SpecDecodeSession:
         try:  # nothing is touched until preflight has passed; its last step takes the lock
             for step in target.plan(settings.candidates):
                 self.progress(f"plan: {step}")
+            if settings.run.search:
+                self.progress(f"plan: candidates {search_text(settings.run)}")
             self.progress(f"plan: restart noise: {self._noise_plan(target.host_name)}")
             for line in self._design_lines(target):
                 self.progress(f"plan: {line}")
@@ -241,6 +253,8 @@ class SpecDecodeSession:
                     outside=self._known(target.host_name, version=None),
                     request_metrics_note=self.request_metrics_note,
                 )
+                if settings.run.search:
+                    self.search = self._search(self.experiment, target.host_name)
                 if target.adopts_running_original and board.was_active:
                     self._watch_traffic(board.original)
                 yield self.experiment
@@ -248,6 +262,50 @@ class SpecDecodeSession:
             if store is not None and board is not None and board.restore_report is not None:
                 store.record.restore = board.restore_report
                 store.flush()
+
+    def _search(self, experiment: Experiment, host: str) -> SearchRun:
+        """--spec-search: each reload chosen by prediction, checked by the host's vLLM as any
+        candidate is, and measured by the experiment (whose teardown is the restore)."""
+        run, model = self.settings.run, self.settings.target.model
+        assert run.search is not None
+
+        def stored() -> list[tuple[str, RunRecord]]:
+            found = stored_runs(self.settings.reports_dir, host=host, model=model)
+            return [(folder.name, r) for folder, r in found if folder != self.run_dir]
+
+        def prepare(spec: SpecConfig) -> SpecConfig:
+            values = validate_spec_values(spec.values, source=spec.name, facts=self.vllm_facts)
+            checked = SpecConfig(spec.name, values)
+            facts = self.vllm_facts
+            return with_request_metrics((checked,), facts)[0] if facts else checked
+
+        return SearchRun(
+            experiment,
+            method=run.search,
+            max_reloads=run.max_reloads,
+            margin=run.min_effect,
+            stored=stored,
+            prepare=prepare,
+            progress=self.progress,
+            before_choice=self._known_noise,
+            max_num_seqs=max_num_seqs(experiment.record),
+        )
+
+    def arm(self, name: str) -> Phase:
+        """An arm's measurements over all its starts; a search's slot resolved first (raises
+        SearchStopped where the search did not reach it)."""
+        assert self.experiment is not None
+        if self.search is not None and name.startswith(SEARCH_PREFIX):
+            slot = name.removeprefix(SEARCH_PREFIX)
+            if slot.isdigit():
+                name = self.search.arm(int(slot))
+        return self.experiment.arm(name)
+
+    def describe(self, candidate: str) -> str:
+        """A candidate as its tests name it: a search's slot with the config it chose."""
+        search = self.experiment.record.search if self.experiment else None
+        found = search.reload_of(candidate) if search else None
+        return f"{candidate} ({found.label})" if found else candidate
 
     def _open_target(self, log_dir: Path) -> Target:
         return self.config.hook.pytest_specdecode_open_target(
@@ -325,6 +383,8 @@ class SpecDecodeSession:
         if self._analysis is not None:
             return self._analysis
         self.experiment.measure_all()
+        if self.search is not None:
+            self.search.complete()
         record = self._record()
         aba = self.config.getoption("spec_aba") and not record.arm_phases(BASELINE_AFTER)
         if aba and record.arm_phases(BASELINE) and record.measured_candidates:

@@ -16,15 +16,24 @@ Every measured (prompt type, candidate) pair therefore gives one observation
     r = TPOT_candidate * tau / t0 - 1 = b + c * m_bar.
 
 Fitting (:func:`fit_cost`):
-- at least 3 observations whose m_bar spread by >= 0.1: least squares for b and c (both >= 0,
-  scipy's `lsq_linear`). The band is a 95% prediction interval for a new observation,
-  t(n - 2) * sqrt(x' S x + s^2), from the parameter covariance S and the residual variance s^2.
+- at least 3 observations whose m_bar spread by >= 0.1, from at least two measured k
+  (`num_speculative_tokens`): least squares for b and c (both >= 0, scipy's `lsq_linear`). One
+  k cannot separate them: with one k, a cost per drafting step and a cost per draft token both
+  grow with the share of steps that draft, so the fit's split between b and c would rest on
+  nothing, and so would its extrapolation to another k. The band is a 95% prediction interval
+  for a new observation, t(n - 2) * sqrt(x' S x + s^2), from the parameter covariance S and the
+  residual variance s^2.
   Its low end stays at or above 1 - t(n - 2) * s: a speculative step does more work than a
   plain one, so it cannot cost less, except by measurement noise. One observation per timed
   request (rather than per median) gives the fit its degrees of freedom;
 - otherwise b and c cannot be told apart. The band spans both extremes, all cost per draft
   token (b = 0) and all cost fixed per step (c = 0), widened by the measured TPOT noise. The
-  point estimate takes b = 0.
+  point estimate lies halfway between them.
+
+A prior (:class:`CostPrior`): the observations of this host's stored runs (same model, vLLM
+version and GPUs), each relative to its own run's baseline. While the run's own observations
+cannot separate b and c, they are pooled with the prior's; once the run measured two k of its
+own, its own fit stands alone.
 
 Prediction (:func:`predict`): for each replayed config, TPOT = t0 * (1 + b + c * m_bar) / tau,
 tok/s = N / (TTFT + (N - 1) * TPOT) with the baseline's TTFT and output length, and the
@@ -32,7 +41,9 @@ speedup against the baseline by the same formula. The band of the TPOT combines 
 cost's band with the baseline TPOT's own noise (`BaselineTiming.tpot_noise`), in quadrature:
 the prediction scales with t0, which the baseline measured from a few requests, and the errors
 this shares across a prompt type's observations are not in the fit's residuals. So does the
-restart noise: the config would run in a server start of its own.
+restart noise: the config would run in a server start of its own. Where the band's coverage over
+stored runs fell short of its nominal 95% (analysis/coverage.py), `widen` scales it per prompt
+type.
 Without a measured candidate the cost is
 unknown: only the ceiling (tok/s if a speculative step cost no more than a plain one) is given.
 
@@ -46,7 +57,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import optimize, stats
@@ -57,6 +68,8 @@ __all__ = [
     "BaselineTiming",
     "CandidateTiming",
     "CostFit",
+    "CostPoint",
+    "CostPrior",
     "Prediction",
     "Recommendation",
     "fit_cost",
@@ -93,6 +106,7 @@ class CandidateTiming:
     decode_tokens_per_step: float  # tau
     draft_tokens_per_step: float  # m_bar
     tpot_noise: float = 0.0
+    k: int | None = None  # num_speculative_tokens of the measured config
 
     @classmethod
     def from_replay(
@@ -105,6 +119,49 @@ class CandidateTiming:
             decode_tokens_per_step=replay.decode_tokens_per_step,
             draft_tokens_per_step=replay.draft_tokens_per_step,
             tpot_noise=tpot_noise,
+            k=replay.settings.num_speculative_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """One observation as the fit reads it: r = b + c * m, measured at m with this k."""
+
+    draft_tokens_per_step: float  # m
+    relative_cost: float  # r: the step's extra cost in baseline steps
+    k: int | None
+    noise: float = 0.0  # the larger of its own and its baseline's relative TPOT noise
+
+    def to_json(self) -> list[Any]:
+        return [round(self.draft_tokens_per_step, 5), round(self.relative_cost, 5), self.k,
+                round(self.noise, 5)]  # fmt: skip
+
+    @classmethod
+    def from_json(cls, row: Sequence[Any]) -> CostPoint:
+        return cls(float(row[0]), float(row[1]), None if row[2] is None else int(row[2]),
+                   float(row[3]))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CostPrior:
+    """What this host's stored runs measured of a speculative step's cost, and which runs."""
+
+    points: tuple[CostPoint, ...]
+    runs: tuple[str, ...]  # the stored runs' folder names
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted({p.k for p in self.points if p.k is not None})
+
+    @property
+    def text(self) -> str:
+        if not self.points:
+            return "no stored run of this host, model, vLLM version and GPUs measured n-gram"
+        ks = ", ".join(f"k={k}" for k in self.ks)
+        return (
+            f"{len(self.points)} observations ({ks}) from {len(self.runs)} stored run"
+            f"{'s' if len(self.runs) != 1 else ''} of this host, model, vLLM version and GPUs: "
+            + ", ".join(self.runs)
         )
 
 
@@ -121,6 +178,14 @@ class CostFit:
     t_quantile: float = _Z95
     extremes: tuple[tuple[float, float], ...] = ()  # (b, c) pairs spanned by the bounds method
     noise: float = 0.0  # relative TPOT noise added to the bounds method's band
+    ks: tuple[int, ...] = ()  # the measured k the observations came from
+    prior_runs: tuple[str, ...] = ()  # stored runs whose observations were pooled in
+    prior_observations: int = 0
+
+    @property
+    def separated(self) -> bool:
+        """Whether b and c were told apart (two k or more measured, by the run or its prior)."""
+        return self.method == "least-squares"
 
     def step_cost(self, draft_tokens_per_step: float) -> tuple[float, float, float]:
         """A speculative step's cost in baseline steps, 1 + b + c*m: (estimate, low, high)."""
@@ -139,11 +204,21 @@ class CostFit:
         return point, max(low, 1e-6), max(high, 1e-6)
 
     def describe(self) -> str:
-        how = (
-            f"least squares over {self.observations} observations"
-            if self.method == "least-squares"
-            else f"{self.observations} observation(s): fixed and per-token cost not separable"
-        )
+        ks = ", ".join(f"k={k}" for k in self.ks)
+        own = self.observations - self.prior_observations
+        if self.method == "least-squares":
+            how = f"least squares over {self.observations} observations ({ks})"
+        else:
+            why = f"one k measured ({ks})" if ks else "one k measured"
+            how = (
+                f"{self.observations} observation(s): fixed and per-token cost not separable, "
+                f"{why}; the band spans both"
+            )
+        if self.prior_observations:
+            how += (
+                f"; {own} of this run, {self.prior_observations} from stored runs "
+                f"{', '.join(self.prior_runs)}"
+            )
         return (
             f"t_step = t0 * (1 + {self.overhead:.3f} + {self.per_token:.3f} * draft tokens) ({how})"
         )
@@ -196,48 +271,87 @@ def relative_noise(samples: Sequence[float]) -> float:
     return float(t * values.std(ddof=1) / math.sqrt(values.size) / values.mean())
 
 
-def fit_cost(
+def cost_points(
     baselines: Mapping[str, BaselineTiming], candidates: Sequence[CandidateTiming]
+) -> list[CostPoint]:
+    """Each measured candidate's request as the fit reads it, relative to its baseline."""
+    return [
+        CostPoint(
+            c.draft_tokens_per_step,
+            c.tpot_s * c.decode_tokens_per_step / baselines[c.prompt_type].tpot_s - 1.0,
+            c.k,
+            max(c.tpot_noise, baselines[c.prompt_type].tpot_noise),
+        )
+        for c in candidates
+        if c.prompt_type in baselines and c.decode_tokens_per_step > 0
+    ]
+
+
+def fit_cost(
+    baselines: Mapping[str, BaselineTiming],
+    candidates: Sequence[CandidateTiming],
+    *,
+    prior: CostPrior | None = None,
 ) -> CostFit | None:
-    """b and c from measured candidates (see the module docstring); None without any."""
-    obs = [c for c in candidates if c.prompt_type in baselines and c.decode_tokens_per_step > 0]
-    if not obs:
+    """b and c from measured candidates (see the module docstring); None without any.
+
+    With a `prior`, the run's own observations are pooled with the stored runs' until they
+    separate b and c by themselves.
+    """
+    own = cost_points(baselines, candidates)
+    if _separable(own) or prior is None or not prior.points:
+        return fit_points(own)
+    return fit_points([*own, *prior.points], prior=prior)
+
+
+def fit_points(points: Sequence[CostPoint], *, prior: CostPrior | None = None) -> CostFit | None:
+    """The fit over these observations: least squares where they separate b and c."""
+    if not points:
         return None
-    m = np.array([c.draft_tokens_per_step for c in obs])
-    r = np.array(
-        [c.tpot_s * c.decode_tokens_per_step / baselines[c.prompt_type].tpot_s - 1.0 for c in obs]
-    )
-    if len(obs) >= 3 and float(m.max() - m.min()) >= _MIN_SPREAD:
+    m = np.array([p.draft_tokens_per_step for p in points])
+    r = np.array([p.relative_cost for p in points])
+    ks = tuple(sorted({p.k for p in points if p.k is not None}))
+    from_prior = len(prior.points) if prior else 0
+    pooled = {"ks": ks, "prior_runs": prior.runs if prior else (), "prior_observations": from_prior}
+    if _separable(points):
         design = np.column_stack([np.ones_like(m), m])
         solution = optimize.lsq_linear(design, r, bounds=(0.0, np.inf))
         b, c = (float(v) for v in solution.x)
-        dof = len(obs) - 2
+        dof = len(points) - 2
         residual_var = float(np.sum((r - design @ solution.x) ** 2) / dof)
         cov = residual_var * np.linalg.inv(design.T @ design)
         return CostFit(
             overhead=b,
             per_token=c,
             method="least-squares",
-            observations=len(obs),
+            observations=len(points),
             covariance=((cov[0, 0], cov[0, 1]), (cov[1, 0], cov[1, 1])),
             residual_var=residual_var,
             t_quantile=float(stats.t.ppf(0.975, dof)),
+            **pooled,
         )
     r_mean = max(float(r.mean()), 0.0)
     m_mean = float(m.mean())
-    noise = max(
-        [c.tpot_noise for c in obs] + [baselines[c.prompt_type].tpot_noise for c in obs],
-        default=0.0,
-    )
+    noise = max((p.noise for p in points), default=0.0)
     per_token_only = (0.0, r_mean / m_mean) if m_mean > 0 else (r_mean, 0.0)
+    fixed_only = (r_mean, 0.0)
     return CostFit(
-        overhead=per_token_only[0],
-        per_token=per_token_only[1],
+        overhead=(per_token_only[0] + fixed_only[0]) / 2,  # halfway between the extremes
+        per_token=(per_token_only[1] + fixed_only[1]) / 2,
         method="bounds",
-        observations=len(obs),
-        extremes=(per_token_only, (r_mean, 0.0)),
+        observations=len(points),
+        extremes=(per_token_only, fixed_only),
         noise=noise,
+        **pooled,
     )
+
+
+def _separable(points: Sequence[CostPoint]) -> bool:
+    """Enough observations, spread in draft tokens per step, from two k or more."""
+    if len(points) < 3 or len({p.k for p in points if p.k is not None}) < 2:
+        return False
+    m = [p.draft_tokens_per_step for p in points]
+    return max(m) - min(m) >= _MIN_SPREAD
 
 
 def predict(
@@ -246,11 +360,14 @@ def predict(
     fit: CostFit | None,
     *,
     restart_sd: float = 0.0,
+    widen: Mapping[str, float] | None = None,
 ) -> dict[str, dict[NgramSettings, Prediction]]:
     """tok/s and speedup, with a band, for every replayed config and prompt type.
 
     `restart_sd` is the restart noise (log scale): the config would run in a server start of
     its own, compared with the baseline's, so 95% of that difference of two starts joins the band.
+    `widen` scales a prompt type's band (its coverage over stored runs fell short, see
+    analysis/coverage.py).
     """
     start = _Z95 * restart_sd * math.sqrt(2.0)
     out: dict[str, dict[NgramSettings, Prediction]] = {}
@@ -276,8 +393,9 @@ def predict(
                 cost, cost_low, cost_high = fit.step_cost(m)
                 tpot = base.tpot_s * cost / tau
                 # The prediction scales with t0, itself measured: its noise joins the band.
-                below = math.hypot((cost - cost_low) / cost, base.tpot_noise, start)
-                above = math.hypot((cost_high - cost) / cost, base.tpot_noise, start)
+                scale = (widen or {}).get(name, 1.0)
+                below = scale * math.hypot((cost - cost_low) / cost, base.tpot_noise, start)
+                above = scale * math.hypot((cost_high - cost) / cost, base.tpot_noise, start)
                 rate = _tokens_per_s(base, tpot)
                 band = (
                     _tokens_per_s(base, tpot * (1.0 + above)),

@@ -24,7 +24,7 @@ def family_size(settings: Settings) -> int:
 def check_design(settings: Settings) -> None:
     """Refuse a design whose requests could never show a difference: every verdict would be
     inconclusive, and the run a waste of reloads."""
-    if not settings.candidates:
+    if not settings.candidates and not settings.run.search:
         return
     run = settings.run
     family = family_size(settings)

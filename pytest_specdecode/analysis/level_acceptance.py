@@ -239,9 +239,9 @@ def _replayed(
     settings: NgramSettings,
 ) -> LevelAcceptance:
     """The step checks and the prediction of one n-gram measurement."""
-    captures = _captures(record, entry.prompt_type)
+    captures = baseline_captures(record, entry.prompt_type)
     references = _baseline_outputs(record, entry.key)
-    mml = _max_model_len(record)
+    mml = record_max_model_len(record)
     checks: list[StepCheck] = []
     own_checks: list[StepCheck] = []
     predicted_requests: list[RequestTokens] = []
@@ -249,8 +249,8 @@ def _replayed(
     from_capture = 0
     prompts = record.prompt_types[entry.prompt_type].prompts
     for phase, m in windows:
-        seen = _earlier(phase, prompts, entry.prompt_type)
-        cache = _cache(phase, entry.prompt_type)
+        seen = sent_times(phase, prompts, entry.prompt_type)
+        cache = prefix_block_size(phase, entry.prompt_type)
         for s in m.samples:
             text = prompts[s.prompt_index or 0].text
             capture = captures.get(text)
@@ -264,7 +264,9 @@ def _replayed(
             if prompt_ids is None or not reference:
                 missing += 1
                 continue
-            request = RequestTokens.of(prompt_ids, reference, _ahead(capture, reference), cached)
+            request = RequestTokens.of(
+                prompt_ids, reference, lookahead_of(capture, reference), cached
+            )
             predicted_requests.append(request)
             found = read(s.spec_decode)
             if found is None or not found.detailed:
@@ -273,7 +275,7 @@ def _replayed(
             checks.append(check_steps(found.steps, replay, output_ids=s.output_ids))
             if s.output_ids:
                 mine = RequestTokens.of(
-                    prompt_ids, s.output_ids, _ahead(capture, s.output_ids), cached
+                    prompt_ids, s.output_ids, lookahead_of(capture, s.output_ids), cached
                 )
                 own = StepReplay(mine, settings, max_model_len=mml)
                 own_checks.append(check_steps(found.steps, own, output_ids=s.output_ids))
@@ -310,7 +312,7 @@ def _basis(entry: LevelAcceptance, replayed: int, missing: int, from_capture: in
     return text + (f", and its recorded ids for {from_capture} more" if from_capture else "")
 
 
-def _captures(record: RunRecord, prompt_type: str) -> dict[str, CapturedTokens]:
+def baseline_captures(record: RunRecord, prompt_type: str) -> dict[str, CapturedTokens]:
     """The baseline's untimed token-id captures of a prompt type, by prompt text (consistent
     ones only): the look-ahead that makes a last step exact."""
     out: dict[str, CapturedTokens] = {}
@@ -335,14 +337,14 @@ def _baseline_outputs(record: RunRecord, key: str) -> dict[int | None, list[int]
     return out
 
 
-def _ahead(capture: CapturedTokens | None, output: Sequence[int]) -> tuple[int, ...]:
+def lookahead_of(capture: CapturedTokens | None, output: Sequence[int]) -> tuple[int, ...]:
     """The capture's look-ahead, where its output is this one."""
     if capture is not None and list(capture.output_ids) == list(output):
         return capture.lookahead_ids
     return ()
 
 
-def _max_model_len(record: RunRecord) -> int | None:
+def record_max_model_len(record: RunRecord) -> int | None:
     found = [
         m.token_ids.max_model_len
         for p in record.phases.values()
@@ -352,7 +354,7 @@ def _max_model_len(record: RunRecord) -> int | None:
     return min(found) if found else None
 
 
-def _cache(phase: Phase, prompt_type: str) -> int | None:
+def prefix_block_size(phase: Phase, prompt_type: str) -> int | None:
     """The phase's KV block size where its prefix cache is on, else None."""
     for m in phase.measurements.values():
         ids = m.token_ids
@@ -361,7 +363,7 @@ def _cache(phase: Phase, prompt_type: str) -> int | None:
     return None
 
 
-def _earlier(phase: Phase, prompts: Sequence[Any], prompt_type: str) -> dict[str, list[float]]:
+def sent_times(phase: Phase, prompts: Sequence[Any], prompt_type: str) -> dict[str, list[float]]:
     """When each prompt (by text) of the prompt type was sent in this phase, warm-ups included:
     a prompt sent before is served partly from the prefix cache."""
     out: dict[str, list[float]] = {}

@@ -19,6 +19,7 @@ from .compare import PromptTypeVerdict, compare_arms, worst
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
+from .search_answer import SearchAnswer, search_answer
 from .stats import RestartNoise, Verdict
 
 
@@ -94,6 +95,7 @@ class RunAnalysis:
     dynamic_k: list[DynamicK] = field(default_factory=list)
     # acceptance per request, prompt and level; the replay checked step by step at each level
     acceptance: AcceptanceByLevel = field(default_factory=AcceptanceByLevel)
+    search: SearchAnswer | None = None  # --spec-search: the answer in one paragraph
 
     @property
     def outcome(self) -> str:
@@ -135,6 +137,7 @@ class RunAnalysis:
             },
             "dynamic_k": [d.to_dict() for d in self.dynamic_k],
             "acceptance_by_level": self.acceptance.to_json(),
+            "search": self.search.to_json() if self.search else None,
         }
 
 
@@ -205,11 +208,12 @@ def analyze(record: RunRecord) -> RunAnalysis:
         prediction=prediction,
         crossovers=_crossovers(points),
         dynamic_k=recommend_dynamic_k(
-            {c: record.candidates[c] for c in points}, points, max_num_seqs=_max_num_seqs(record)
+            {c: record.candidates[c] for c in points}, points, max_num_seqs=max_num_seqs(record)
         )
         if points
         else [],
         acceptance=by_level,
+        search=search_answer(record, verdicts, max_num_seqs=max_num_seqs(record)),
     )
 
 
@@ -250,7 +254,8 @@ def _crossovers(
     }
 
 
-def _max_num_seqs(record: RunRecord) -> int | None:
+def max_num_seqs(record: RunRecord) -> int | None:
+    """The server's --max-num-seqs, where its command says it."""
     value = option_value(record.target.command, "--max-num-seqs")
     return int(value) if value and value.isdigit() and int(value) > 0 else None
 

@@ -6,12 +6,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..analysis.prediction import RunPrediction, predict_run
+from ..analysis.run import candidate_verdicts, max_num_seqs
+from ..analysis.search import SearchPlan, plan_search
+from ..config.arms import BASELINE
 from ..errors import ConfigError
 from ..record.schema import RunRecord
-from ..record.store import load_run
+from ..record.store import RESULTS_FILE, load_run, stored_runs
 from ..report.prediction import grid_lines, notes, prediction_rows
+from ..report.search import plan_lines
 
 
 def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) -> list[str]:
@@ -56,6 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run", help="a stored run: results.json or its run folder")
     parser.add_argument("--top", type=int, default=5, help="best configs listed per prompt type")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    parser.add_argument(
+        "--stored",
+        metavar="DIR",
+        default=None,
+        help="where this host's stored runs are, for the band's coverage and the cost prior "
+        "(default: the folder that holds the run's folder)",
+    )
     args = parser.parse_args(argv)
     try:
         record = load_run(args.run)
@@ -63,11 +75,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specdecode-predict: {exc}", file=sys.stderr)
         return 2
     prediction = predict_run(record)
+    plan = search_plan(record, Path(args.run), args.stored) if prediction.available else None
     if args.json:
-        print(json.dumps(prediction.to_json(), indent=1, default=str))
+        data = prediction.to_json()
+        if plan is not None:
+            data["search_plan"] = plan_json(plan)
+        print(json.dumps(data, indent=1, default=str))
     else:
-        print("\n".join(prediction_lines(record, prediction, top=args.top)))
+        lines = prediction_lines(record, prediction, top=args.top)
+        if plan is not None:
+            lines += plan_lines(plan)
+        print("\n".join(lines))
     return 0 if prediction.available else 1
+
+
+def search_plan(record: RunRecord, run: Path, stored: str | None) -> SearchPlan | None:
+    """What `--spec-search ngram` would reload next from this run: coverage and prior from the
+    stored runs of its host and model."""
+    if not record.arm_phases(BASELINE):
+        return None
+    folder = (run.parent if run.name == RESULTS_FILE else run).resolve()
+    where = Path(stored) if stored else folder.parent
+    found = [
+        (path.name, r)
+        for path, r in stored_runs(where, host=record.target.host, model=record.target.model)
+    ]
+    verdicts = {c: candidate_verdicts(record, c) for c in record.measured_candidates}
+    return plan_search(record, verdicts, found, name=folder.name, max_num_seqs=max_num_seqs(record))
+
+
+def plan_json(plan: SearchPlan) -> dict[str, object]:
+    step = plan.step
+    return {
+        "coverage": plan.coverage.to_json(),
+        "prior": {
+            level: {"runs": list(p.runs), "observations": len(p.points), "text": p.text}
+            for level, p in plan.prior.items()
+        },
+        "next": (
+            {
+                "reload": step.values,
+                "label": step.label,
+                "kind": step.kind,
+                "why": step.why,
+                "predicted": {k: b.to_json() for k, b in step.predicted.items()},
+            }
+            if hasattr(step, "values")
+            else {"stop": step.why}
+        ),
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

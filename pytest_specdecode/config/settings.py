@@ -87,6 +87,8 @@ class RunConfig:
     record_token_ids: bool = True  # untimed requests for the n-gram prediction (analysis/)
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
+    search: str | None = None  # "ngram": the search chooses the candidates (analysis/search.py)
+    max_reloads: int = 3  # the search's budget: candidates it may start
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):
@@ -143,6 +145,7 @@ _TOP_KEYS = {
     "slo",
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
+SEARCH_METHODS = ("ngram",)  # what --spec-search can search
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
 _PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 
@@ -191,6 +194,18 @@ def load_settings(
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ConfigError(f"--spec-config names a candidate twice: {names}")
+    if run.search and candidates:
+        raise ConfigError(
+            f"--spec-search {run.search} chooses its own candidates: drop --spec-config "
+            f"{' '.join(names)} (or measure them in a run of their own; a stored run of this "
+            "host lends the search its cost model)"
+        )
+    if run.search and run.repeats > 1:
+        raise ConfigError(
+            f"--spec-search {run.search} measures each config in one server start: drop "
+            f"--spec-repeats {run.repeats} (the restart noise comes from the host's profile: "
+            "measure it with an A/A run, --spec-config baseline --spec-repeats 4)"
+        )
     base = path.parent
     default_reports = (rootdir or base) / "reports"
     reports = reports_dir or (
@@ -288,6 +303,11 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     for key in ("allow_traffic", "record_token_ids", "ignore_eos"):
         if not isinstance(getattr(run, key), bool):
             raise ConfigError(f"{where}: {key} must be true or false")
+    if run.search is not None and run.search not in SEARCH_METHODS:
+        raise ConfigError(
+            f"{where}: search must be one of {', '.join(SEARCH_METHODS)}, got {run.search!r}"
+        )
+    positive_int(run.max_reloads, "max_reloads", where, minimum=1)
     return run
 
 

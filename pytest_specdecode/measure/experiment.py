@@ -79,6 +79,7 @@ class Experiment:
         ]
         self._next = 0
         self._errors: dict[str, Exception] = {}
+        self._chosen: dict[str, SpecConfig] = {}  # candidates chosen during the run (a search)
 
     @property
     def record(self) -> RunRecord:
@@ -88,7 +89,18 @@ class Experiment:
         for spec in self.settings.candidates:
             if spec.name == name:
                 return spec
-        raise KeyError(name)
+        return self._chosen[name]
+
+    def measure_new(self, spec: SpecConfig) -> Phase:
+        """A candidate chosen during the run (the search's): recorded, then measured once in a
+        start of its own, after every start the design has left."""
+        if spec.name in self.record.candidates:
+            raise ValueError(f"candidate {spec.name!r} exists already")
+        self._chosen[spec.name] = spec
+        self.record.candidates[spec.name] = dict(spec.values)
+        self.order.append((spec.name, spec.name))
+        self.store.flush()
+        return self.arm(spec.name)
 
     def arm(self, name: str) -> Phase:
         """An arm's measurements over all its starts, measuring the design up to its last start.

@@ -22,6 +22,7 @@ from .ending import RestoreReport, RunEnding
 from .level_stats import LevelStats, level_stats
 from .request_metrics import acceptance_of, against_counters
 from .samples import RequestSample
+from .search import SearchRecord
 from .token_capture import TokenIds
 
 SCHEMA = 2
@@ -275,6 +276,7 @@ class RunRecord:
     restart_noise_prior: dict[str, dict[str, Any]] | None = None  # per metric, stored runs'
     traffic_watch: TrafficWatch | None = None  # other clients seen before anything was touched
     ending: RunEnding | None = None  # finished or interrupted, and how
+    search: SearchRecord | None = None  # --spec-search: its reloads and why
     schema: int = SCHEMA
 
     @property
@@ -309,6 +311,7 @@ class RunRecord:
                 "restart_noise_prior": self.restart_noise_prior,
                 "traffic_watch": _optional(self.traffic_watch),
                 "ending": _optional(self.ending),
+                "search": _optional(self.search),
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -337,6 +340,7 @@ class RunRecord:
                 restart_noise_prior=data.get("restart_noise_prior"),
                 traffic_watch=_read(TrafficWatch, data.get("traffic_watch")),
                 ending=_read(RunEnding, data.get("ending")),
+                search=_read(SearchRecord, data.get("search")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

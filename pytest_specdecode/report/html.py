@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, levels, prediction
+from . import acceptance, levels, prediction, search
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
@@ -41,6 +41,8 @@ CSS = """
   border-left: 5px solid #999; background: #f7f7f7}
 .specdecode .headline.regressed, .specdecode .headline.unreliable {border-color: #c0392b}
 .specdecode .headline.improved {border-color: #2e8b57}
+.specdecode .specdecode-answer {font-size: 14px; padding: 8px 10px; border-left: 5px solid #1f3bb3;
+  background: #f2f5ff}
 .specdecode .warn {color: #8a4b00}
 .specdecode .note {color: #555; font-size: 12px}
 .specdecode code {font-size: 12px; background: #f3f3f3; padding: 1px 3px}
@@ -80,6 +82,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
     klass = "unreliable" if unreliable else analysis.outcome.split()[0]
     parts = [
         f"<section class='specdecode' id='specdecode-summary'><style>{CSS}</style>",
+        search.answer_html(analysis.search),
         f"<p class='headline {klass}'>Result: {_e(headline(analysis))}</p>",
         *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis)),
         f"<p class='note'>{_e(design_text(record.run))}</p>",
@@ -94,6 +97,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         parts.append(table(rows(analysis, name)))
         parts.append(f"<p>{_e(acceptance_text(record.arm_phases(name)[0].acceptance))}</p>")
     parts.append(levels.html_section(record, analysis))
+    parts.append(search.html_section(record, analysis.search))
     parts.append(prediction.html_section(record, analysis))
     parts.append(acceptance.html_section(record, analysis))
     found = checks(record, analysis)

@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, levels, prediction
+from . import acceptance, levels, prediction, search
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, title
 
@@ -28,6 +28,7 @@ def summary(
     lines = [
         f"## {title(list(record.candidates))}",
         "",
+        *search.answer_markdown(analysis.search),
         f"`{target.model}` on `{target.host}` ({target.backend}"
         + (f", unit `{target.unit}`" if target.unit else "")
         + f") · vLLM {', '.join(versions) or 'unknown'} · GPUs: "
@@ -58,6 +59,8 @@ def summary(
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
     lines += levels.markdown_lines(record, analysis)
+    lines += search.markdown_lines(record, analysis.search)
+    lines += [f"- {line.strip()}" for line in search.coverage_lines(analysis.search)]
     lines += prediction.markdown_lines(record, analysis)
     lines += acceptance.markdown_lines(record, analysis)
     found = checks(record, analysis)

@@ -10,11 +10,14 @@ from dataclasses import dataclass, replace
 from ..analysis.design import design_to_detect, reach
 from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
+from ..analysis.search import plan_search
 from ..config.arms import BASELINE, BASELINE_AFTER, design_order
-from ..config.settings import Settings
+from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
+from ..record.search import slot_name
 from ..record.store import stored_runs
 from . import prediction
+from .search import plan_lines
 from .text import fmt_duration
 
 RUN_LOG = "run.log"
@@ -71,9 +74,53 @@ def stored_prediction(settings: Settings, *, host: str) -> list[str]:
     ]
 
 
+def stored_search_plan(settings: Settings, *, host: str) -> list[str]:
+    """--spec-search: what it would reload first, from the newest stored baseline with token ids
+    of this host and model (coverage and cost prior from every stored run of them)."""
+    stored = list(stored_runs(settings.reports_dir, host=host, model=settings.target.model))
+    for folder, record in stored:
+        if not any(
+            m.token_ids is not None and m.token_ids.missing is None
+            for p in record.arm_phases(BASELINE)
+            for m in p.measurements.values()
+        ):
+            continue
+        same = [n for n, t in settings.prompt_types.items() if n in record.prompt_types
+                and record.prompt_types[n].prompt == t.prompt]  # fmt: skip
+        base = replace(
+            record,
+            candidates={},
+            phases={k: p for k, p in record.phases.items() if p.arm == BASELINE},
+            prompt_types={n: record.prompt_types[n] for n in same},
+        )
+        plan = plan_search(base, {}, [(f.name, r) for f, r in stored])  # its configs: the prior
+        return [
+            f"the search's first reload, predicted from the stored baseline of {folder.name} "
+            f"(prompt types with the same prompts: {', '.join(same) or 'none'}):",
+            *(f"  {line}" for line in plan_lines(plan, budget=settings.run.max_reloads)),
+        ]
+    return [
+        "the search's first reload: no stored baseline with token ids of this model on this "
+        f"host in {settings.reports_dir} (it is chosen once this run's baseline is measured)"
+    ]
+
+
+def search_text(run: RunConfig) -> str:
+    """How a search's candidates are chosen, or "none" without a search."""
+    if not run.search:
+        return "none"
+    return (
+        f"chosen by --spec-search {run.search}: up to {run.max_reloads} reloads, "
+        f"{', '.join(slot_name(i) for i in range(1, run.max_reloads + 1))}, each picked by "
+        "prediction from what was measured before it"
+    )
+
+
 def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:
-    """The phases the design measures, in order (ABA last)."""
+    """The phases the design measures, in order (ABA last); a search's at most."""
     names = [c.name for c in settings.candidates]
+    if settings.run.search:
+        names += [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
     order = [name for name, arm in design_order(names, settings.run.repeats)]
     if not baseline:
         order = [n for n in order if n.split("#")[0] != BASELINE]
@@ -148,7 +195,7 @@ def dry_run_lines(
         "pytest-specdecode dry run: nothing is started, written or changed.",
         f"host: {host} ({t.backend} backend)" + (f", unit {t.unit}" if t.unit else ""),
         f"model: {t.model} at {t.api_base}",
-        "candidates: " + (", ".join(map(candidate_text, settings.candidates)) or "none"),
+        "candidates: " + (", ".join(map(candidate_text, settings.candidates)) or search_text(run)),
         f"prompt types: {', '.join(settings.prompt_types)}",
     ]
     if baseline_from:
@@ -157,7 +204,7 @@ def dry_run_lines(
             + ("" if adopts_original else "; the original is not started for it")
         )
     steps = list(steps)
-    if aba and settings.candidates:  # just before the restore, the plan's last step
+    if aba and (settings.candidates or run.search):  # just before the restore, the last step
         steps.insert(
             len(steps) - 1,
             "drift check (ABA): stop the last candidate, start the original and measure it "
@@ -184,9 +231,11 @@ def dry_run_lines(
     lines += [
         f"load levels: {', '.join(level.label for level in run.levels)}, each measured in "
         "every phase (no extra restarts)",
-        f"requests: {counted} = {phases} phases x {len(settings.prompt_types)} prompt types x "
+        f"requests: {'up to ' if run.search else ''}{counted} = {phases} phases x "
+        f"{len(settings.prompt_types)} prompt types x "
         f"({' + '.join(per_level)} measured + {run.warmup} warm-up)",
-        f"estimated duration: about {fmt_duration(seconds)} ({starts} server "
+        f"estimated duration: {'at most ' if run.search else ''}about "
+        f"{fmt_duration(seconds)} ({starts} server "
         f"start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s, requests at up to "
         f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",
     ]
@@ -205,7 +254,7 @@ def design_lines(
 ) -> list[str]:
     """What this design can call on this host, and (`--spec-detect`) what would call a change
     of the size the user names."""
-    if not settings.candidates:
+    if not settings.candidates and not settings.run.search:
         return []
     found = reach(settings, outside)
     first = next(iter(found.values()))

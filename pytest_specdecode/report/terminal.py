@@ -8,7 +8,7 @@ from pathlib import Path
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
-from . import acceptance, levels, prediction
+from . import acceptance, levels, prediction, search
 from .rows import checks, headline, rows, undecided
 from .text import fmt_num, fmt_p, fmt_pct
 
@@ -23,7 +23,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     baseline = record.arm_phases(BASELINE)
     if not baseline and not record.failures:
         return []
-    out: list[str] = []
+    out: list[str] = search.answer_lines(analysis.search)
     if baseline and not analysis.verdicts:
         out.append(f"{'prompt':<12} {'median tok/s':>12} {'median TPOT ms':>15}")
         for name, m in baseline[0].measurements.items():
@@ -50,6 +50,8 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     if analysis.verdicts:
         out += [f"Result: {headline(analysis)}", *undecided(analysis)]
     out += levels.terminal_lines(record, analysis)
+    out += search.terminal_lines(record, analysis.search)
+    out += search.coverage_lines(analysis.search)
     out += prediction.terminal_lines(record, analysis)
     out += acceptance.terminal_lines(record, analysis)
     if record.restore:

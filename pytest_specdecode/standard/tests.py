@@ -46,17 +46,20 @@ def test_tpot_threshold(
     )
 
 
-def test_speculation_does_not_regress(specdecode_verdict: PromptTypeVerdict) -> None:
+def test_speculation_does_not_regress(
+    specdecode_verdict: PromptTypeVerdict, specdecode_session: SpecDecodeSession
+) -> None:
     """Passes on improved or equivalent; a regression, or no verdict, fails the gate."""
     v = specdecode_verdict
     row = Row.of(v).sentence()
     if v.candidate == AA_ARM:  # A/A: the original against itself; any difference is false
         assert v.passes, f"A/A false alarm: {row}"
         return
+    name = specdecode_session.describe(v.candidate)
     if v.regressed:
-        pytest.fail(f"speculation {v.candidate} regressed: {row}", pytrace=False)
+        pytest.fail(f"speculation {name} regressed: {row}", pytrace=False)
     if v.undecided:
-        pytest.fail(f"no verdict for {v.candidate} ({v.verdict}): {row}", pytrace=False)
+        pytest.fail(f"no verdict for {name} ({v.verdict}): {row}", pytrace=False)
 
 
 def test_baseline_did_not_drift(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,7 @@ class ScriptedTarget:
         refuse: str | None = None,
         neighbour: int = 0,
         background: bool = False,
+        speculative: Callable[[SpecConfig], Script] | None = None,
     ) -> None:
         self.model = model
         self.time = VirtualTime()  # the clock of every wait and timing over this target
@@ -139,6 +140,8 @@ class ScriptedTarget:
         self.neighbour = neighbour  # another client: its requests left, one per request of ours
         self.background = background  # another client, sending on its own all along
         self._scripts = candidates or {}
+        self._speculative = speculative  # a candidate's script from its config (a search's)
+        self.candidates: list[ScriptedService] = []  # every candidate service made
         self._original = ScriptedService(self, "original", original)
         if running:
             self._original.start()
@@ -156,7 +159,12 @@ class ScriptedTarget:
         return self._original
 
     def candidate(self, spec: SpecConfig) -> ScriptedService:
-        return ScriptedService(self, spec.name, self._scripts.get(spec.name, Script()))
+        script = self._scripts.get(spec.name)
+        if script is None:
+            script = self._speculative(spec) if self._speculative else Script()
+        service = ScriptedService(self, spec.name, script)
+        self.candidates.append(service)
+        return service
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         return ["measure the original", *(f"start candidate {s.name}" for s in specs)]

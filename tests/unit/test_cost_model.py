@@ -10,7 +10,9 @@ import pytest
 from pytest_specdecode.analysis.cost_model import (
     BaselineTiming,
     CandidateTiming,
+    CostPrior,
     Prediction,
+    cost_points,
     fit_cost,
     predict,
     recommend,
@@ -36,9 +38,13 @@ def stats_for(settings: NgramSettings, *, tau: float, m: float, n_out: int = 129
     )
 
 
-def candidate(name: str, base: BaselineTiming, tau: float, m: float, b: float, c: float):
+K = {"coding": 2, "math": 5, "structured": 3, "explanatory": 4}  # a k per prompt type
+
+
+def candidate(name: str, base: BaselineTiming, tau: float, m: float, b: float, c: float, k=None):
     tpot = base.tpot_s * (1 + b + c * m) / tau
-    return CandidateTiming(name, "k=5 n=4..4", tpot, tau, m)
+    k = k or K[name]
+    return CandidateTiming(name, f"k={k} n=4..4", tpot, tau, m, k=k)
 
 
 BASES = {
@@ -93,7 +99,7 @@ def test_band_covers_the_truth_about_95_percent_of_the_time():
             for jitter in (0.0, 0.3):  # two candidates per prompt type: 8 observations
                 true = candidate(n, BASES[n], tau + jitter, m + 2 * jitter, b, c)
                 tpot = true.tpot_s * (1 + rng.normal(0, noise))
-                cands.append(CandidateTiming(n, "x", tpot, tau + jitter, m + 2 * jitter))
+                cands.append(CandidateTiming(n, "x", tpot, tau + jitter, m + 2 * jitter, k=K[n]))
         fit = fit_cost(BASES, cands)
         assert fit is not None
         # A new observation at m = 2.5: the band is a prediction interval for it.
@@ -107,12 +113,13 @@ def test_one_observation_spans_fixed_and_per_token_cost():
     base = BASES["math"]
     cand = candidate("math", base, 1.9, 3.5, 0.0, 0.04)  # r = 0.14
     fit = fit_cost(BASES, [cand])
-    assert fit is not None and fit.method == "bounds"
-    assert (fit.overhead, fit.per_token) == (0.0, pytest.approx(0.04))
-    assert "not separable" in fit.describe()
+    assert fit is not None and fit.method == "bounds" and not fit.separated
+    # halfway between the extremes (0, 0.04) and (0.14, 0)
+    assert (fit.overhead, fit.per_token) == (pytest.approx(0.07), pytest.approx(0.02))
+    assert "not separable, one k measured (k=5)" in fit.describe()
     # At m = 1 the two hypotheses differ: 1 + 0.04 (per token) vs 1 + 0.14 (fixed).
     point, low, high = fit.step_cost(1.0)
-    assert point == pytest.approx(1.04) and low == pytest.approx(1.04)
+    assert point == pytest.approx(1.09) and low == pytest.approx(1.04)
     assert high == pytest.approx(1.14)
     noisy = fit_cost(
         {"math": BaselineTiming(base.tpot_s, base.ttft_s, 128, tpot_noise=0.05)}, [cand]
@@ -178,7 +185,9 @@ def test_band_low_end_floored_at_a_plain_step_less_noise():
     # band fall below a plain step's cost; it stops at 1 - t * s.
     rng = np.random.default_rng(4)
     cands = [
-        CandidateTiming(n, "x", BASES[n].tpot_s * (1.02 + rng.normal(0, 0.05)) / 1.1, 1.1, m)
+        CandidateTiming(
+            n, "x", BASES[n].tpot_s * (1.02 + rng.normal(0, 0.05)) / 1.1, 1.1, m, k=K[n]
+        )
         for n in BASES
         for m in (0.1, 0.2, 0.3)
     ]
@@ -290,3 +299,58 @@ def test_worth_a_reload_only_when_more_likely_faster_than_not(per_type, worth) -
     assert (rec.settings == s) is worth
     assert ("worth a reload" in rec.reason) is worth
     assert ("a reload is not worth it" in rec.reason) is not worth
+
+
+def test_one_k_cannot_separate_fixed_and_per_token_cost() -> None:
+    # Many observations of one k, spread in draft tokens per step: a cost per drafting step
+    # and a cost per draft token both grow with the drafting share, so no least squares.
+    rng = np.random.default_rng(7)
+    cands = [
+        candidate(n, BASES[n], 1.2 + d, 0.5 + 3 * d, 0.1, 0.02, k=5)
+        for n in BASES
+        for d in rng.uniform(0, 0.6, 3)
+    ]
+    fit = fit_cost(BASES, cands)
+    assert fit is not None and fit.method == "bounds" and fit.ks == (5,)
+    other_k = [candidate(n, BASES[n], 1.1, 0.3, 0.1, 0.02, k=2) for n in BASES]
+    both = fit_cost(BASES, [*cands, *other_k])
+    assert both is not None and both.separated and both.ks == (2, 5)
+    assert both.overhead == pytest.approx(0.1, abs=1e-6)
+    assert both.per_token == pytest.approx(0.02, abs=1e-6)
+
+
+def test_a_prior_from_stored_runs_separates_what_one_k_cannot() -> None:
+    b, c = 0.06, 0.04
+    own = [candidate(n, BASES[n], tau, m, b, c, k=5) for n, (tau, m) in SHAPES.items()]
+    stored = cost_points(
+        BASES, [candidate(n, BASES[n], 1.3, 0.8, b, c, k=2) for n in ("coding", "math")]
+    )
+    prior = CostPrior(tuple(stored), ("20261130T100649Z-ngram",))
+    alone = fit_cost(BASES, own)
+    pooled = fit_cost(BASES, own, prior=prior)
+    assert alone is not None and not alone.separated
+    assert pooled is not None and pooled.separated and pooled.prior_observations == 2
+    assert pooled.overhead == pytest.approx(b, abs=1e-6) and pooled.per_token == pytest.approx(c)
+    assert "2 from stored runs 20261130T100649Z-ngram" in pooled.describe()
+    assert "20261130T100649Z-ngram" in prior.text
+    # Once the run measured two k of its own, the prior is left out.
+    two = [*own, *(candidate(n, BASES[n], 1.2, 0.5, b, c, k=3) for n in BASES)]
+    mine = fit_cost(BASES, two, prior=prior)
+    assert mine is not None and mine.separated and mine.prior_observations == 0
+
+
+def test_widen_scales_a_prompt_types_band() -> None:
+    fit = fit_cost(
+        BASES, [candidate(n, BASES[n], t, m, 0.08, 0.03) for n, (t, m) in SHAPES.items()]
+    )
+    s = S(3, 2, 3)
+    replays = {
+        "math": {s: stats_for(s, tau=1.6, m=2.4)},
+        "coding": {s: stats_for(s, tau=1.6, m=2.4)},
+    }
+    plain = predict(BASES, replays, fit, restart_sd=0.03)
+    wide = predict(BASES, replays, fit, restart_sd=0.03, widen={"math": 2.0})
+    assert wide["coding"][s].tokens_per_s_band == plain["coding"][s].tokens_per_s_band
+    (lo, hi), (wlo, whi) = plain["math"][s].tokens_per_s_band, wide["math"][s].tokens_per_s_band
+    assert wide["math"][s].tokens_per_s == plain["math"][s].tokens_per_s
+    assert wlo < lo and whi > hi
