@@ -201,12 +201,8 @@ def observations(record: RunRecord, level: str) -> list[CandidateTiming]:
 def cost_prior(stored: Sequence[tuple[str, RunRecord]], record: RunRecord) -> dict[str, CostPrior]:
     """Per level label, the cost observations of the stored runs of the same model, vLLM
     version and GPUs (the caller picks this host's runs), each relative to its own baseline."""
-    mine = facts(record)
-    same = [
-        (name, r)
-        for name, r in stored
-        if all(facts(r).get(k) == mine.get(k) for k in ("model", "vllm_version", "gpus"))
-    ]
+    mine = _server_facts(record)
+    same = [(name, r) for name, r in stored if _server_facts(r) == mine]
     points: dict[str, list[Any]] = {}
     runs: dict[str, list[str]] = {}
     for name, r in same:
@@ -220,6 +216,15 @@ def cost_prior(stored: Sequence[tuple[str, RunRecord]], record: RunRecord) -> di
                 points.setdefault(level, []).extend(found)
                 runs.setdefault(level, []).append(name)
     return {level: CostPrior(tuple(p), tuple(runs[level])) for level, p in points.items()}
+
+
+def _server_facts(record: RunRecord) -> tuple[Any, ...]:
+    """Model, vLLM version and GPUs. Before its first candidate starts, a run whose baseline is
+    reused (--spec-baseline-from) has only that baseline's server to tell the version."""
+    found = facts(record)
+    reused = [p.server_version for p in record.phases.values() if p.reused_from]
+    version = found["vllm_version"] or next((v for v in reused if v), None)
+    return found["model"], version, found["gpus"]
 
 
 # --- the inputs --------------------------------------------------------------------------------

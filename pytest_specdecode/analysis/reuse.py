@@ -18,9 +18,10 @@ def stored_baseline(path: str, settings: Settings) -> tuple[Phase, BaselineSourc
 
     Checked before anything starts: the run must hold a baseline for every prompt type.
     """
-    if not settings.candidates:
+    if not settings.candidates and not settings.run.search:
         raise ConfigError(
-            "--spec-baseline-from reuses a baseline to compare candidates with: pass --spec-config"
+            "--spec-baseline-from reuses a baseline to compare candidates with: pass --spec-config "
+            "or --spec-search"
         )
     record = load_run(path)
     phases = record.arm_phases(BASELINE)

@@ -1,15 +1,23 @@
-"""The prediction end to end on the real CPU vLLM (minutes; run under the lock).
+"""The prediction and the search end to end on the real CPU vLLM (minutes; run under the lock).
 
-One run of the tool itself (the suite against the embedded server, three server starts): the
-baseline, the shipped `ngram` preset (k=5, only prompt_lookup_max=4: effective n=4..4) and a
-config with another prompt_lookup_min (k=3 n=2..3). The run records the token ids of each
-prompt type after its timed requests; its analysis replays vLLM's n-gram proposer over the
-baseline's ids and puts that beside the server's counters. Wherever a candidate's outputs
-equal the baseline's, predicted and measured acceptance must agree exactly (up to the stated
-bound of the last step). A fourth prompt type of exactly 129 prompt tokens (one CPU KV block
-plus one) makes every timed request after the warm-up a prefix-cache hit that vLLM schedules as
-a padded decode: the prediction must count those drafts too. The figures are printed (run with
--s to see them).
+Two runs of the tool itself, in one reports folder, as a user makes them:
+
+1. `--spec-config ngram --spec-config ngram-min2` (three server starts): the baseline, the
+   shipped `ngram` preset (k=5, only prompt_lookup_max=4: effective n=4..4) and a config with
+   another prompt_lookup_min (k=3 n=2..3). The run records the token ids of each prompt type
+   after its timed requests; its analysis replays vLLM's n-gram proposer over the baseline's ids
+   and puts that beside the server's counters. Wherever a candidate's outputs equal the
+   baseline's, predicted and measured acceptance must agree exactly (up to the stated bound of
+   the last step). A prompt type of exactly 129 prompt tokens (one CPU KV block plus one) makes
+   every timed request after the warm-up a prefix-cache hit that vLLM schedules as a padded
+   decode: the prediction must count those drafts too.
+2. `--spec-search ngram --spec-max-reloads 2 --spec-baseline-from <run 1>` on two of its prompt
+   types: no baseline measured; the stored run's two k's are the cost prior and its configs the
+   band's first coverage cases, so the first reload is the predicted best. Each reload is an
+   ordinary candidate with its own verdict tests; the run ends with the one-paragraph answer;
+   the confirmed config's tok/s lies inside its predicted band, or the coverage says it did not.
+
+The figures are printed (run with -s to see them).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -48,9 +57,13 @@ WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
 LIST129 = "Continue this list: " + " ".join(WORDS[i % 10] for i in range(95))  # 129 tokens
 PROMPTS = {
     # each shipped set's first prompt is the seed's own
-    **{name: shipped_set(name)[0].text for name in ("coding", "math", "structured")},
+    **{name: shipped_set(name)[0].text for name in ("coding", "math")},
     "list129": LIST129,
 }
+# The search's prompt types: a shipped one, and a repeating list on which n-gram speculation pays
+# several times over on this CPU, so that a predicted best is worth its reload.
+SEARCHED = ("math", "list129")
+SLOTS = ("search-1", "search-2")
 PRESET = SUITE["presets"]["ngram"]
 OTHER_MIN = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
              "prompt_lookup_max": 3}  # fmt: skip
@@ -61,11 +74,33 @@ PREDICT = Path(sys.executable).parent / "specdecode-predict"
 @dataclass
 class Run:
     exp: EmbeddedExperiment
+    folder: Path
     stdout: str
     stderr: str
     returncode: int
     record: RunRecord
     data: dict[str, Any]
+
+    @property
+    def log(self) -> str:
+        return (self.folder / "run.log").read_text()
+
+
+def run_tool(exp: EmbeddedExperiment, *extra: str) -> Run:
+    """The suite in a subprocess, and the run folder it added to the reports."""
+    before = set(exp.reports.iterdir()) if exp.reports.exists() else set()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *exp.args(*extra)],
+        cwd=exp.dir,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
+    (folder,) = set(exp.reports.iterdir()) - before
+    results = folder / "results.json"
+    return Run(exp, folder, done.stdout, done.stderr, done.returncode, load_run(results),
+               json.loads(results.read_text()))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +125,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "[presets]\n", f"[presets]\nngram-min2 = {{ {preset} }}\n"
     )
     exp.config.write_text(text)
-    args = exp.args("--spec-config", "ngram", "--spec-config", "ngram-min2")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *args],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
-    results = exp.run_dir() / "results.json"
-    return Run(exp, done.stdout, done.stderr, done.returncode, load_run(results),
-               json.loads(results.read_text()))  # fmt: skip
+    return run_tool(exp, "--spec-config", "ngram", "--spec-config", "ngram-min2")
+
+
+@pytest.fixture(scope="module")
+def search(run: Run) -> Run:
+    """The search, on the first run's baseline and in its reports folder."""
+    types = [arg for name in SEARCHED for arg in ("--spec-workload", name)]
+    return run_tool(
+        run.exp, "--spec-search", "ngram", "--spec-max-reloads", "2",
+        "--spec-baseline-from", str(run.folder / "results.json"), *types, "-v", "-rs",
+    )  # fmt: skip
 
 
 def _show(prediction: dict[str, Any]) -> None:
@@ -210,16 +244,15 @@ def test_the_padded_prefill_of_a_prefix_cache_hit_is_counted(run: Run) -> None:
 def test_the_reports_show_predicted_beside_measured_and_the_heat_map(run: Run) -> None:
     assert "Predicted against measured: the n-gram replay" in run.stdout
     assert "ngram-min2 (k=3 n=2..3)" in run.stdout
-    folder = run.exp.run_dir()
-    summary = (folder / "summary.md").read_text()
+    summary = (run.folder / "summary.md").read_text()
     assert "| Prompt | Candidate (effective) | Acceptance length pred / meas |" in summary
-    assert (folder / "prediction.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    page = (folder / "report.html").read_text()
+    assert (run.folder / "prediction.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    page = (run.folder / "report.html").read_text()
     assert "specdecode-plot-prediction" in page and "specdecode-prediction" in page
 
 
 def test_specdecode_predict_prints_the_grid_of_the_stored_run(run: Run) -> None:
-    results = run.exp.run_dir() / "results.json"
+    results = run.folder / "results.json"
     done = subprocess.run([str(PREDICT), str(results)], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -284,3 +317,102 @@ def test_propose_equals_vllms_own_function() -> None:
     for (tokens, lo, hi, mml, k), expected in zip(cases, theirs, strict=True):
         ours = propose(tokens, NgramSettings(k, lo, hi), max_model_len=mml)
         assert ours == expected, (tokens, lo, hi, mml, k)
+
+
+# --- the search, on the first run's baseline ---------------------------------------------------
+
+
+def outcomes(out: str) -> dict[str, str]:
+    return dict(re.findall(r"::(test_\w+\[[^\]]+\]) (PASSED|FAILED|SKIPPED|ERROR)", out))
+
+
+def test_the_search_reuses_the_baseline_and_learns_its_cost_from_the_stored_run(
+    run: Run, search: Run
+) -> None:
+    assert search.returncode in (0, 1), search.stdout[-3000:] + search.stderr[-3000:]
+    log = search.log
+    assert f"baseline: reused from {run.folder / 'results.json'}, not measured" in log, log
+    assert "starting local vLLM process 'original'" not in log  # no baseline start
+    found = search.record.search
+    assert found is not None, search.stdout[-3000:]
+    print(f"\nsearch: {found.used} of {found.max_reloads} reloads; stopped: {found.stopped}")
+    print(f"cost prior: {found.prior}", *found.coverage, sep="\n  ")
+    for reload in found.reloads:
+        print(f"  {reload.arm} {reload.label} [{reload.kind}]: {reload.why}")
+    # The stored run measured k=5 and k=3: fixed and per-token cost are told apart before any
+    # reload, and the stored run is named.
+    prior = (
+        r"search: cost prior: c1: \d+ observations \(k=3, k=5\) from 1 stored run of this host, "
+        rf"model, vLLM version and GPUs: {run.folder.name}"
+    )
+    assert re.search(prior, log), log
+    assert (
+        f"search: band coverage over 1 stored run(s) with more than one measured n-gram config "
+        f"({run.folder.name})" in log
+    ), log
+    first = found.reloads[0]
+    assert first.arm == "search-1" and first.kind == "predicted best", first
+    assert "is predicted" in first.why and set(first.predicted) == set(SEARCHED)
+    assert re.search(r"search: reload 1 of 2: search-1 = k=\d n=\d\.\.\d \[predicted best\]", log)
+    if len(found.reloads) == 1:  # stopped: nothing untried beats the measured best by the margin
+        assert found.stopped and "no untried config is predicted to beat" in found.stopped, found
+    else:
+        assert found.reloads[1].kind == "predicted best"
+
+
+def test_each_reload_is_an_ordinary_candidate_and_none_is_left_running(search: Run) -> None:
+    found = search.record.search
+    assert found is not None
+    reached = [r.arm for r in found.reloads]
+    assert set(search.record.phases) == {BASELINE, *reached}
+    assert {arm: search.record.candidates[arm] for arm in reached} == {
+        r.arm: r.values for r in found.reloads
+    }
+    tests = outcomes(search.stdout)
+    for slot in SLOTS:  # a reload is confirmed by its own verdict tests; a slot not reached skips
+        for name in SEARCHED:
+            outcome = tests[f"test_speculation_does_not_regress[{slot}-{name}]"]
+            assert outcome in (("PASSED", "FAILED") if slot in reached else ("SKIPPED",)), outcome
+    assert search.record.restore is not None
+    assert search.exp.leftover_servers() == []
+
+
+def test_the_search_ends_with_the_one_paragraph_answer(search: Run) -> None:
+    found = search.record.search
+    assert found is not None
+    paragraph = search.data["analysis"]["search"]["paragraph"]
+    print(f"\nAnswer: {paragraph}")
+    assert paragraph.startswith(("Turn on ngram ", "Leave speculation off: "))
+    assert f"Reloads: {len(found.reloads)} of 2." in paragraph
+    summary = search.stdout[search.stdout.index("speculative decoding: baseline vs candidates") :]
+    assert next(line for line in summary.splitlines()[1:] if line) == f"Answer: {paragraph}"
+    md = (search.folder / "summary.md").read_text()
+    assert f"> **Answer:** {paragraph}" in md
+    assert md.index("> **Answer:**") < md.index("`smollm2-135m-instruct` on")
+    html = (search.folder / "report.html").read_text()
+    assert html.index("id='specdecode-answer'") < html.index("class='headline")
+
+
+def test_the_confirmed_config_lies_inside_its_band_or_the_coverage_flags_it(search: Run) -> None:
+    answer = search.data["analysis"]["search"]
+    checks = [c for c in answer["checks"] if c["run"] == "this run"]
+    print("\neach reload measured against the band predicted before it:")
+    for c in checks:
+        low, high = c["band"]
+        print(f"  {c['arm']} {c['config']:<11} {c['prompt_type']:<8} predicted "
+              f"{c['predicted']:6.1f} [{low:6.1f}, {high:6.1f}] measured {c['measured']:6.1f} "
+              f"inside={c['inside']}")  # fmt: skip
+    print("coverage:", *answer["coverage_lines"], sep="\n  ")
+    assert {c["prompt_type"] for c in checks if c["arm"] == "search-1"} == set(SEARCHED)
+    for c in checks:
+        low, high = c["band"]
+        assert c["inside"] == (low <= c["measured"] <= high)
+        name = c["prompt_type"]
+        measured = search.record.phases[c["arm"]].measurements[name].tokens_per_s
+        assert min(measured) <= c["measured"] <= max(measured)  # the median of its requests
+        if not c["inside"]:  # the coverage check must say so, in the answer and below it
+            inside, total = answer["coverage"][name]
+            assert inside < total
+            assert re.search(rf"The band held less often than its nominal 95% on [^.]*\b{name}\b",
+                             answer["paragraph"]), answer["paragraph"]  # fmt: skip
+            assert f"{name}: {inside} of {total} measured tok/s inside" in search.stdout

@@ -92,11 +92,15 @@ def pytest_unconfigure(config):
 """
 
 
-def run_search(pytester: pytest.Pytester, *extra: str, fail_at: int = 0) -> pytest.RunResult:
+def search_args(pytester: pytest.Pytester, *, fail_at: int = 0) -> list[str]:
     args = write_gate(pytester, CONFTEST.format(fail_at=fail_at), CONFIG)
     args.remove("--spec-config")
     args.remove("ngram")
-    return pytester.runpytest_subprocess(*args, "--spec-search", "ngram", "-rs", "-v", *extra)
+    return [*args, "--spec-search", "ngram", "-rs", "-v"]
+
+
+def run_search(pytester: pytest.Pytester, *extra: str, fail_at: int = 0) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(*search_args(pytester, fail_at=fail_at), *extra)
 
 
 def outcomes(result: pytest.RunResult) -> dict[str, str]:
@@ -211,3 +215,31 @@ def test_the_dry_run_shows_the_search_and_its_first_reload(pytester: pytest.Pyte
     assert list((pytester.path / "reports").iterdir()) == [
         pytester.path / "reports" / "20261201T090000Z-k2-k6"
     ]  # nothing written
+
+
+def test_a_search_on_a_reused_baseline_learns_its_cost_from_the_stored_run(
+    pytester: pytest.Pytester,
+) -> None:
+    """`--spec-baseline-from` with `--spec-search`: no baseline measured, and the stored run's
+    measured config is the cost prior, so the first reload is predicted, not a teaching one."""
+    args = [*search_args(pytester), "--spec-max-reloads", "1"]
+    first = pytester.runpytest_subprocess(*args)
+    assert first.ret in (0, 1), first.stdout.str()
+    (stored,) = (pytester.path / "reports").iterdir()
+    result = pytester.runpytest_subprocess(
+        *args, "--spec-baseline-from", str(stored / "results.json")
+    )
+    out = result.stdout.str()
+    assert result.ret in (0, 1), out
+    (run,) = [p for p in (pytester.path / "reports").iterdir() if p != stored]
+    log = (run / "run.log").read_text()
+    assert f"baseline: reused from {stored / 'results.json'}, not measured" in log, log
+    assert "[baseline]" not in log  # nothing measured for it
+    data = json.loads((run / "results.json").read_text())
+    assert data["baseline_from"]["path"] == str((stored / "results.json").resolve())
+    assert (
+        f"search: cost prior: c1: 10 observations (k=2) from 1 stored run of this host, model, "
+        f"vLLM version and GPUs: {stored.name}" in log
+    ), log
+    assert data["search"]["reloads"][0]["kind"] == "predicted best", log
+    assert state(pytester)["active"] == []
