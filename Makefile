@@ -21,7 +21,9 @@ testbed-build:
 test: testbed-build
 	bash scripts/setup-dev
 	.venv/bin/ruff check .
-	bash scripts/setup-embedded & embedded=$$!; \
+	@echo "bash scripts/setup-embedded &  # beside the unit tests"
+	@echo ".venv/bin/pytest tests/unit -n 2 --dist worksteal -p no:cacheprovider"
+	@bash scripts/setup-embedded & embedded=$$!; \
 	.venv/bin/pytest tests/unit -n 2 --dist worksteal -p no:cacheprovider; unit=$$?; \
 	wait $$embedded || { echo "make test: scripts/setup-embedded failed" >&2; exit 1; }; \
 	exit $$unit

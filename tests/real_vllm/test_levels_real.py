@@ -22,7 +22,7 @@ TWO_SETS = (
 def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytester) -> None:
     exp = write_experiment(
         pytester,
-        run={"samples": 8, "max_samples": 8, "max_tokens": 48, "record_token_ids": True},
+        run={"samples": 8, "max_samples": 8, "max_tokens": 32, "record_token_ids": True},
         thresholds="min_tokens_per_s = 0.1",
         prompt_types=TWO_SETS,
     )
