@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import signal
 import statistics
@@ -23,32 +22,17 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.cli import compare_runs as compare
 from pytest_specdecode.record.store import load_run
 
-from ..support.embedded import EmbeddedExperiment, all_samples, require_embedded, write_experiment
+from ..support.embedded import (
+    STEP_SUMMARY,
+    EmbeddedExperiment,
+    all_samples,
+    require_embedded,
+    run_suite,
+    write_experiment,
+)
 
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
 PLOTS = ("throughput", "tpot", "acceptance")
-
-STEP_SUMMARY = "github-step-summary.md"  # $GITHUB_STEP_SUMMARY of the runs, in their folder
-
-
-def run_suite(exp: EmbeddedExperiment, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest on the experiment's suite copy, in its folder: host profiles and the step summary
-    there too, never the user's (a module fixture runs before the autouse ones)."""
-    profiles = exp.dir / "host-profiles"
-    profiles.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "SPECDECODE_HOST_PROFILES": str(profiles),
-        "GITHUB_STEP_SUMMARY": str(exp.dir / STEP_SUMMARY),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", *exp.args(*args)],
-        cwd=exp.dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
 
 
 @dataclass(frozen=True)

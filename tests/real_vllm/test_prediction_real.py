@@ -49,6 +49,7 @@ from ..support.embedded import (
     SERVER_PYTHON,
     EmbeddedExperiment,
     require_embedded,
+    run_suite,
     write_experiment,
 )
 
@@ -89,13 +90,7 @@ class Run:
 def run_tool(exp: EmbeddedExperiment, *extra: str) -> Run:
     """The suite in a subprocess, and the run folder it added to the reports."""
     before = set(exp.reports.iterdir()) if exp.reports.exists() else set()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *exp.args(*extra)],
-        cwd=exp.dir,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    done = run_suite(exp, *extra)
     assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
     (folder,) = set(exp.reports.iterdir()) - before
     results = folder / "results.json"

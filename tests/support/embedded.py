@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,6 +72,29 @@ class EmbeddedExperiment:
 
     def leftover_servers(self) -> list[str]:
         return processes_mentioning(f"--port {self.port}")
+
+
+STEP_SUMMARY = "github-step-summary.md"  # $GITHUB_STEP_SUMMARY of the runs, in their folder
+
+
+def run_suite(exp: EmbeddedExperiment, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest on the experiment's suite copy, in its folder: host profiles and the step summary
+    there too, never the user's (a module fixture runs before the autouse ones)."""
+    profiles = exp.dir / "host-profiles"
+    profiles.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "SPECDECODE_HOST_PROFILES": str(profiles),
+        "GITHUB_STEP_SUMMARY": str(exp.dir / STEP_SUMMARY),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *exp.args(*args)],
+        cwd=exp.dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 def require_embedded() -> None:
