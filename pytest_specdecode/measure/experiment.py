@@ -71,6 +71,7 @@ class Experiment:
         self._target = target_se(noise_sd, settings.run.min_effect)
         self._residual = {metric: n.residual for metric, n in known.items()}
         self._ids_recorded: set[str] = set()  # prompt types whose token ids this run recorded
+        self._plan_ids_recorded: set[str] = set()  # ... for every prompt of the plan
         reused = {p.arm for p in store.record.phases.values()}  # a stored baseline
         self.order = [
             entry
@@ -192,6 +193,7 @@ class Experiment:
         )
         self.progress(f"[{phase.name}] {prompt_type.name}: {plan.describe()}")
         first: _Window | None = None
+        windows: list[Measurement] = []
         for level, indices in zip(levels, plan.levels, strict=True):
             key = cell_key(prompt_type.name, level, several=len(levels) > 1)
             m = Measurement(
@@ -201,6 +203,7 @@ class Experiment:
                 slo=self.settings.slo.for_level(level),
             )
             phase.measurements[key] = m
+            windows.append(m)
             window = _Window(phase, m, base, prompt_type)
             if first is None:
                 first = window
@@ -217,8 +220,13 @@ class Experiment:
             # are the first start's: recording them again would only repeat them.
             first.m.token_ids = TokenIds(missing="an A/A run records them at its first start")
             return
-        self._record_token_ids(first)
+        # The first baseline start also records every prompt a longer window may send: an
+        # adaptive candidate can be timed on prompts this start stopped short of.
+        whole_plan = phase.arm == BASELINE and prompt_type.name not in self._plan_ids_recorded
+        self._record_token_ids(first, windows[1:], plan.levels if whole_plan else ())
         self._ids_recorded.add(prompt_type.name)
+        if whole_plan:
+            self._plan_ids_recorded.add(prompt_type.name)
 
     def _measure_level(self, window: _Window, indices: Sequence[int], service: Service) -> None:
         """One level's window: sent, checked for other clients' traffic, measured again."""
@@ -304,13 +312,30 @@ class Experiment:
             m.client.add(result.stats)
         return result.stats.wall_s
 
-    def _record_token_ids(self, window: _Window) -> None:
+    def _record_token_ids(
+        self,
+        window: _Window,
+        later: Sequence[Measurement] = (),
+        plan: Sequence[Sequence[int]] = (),
+    ) -> None:
         """The n-gram replay's input (analysis/prediction.py), after the timed windows: each
-        distinct prompt measured at the first level, from its first timed request."""
+        distinct prompt measured at the first level, from its first timed request.
+
+        `plan`: every prompt the plan's windows may send (a baseline's, so that a candidate that
+        sends more requests than it did is predicted too). A prompt timed at a later level gives
+        its own streamed ids there (only the look-ahead is asked); one never timed, an untimed
+        request, one at a time. At most the prompt set's size, over all levels.
+        """
         m, prompts = window.m, window.prompt_type.prompts
         timed: dict[str, RequestSample | None] = {}
         for sample in m.samples:
             timed.setdefault(prompts[sample.prompt_index or 0].text, sample)
+        if plan:
+            for sample in (s for other in later for s in other.samples):
+                timed.setdefault(prompts[sample.prompt_index or 0].text, sample)
+            for index in (i for indices in plan for i in indices):
+                timed.setdefault(prompts[index].text, None)
+        untimed = sum(sample is None for sample in timed.values())
         start = self._clock.now()
         m.token_ids = record_token_ids(
             window.base, timed, headers=self.headers, transport=self._transports.sync
@@ -319,8 +344,9 @@ class Experiment:
         ids.recorded_s = self._clock.now() - start
         self.store.flush()
         share = f" ({ids.recorded_s / m.wall_s:.0%} of the timed window)" if m.wall_s > 0 else ""
+        beyond = f" ({untimed} not timed here: a candidate may send more)" if untimed else ""
         self.progress(
-            f"{window.where}: token ids of {len(ids.prompts)} prompt(s) recorded in "
+            f"{window.where}: token ids of {len(ids.prompts)} prompt(s){beyond} recorded in "
             f"{ids.recorded_s:.1f}s, untimed{share}"
             if ids.missing is None
             else f"{window.where}: no token ids ({ids.missing})"

@@ -190,6 +190,7 @@ def test_predicted_equals_measured_wherever_outputs_are_equal(run: Run) -> None:
         assert set(per) == set(PROMPTS)
         found = {name: c["status"] for name, c in per.items()}
         assert "mismatch" not in found.values(), per
+        assert "not compared" not in found.values(), per  # issue 28: compared on every type
         assert all(c["own_status"] != "mismatch" for c in per.values()), per
         agreeing = [n for n, s in found.items() if s in ("exact", "within bound")]
         assert len(agreeing) >= 2, found  # the check is not vacuous
@@ -200,6 +201,8 @@ def test_predicted_equals_measured_wherever_outputs_are_equal(run: Run) -> None:
         (c, n): x["status"] for c, per in prediction["comparisons"].items() for n, x in per.items()
     }
     assert not [w for w in run.data["analysis"]["warnings"] if " prediction (" in w]
+    levels = run.data["analysis"]["acceptance_by_level"]["levels"]
+    assert not [e["basis"] for e in levels if e["basis"].startswith("not predicted")], levels
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith("  ")
                     and ("(k=" in line or "Cost model" in line or "Next:" in line)))  # fmt: skip
 

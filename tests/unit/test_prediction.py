@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from pytest_specdecode.analysis.level_acceptance import acceptance_by_level
 from pytest_specdecode.analysis.ngram_replay import replay, replay_many
 from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens, grid_settings
 from pytest_specdecode.analysis.prediction import predict_run
@@ -274,3 +275,60 @@ def test_the_runs_restart_noise_widens_the_bands_of_its_predictions(tmp_path: Pa
     for s, (low, high) in bands[0.05].items():
         quiet_low, quiet_high = bands[0.0][s]
         assert low < quiet_low and high > quiet_high, s
+
+
+def reasons_not_compared(rec: RunRecord) -> list[str]:
+    """Every "not compared" and "not predicted" of a run's prediction, with its reason."""
+    prediction = predict_run(rec)
+    found = [
+        f"{c.candidate}/{c.prompt_type}: {c.detail}"
+        for per in prediction.comparisons.values()
+        for c in per.values()
+        if c.status == "not compared"
+    ]
+    return found + [
+        f"{e.candidate}/{e.key}: {e.basis}"
+        for e in acceptance_by_level(rec).levels
+        if e.basis.startswith("not predicted")
+    ]
+
+
+def test_the_prediction_is_compared_where_adaptive_arms_stop_at_different_counts(
+    tmp_path: Path,
+) -> None:
+    """issue 28: the baseline pinned at the least requests, the candidate sent the most; the
+    baseline's ids cover every prompt a window may send, so nothing is left uncompared."""
+    texts = [f"prompt number {i} of the set" for i in range(6)]
+    table = "[prompt_types.coding]\nprompts = [" + ", ".join(f'"{t}"' for t in texts) + "]"
+    s = settings(
+        tmp_path, samples=3, max_samples=6, prompt_types=(), extra=table,
+        run_extra="concurrency = [1, 2]",
+    )  # fmt: skip
+    # The baseline alike on every prompt (pinned at once); the candidate's prompts far apart.
+    spread = {t: Speed(gap_s=0.002 * (1 + 3 * (i % 3)), tokens_per_chunk=3) for i, t in
+              enumerate(texts)}  # fmt: skip
+    target = ScriptedTarget(Script(token_ids=True), {"ngram": Script(spread, token_ids=True)})
+    rec = measure_arms(target, s, tmp_path, "ngram").record
+    counts = {
+        (p.arm, key): len(m.samples)
+        for p in rec.phases.values()
+        for key, m in p.measurements.items()
+    }
+    assert counts == {
+        (BASELINE, "coding@c1"): 3, (BASELINE, "coding@c2"): 4,
+        ("ngram", "coding@c1"): 6, ("ngram", "coding@c2"): 6,
+    }  # fmt: skip
+    ids = rec.phases[BASELINE].measurements["coding@c1"].token_ids
+    assert ids is not None and set(ids.prompts) == set(texts)  # the timed 3 and 3 untimed
+    assert reasons_not_compared(rec) == []
+    assert set(statuses(rec).values()) <= {"exact", "within bound", "mismatch", "outputs differ"}
+
+    # Without the untimed ids of the prompts the baseline stopped short of, both checks say so.
+    timed = {texts[i] for i in range(3)}
+    for prompt in set(texts) - timed:
+        del ids.prompts[prompt]
+    lost = reasons_not_compared(rec)
+    timed_on = "ngram/coding: the baseline has no token ids for a prompt the candidate was timed on"
+    assert timed_on in lost
+    prefix = "ngram/coding@c1: not predicted: the baseline has no token ids"
+    assert any(reason.startswith(prefix) for reason in lost), lost
