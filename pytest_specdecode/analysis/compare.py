@@ -7,15 +7,17 @@ one alike, so the same samples always give the same verdict.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.arms import AA_ARM
+from ..config.arms import AA_ARM, BASELINE, ORIGINAL_ARMS
 from ..record.counters import Acceptance, combine
-from ..record.schema import Measurement, Phase
+from ..record.schema import Measurement, Phase, RunRecord
 from .checks import acceptance_cross_check
-from .stats import Comparison, Question, RestartNoise, Verdict, compare_family
+from .stats import Comparison, Question, RestartNoise, Verdict, arm_figures, compare_family
 
 # Worst first, the one order: a prompt type's verdict from its two metrics (regressed on either
 # wins, then no verdict possible, then improved on either with the other not worse, equivalent
@@ -156,20 +158,9 @@ def compare_arms(
     base_label, cand_label = labels or (baseline[0].arm, candidate[0].arm)
     names = compared_prompt_types(baseline, candidate)
     questions = [
-        Question(
-            name,
-            metric,
-            higher,
-            starts(baseline, name, values),
-            starts(candidate, name, values),
-            start_prompts(baseline, name, values),
-            start_prompts(candidate, name, values),
-            kin=starts(kin, name, values),
-            kin_prompts=start_prompts(kin, name, values),
-            same_configuration=same_configuration,
-        )
+        _question(baseline, candidate, name, metric, kin, same_configuration)
         for name in names
-        for metric, (values, higher) in METRICS.items()
+        for metric, (values, _) in METRICS.items()
         if starts(baseline, name, values) and starts(candidate, name, values)
     ]
     answers = {
@@ -202,6 +193,68 @@ def compare_arms(
             contaminated="; ".join(dirty) or None,
         )
     return out
+
+
+def _question(
+    baseline: Sequence[Phase],
+    candidate: Sequence[Phase],
+    name: str,
+    metric: str,
+    kin: Sequence[Phase],
+    same_configuration: bool,
+) -> Question:
+    values, higher = METRICS[metric]
+    return Question(
+        name,
+        metric,
+        higher,
+        starts(baseline, name, values),
+        starts(candidate, name, values),
+        start_prompts(baseline, name, values),
+        start_prompts(candidate, name, values),
+        kin=starts(kin, name, values),
+        kin_prompts=start_prompts(kin, name, values),
+        same_configuration=same_configuration,
+    )
+
+
+def original_kin(record: RunRecord, compared: Sequence[str]) -> list[Phase]:
+    """The other starts of the original's configuration in this run (measured here, not
+    reused from a stored run): `kin` of a comparison of `compared`."""
+    return [
+        p
+        for arm in ORIGINAL_ARMS
+        if arm not in compared
+        for p in record.arm_phases(arm)
+        if not p.reused_from
+    ]
+
+
+def own_figure(record: RunRecord, arm: str, key: str, metric: str = "throughput") -> float | None:
+    """An arm's figure on its own (the baseline's in the results table, and any arm's that is
+    not compared): the geometric mean of its starts' geometric means; None without values."""
+    found = starts(record.arm_phases(arm), key, METRICS[metric][0])
+    return (
+        math.exp(statistics.fmean(statistics.fmean(map(math.log, g)) for g in found))
+        if (found)
+        else None
+    )
+
+
+def arm_figure(
+    record: RunRecord, arms: Sequence[str], key: str, metric: str = "throughput"
+) -> float | None:
+    """The figure of `arms` (one configuration, their starts pooled) on `key`, as the results
+    table gives a candidate's against the run's baseline (stats.arm_figures); None where
+    either side has no values there."""
+    baseline = record.arm_phases(BASELINE)
+    candidate = [p for arm in arms for p in record.arm_phases(arm)]
+    values = METRICS[metric][0]
+    if not starts(baseline, key, values) or not starts(candidate, key, values):
+        return None
+    kin = original_kin(record, (BASELINE, *arms))
+    same = all(arm in ORIGINAL_ARMS for arm in arms)
+    return arm_figures(_question(baseline, candidate, key, metric, kin, same))[1]
 
 
 def _cross_check(measured: Sequence[Measurement], k: int | None) -> str | None:

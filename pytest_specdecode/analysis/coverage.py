@@ -3,8 +3,9 @@
 A stored run that measured more than one n-gram config can check the band honestly: each of
 its configs in turn is held out, predicted from the rest of the run (its baseline and the other
 configs, with the cost prior of the other stored runs, as the search would have predicted it
-before that reload), and its measured tok/s (the median over its timed requests) is put against
-the predicted band. Per prompt type, the share inside is the band's coverage.
+before that reload), and its measured tok/s (its figure in the results table against the run's
+baseline: `compare.arm_figure`, one figure per arm) is put against the predicted band. Per
+prompt type, the share inside is the band's coverage.
 
 The band is nominally a 95% interval. Where the share inside falls short of that:
 - by more than chance explains (a one-sided binomial test, p < 0.05): the band is widened, for
@@ -15,7 +16,6 @@ The band is nominally a 95% interval. Where the share inside falls short of that
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from scipy import stats
 
 from ..record.schema import RunRecord
+from .compare import arm_figure
 from .level_prediction import cost_prior, ngram_arms, predict_levels, without_arms
 
 __all__ = ["Coverage", "CoverageCase", "PromptCoverage", "band_coverage"]
@@ -217,7 +218,7 @@ def held_out(
         predicted = predict_levels(rest, [config], prior=prior)
         for key in predicted.predictions:
             p = predicted.prediction(key, config)
-            measured = _median(record, same, key)
+            measured = arm_figure(record, same, key)
             if p is None or p.tokens_per_s is None or p.tokens_per_s_band is None:
                 continue
             if measured is None:
@@ -237,17 +238,6 @@ def held_out(
                 )
             )
     return out
-
-
-def _median(record: RunRecord, arms: Sequence[str], key: str) -> float | None:
-    values = [
-        v
-        for arm in arms
-        for p in record.arm_phases(arm)
-        if key in p.measurements
-        for v in p.measurements[key].tokens_per_s
-    ]
-    return statistics.median(values) if values else None
 
 
 def widen_of(coverage: Coverage | None) -> Mapping[str, float]:

@@ -21,8 +21,6 @@ only (`ngram_types.unsupported_reason`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 from collections.abc import Hashable, Mapping, Sequence
@@ -140,26 +138,17 @@ class RunPrediction:
         }
 
 
-_MEMO: dict[str, RunPrediction] = {}  # by content: a live run analyses once per report piece
-
-
 def predict_run(
     record: RunRecord, *, configs: Mapping[str, Mapping[str, Any]] | None = None
 ) -> RunPrediction:
     """The replay, the comparisons and the cost model for one run (see the module docstring).
 
     `configs` are the candidates to predict (default: the run's own); the dry run passes the
-    planned ones to read a stored baseline with. A pure function of its inputs, remembered by
-    their content (the replay of the grid is most of the analysis's time).
+    planned ones to read a stored baseline with. A pure function of its inputs; the replay of
+    the grid is most of the analysis's time, so a run calls it once, in `analysis.run.analyze`,
+    and hands that analysis to every renderer.
     """
-    text = json.dumps([record.to_json(), configs], sort_keys=True, default=str)
-    key = hashlib.sha256(text.encode()).hexdigest()
-    found = _MEMO.get(key)
-    if found is None:
-        found = _MEMO[key] = _predict(record, configs)
-        while len(_MEMO) > 8:
-            _MEMO.pop(next(iter(_MEMO)))
-    return found
+    return _predict(record, configs)
 
 
 def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None) -> RunPrediction:

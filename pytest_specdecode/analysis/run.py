@@ -12,10 +12,10 @@ from typing import Any
 
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.vllm_argv import option_value
-from ..record.schema import Phase, RunRecord
+from ..record.schema import RunRecord
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
-from .compare import PromptTypeVerdict, compare_arms, worst
+from .compare import PromptTypeVerdict, compare_arms, original_kin, worst
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
@@ -153,7 +153,7 @@ def candidate_verdicts(record: RunRecord, candidate: str) -> dict[str, PromptTyp
         min_effect=record.run.min_effect,
         noise=noise.outside(record),
         num_speculative_tokens=int(k) if isinstance(k, int) else None,
-        kin=_kin(record, (BASELINE, candidate)),
+        kin=original_kin(record, (BASELINE, candidate)),
         same_configuration=same,
     )
 
@@ -165,22 +165,10 @@ def drift(record: RunRecord) -> Drift | None:
         alpha=record.run.alpha,
         min_effect=record.run.min_effect,
         noise=noise.outside(record),
-        kin=_kin(record, (BASELINE, BASELINE_AFTER)),
+        kin=original_kin(record, (BASELINE, BASELINE_AFTER)),
         same_configuration=True,
     )
     return Drift(verdicts) if verdicts else None
-
-
-def _kin(record: RunRecord, compared: tuple[str, str]) -> list[Phase]:
-    """The other starts of the original's configuration in this run (measured here, not
-    reused from a stored run)."""
-    return [
-        p
-        for arm in ORIGINAL_ARMS
-        if arm not in compared
-        for p in record.arm_phases(arm)
-        if not p.reused_from
-    ]
 
 
 def analyze(record: RunRecord) -> RunAnalysis:

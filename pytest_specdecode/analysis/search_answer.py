@@ -261,24 +261,25 @@ def schedule(
     return Schedule(table, k_at, lookup, values, why)
 
 
-def band_checks(record: RunRecord) -> list[BandCheck]:
-    """Each reload's measured tok/s (median) against the band predicted before it."""
+def band_checks(record: RunRecord, verdicts: Verdicts) -> list[BandCheck]:
+    """Each reload's measured tok/s against the band predicted before it: the reload's figure
+    in the results table (its verdict's candidate_center), one figure per arm."""
     if record.search is None:
         return []
     out = []
     for reload in record.search.reloads:
         for key, band in reload.predicted.items():
-            values = [
-                v
-                for p in record.arm_phases(reload.arm)
-                if key in p.measurements
-                for v in p.measurements[key].tokens_per_s
-            ]
-            if not values:
-                continue
+            verdict = verdicts.get(reload.arm, {}).get(key)
             m = next(
-                p.measurements[key] for p in record.arm_phases(reload.arm) if key in p.measurements
+                (
+                    p.measurements[key]
+                    for p in record.arm_phases(reload.arm)
+                    if key in p.measurements
+                ),
+                None,
             )
+            if verdict is None or m is None:
+                continue
             out.append(
                 BandCheck(
                     run="this run",
@@ -289,7 +290,7 @@ def band_checks(record: RunRecord) -> list[BandCheck]:
                     predicted=band.tokens_per_s,
                     low=band.low,
                     high=band.high,
-                    measured=statistics.median(values),
+                    measured=verdict.throughput.candidate_center,
                 )
             )
     return out
@@ -305,7 +306,7 @@ def search_answer(
     margin = search.margin
     winners = level_winners(record, verdicts, margin=margin)
     plan = schedule(record, verdicts, margin=margin, max_num_seqs=max_num_seqs)
-    checks = band_checks(record)
+    checks = band_checks(record, verdicts)
     coverage: dict[str, tuple[int, int]] = {
         k: (v[0], v[1]) for k, v in search.coverage_counts.items()
     }

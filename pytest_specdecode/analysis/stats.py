@@ -31,7 +31,7 @@ import numpy as np
 from scipy import stats as _st
 
 from .power import MAX_STARTS, starts_to_decide
-from .restarts import RestartNoise, fit_starts, interval_variance, t_quantile
+from .restarts import RestartNoise, StartFit, fit_starts, interval_variance, t_quantile
 
 __all__ = [
     "Comparison",
@@ -39,6 +39,7 @@ __all__ = [
     "Question",
     "RestartNoise",
     "Verdict",
+    "arm_figures",
     "compare_family",
     "decide",
     "holm_adjust",
@@ -131,7 +132,10 @@ class Comparison:
     n_candidate: int
     starts_baseline: int
     starts_candidate: int
-    baseline_center: float  # geometric mean of the starts' geometric means
+    # The arms' figures, the table's (docs/statistics.md, "One figure per arm"): the baseline's
+    # is the geometric mean of its starts' geometric means; the candidate's is that times the
+    # estimated ratio, its level on the baseline's prompts. So the two reproduce the change.
+    baseline_center: float
     candidate_center: float
     interval: Interval
     p_value: float  # Mann-Whitney U over the requests, two-sided
@@ -250,14 +254,7 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    sides = [_logs(v, name) for (v, _), name in zip(question.sides, _SIDE_NAMES, strict=False)]
-    starts = [g for side in sides for g in side]
-    prompts = question.prompts
-    fit = fit_starts(starts, [p for side in prompts for p in side] if prompts else None)
-    index, members = 0, []
-    for side in sides:
-        members.append(list(range(index, index + len(side))))
-        index += len(side)
+    fit, members = _fit(question)
     baseline, candidate = members[0], members[1]
     kin = members[2] if len(members) > 2 else []
     groups = (
@@ -275,6 +272,28 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
 
 
 _SIDE_NAMES = ("baseline", "candidate", "kin")
+
+
+def _fit(question: Question) -> tuple[StartFit, list[list[int]]]:
+    """The one fit of a question's starts (every side's), and each side's starts in it."""
+    sides = [_logs(v, name) for (v, _), name in zip(question.sides, _SIDE_NAMES, strict=False)]
+    starts = [g for side in sides for g in side]
+    prompts = question.prompts
+    fit = fit_starts(starts, [p for side in prompts for p in side] if prompts else None)
+    index, members = 0, []
+    for side in sides:
+        members.append(list(range(index, index + len(side))))
+        index += len(side)
+    return fit, members
+
+
+def arm_figures(question: Question) -> tuple[float, float]:
+    """The two arms' figures of a question, as its Comparison gives them (baseline_center,
+    candidate_center), without the interval: what a band check puts against its band."""
+    fit, members = _fit(question)
+    ratio = math.exp(float(fit.effects[members[1]].mean() - fit.effects[members[0]].mean()))
+    base = _center(question.baseline)
+    return base, base * ratio
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -387,6 +406,7 @@ def compare_family(
     for q, p, p_adj in zip(questions, raw, adjusted, strict=True):
         n_noise = noise[q.metric]
         interval = nested_interval(q, noise=n_noise, confidence=confidence)
+        base_center = _center(q.baseline)
         verdict, reason = decide(
             interval,
             higher_is_better=q.higher_is_better,
@@ -406,8 +426,8 @@ def compare_family(
                 n_candidate=sum(len(s) for s in q.candidate),
                 starts_baseline=len(q.baseline),
                 starts_candidate=len(q.candidate),
-                baseline_center=_center(q.baseline),
-                candidate_center=_center(q.candidate),
+                baseline_center=base_center,
+                candidate_center=base_center * interval.ratio,
                 interval=interval,
                 p_value=p,
                 p_adjusted=p_adj,

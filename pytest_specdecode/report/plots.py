@@ -4,20 +4,20 @@ and written as PNG files into the run folder."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..analysis.compare import own_figure
 from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..record.schema import RunRecord
 from .acceptance import PLOT_CAPTION
 from .prediction import HEATMAP_CAPTION
-from .rows import rows
+from .rows import Row, rows
 from .text import finite, fmt_num
 
 if TYPE_CHECKING:
@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 FILES = {"throughput": "throughput.png", "tpot": "tpot.png", "acceptance": "acceptance.png"}
 CAPTIONS = {
-    "throughput": "Throughput per prompt type: median tok/s per request, whiskers are the 95% "
-    "bootstrap CI of the median, dots are the requests.",
-    "tpot": "TPOT distributions per prompt type: boxes are quartiles, dots are the requests.",
+    "throughput": "Throughput per prompt type: bars are each arm's tok/s per request as the "
+    "results table gives it (a candidate's on the baseline's prompts), whiskers a candidate's "
+    "interval from its verdict, dots are the requests.",
+    "tpot": "TPOT distributions per prompt type: boxes are quartiles, diamonds each arm's TPOT "
+    "as the results table gives it, dots are the requests.",
     "acceptance": "Per-position acceptance: the share of drafts whose k-th proposed token was "
     "accepted (from vLLM's spec-decode counters).",
     "prediction": HEATMAP_CAPTION,  # written by report.prediction.write_heatmap
@@ -65,18 +67,6 @@ def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict
         if drawn is not None:
             out[name] = drawn
     return out
-
-
-def median_ci(values: Sequence[float], *, n_resamples: int = 2000, seed: int = 0):
-    """Percentile bootstrap 95% CI of the median; (m, m) when there is nothing to resample."""
-    arr = np.asarray(values, dtype=float)
-    med = float(np.median(arr))
-    if arr.size < 2 or np.ptp(arr) == 0:
-        return med, med
-    rng = np.random.default_rng(seed)
-    meds = np.median(arr[rng.integers(0, arr.size, size=(n_resamples, arr.size))], axis=1)
-    low, high = np.percentile(meds, [2.5, 97.5])
-    return float(low), float(high)
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -132,13 +122,14 @@ def _throughput(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
     for i, phase in enumerate(phases):
         color = _color(record, phase)
         labelled = False
+        arm = record.phases[phase].arm
         for j, name in enumerate(names):
             values = data.get((phase, name))
             if not values:
                 continue
             x, width = _position(len(phases), j, i)
-            med = statistics.median(values)
-            low, high = median_ci(values)
+            row = changes.get((arm, name))
+            med, (low, high) = _figure_of(record, arm, name, row)
             ax.bar(
                 x,
                 med,
@@ -161,8 +152,7 @@ def _throughput(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
             )
             jitter = rng.uniform(-width * 0.18, width * 0.18, len(values))
             ax.scatter(x + jitter, values, s=9, color="#111", alpha=0.55, zorder=4, lw=0)
-            row = changes.get((phase, name))
-            if row is not None and finite(row.change):
+            if row is not None and phase == arm and finite(row.change):
                 mark = {"regressed": "#b22222", "improved": "#1e7b34"}.get(row.verdict, "#333")
                 ax.annotate(
                     f"{row.change:+.1%}",
@@ -180,9 +170,22 @@ def _throughput(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
         ax.grid(axis="y", alpha=0.3, zorder=0)
         _legend(ax, fontsize=9)
-    ax.set_title("Throughput per prompt type (median, 95% CI, requests)", fontsize=11)
+    ax.set_title("Throughput per prompt type (the table's figures, requests)", fontsize=11)
     fig.savefig(path, format="png")
     return path
+
+
+def _figure_of(
+    record: RunRecord, arm: str, key: str, row: Row | None
+) -> tuple[float, tuple[float, float]]:
+    """An arm's tok/s as the table gives it, and a candidate's interval (else no whisker)."""
+    if row is not None and finite(row.candidate_tps):
+        low, high = row.ratio_ci
+        if finite(low) and finite(high):
+            return row.candidate_tps, (row.baseline_tps * low, row.baseline_tps * high)
+        return row.candidate_tps, (row.candidate_tps, row.candidate_tps)
+    own = own_figure(record, arm, key) or 0.0
+    return own, (own, own)
 
 
 def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
@@ -193,6 +196,7 @@ def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
     ax = fig.add_subplot()
     if not names:
         _empty(ax, "no TPOT measured (requests of one token)")
+    tpot_rows = {(r.candidate, r.prompt_type): r for r in rows(analysis)}
     rng = np.random.default_rng(1)
     for i, phase in enumerate(phases):
         color = _color(record, phase)
@@ -218,6 +222,13 @@ def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
                 patch.set_alpha(0.75)
             jitter = rng.uniform(-width * 0.18, width * 0.18, len(values))
             ax.scatter(x + jitter, values, s=9, color="#111", alpha=0.55, zorder=3, lw=0)
+            arm = record.phases[phase].arm
+            row = tpot_rows.get((arm, name))
+            figure = (
+                row.tpot_candidate if row is not None else own_figure(record, arm, name, "tpot")
+            )
+            if figure is not None and finite(figure):
+                ax.scatter([x], [figure], marker="D", s=28, color="#fff", ec="#111", zorder=5)
     if names:
         ax.set_xticks(range(len(names)), names)
         ax.set_xlim(-0.6, len(names) - 0.4)

@@ -5,12 +5,12 @@ run's lines. Everything here reads `analysis.prediction.RunPrediction`; nothing 
 from __future__ import annotations
 
 import html
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..analysis.compare import arm_figure
 from ..analysis.ngram_types import NGRAM_GRID_K, NgramSettings
 from ..analysis.prediction import RunPrediction, predict_run
 from ..analysis.prediction_inputs import first_key
@@ -81,8 +81,7 @@ def prediction_rows(record: RunRecord, prediction: RunPrediction) -> list[Predic
         for name, c in per.items():
             pred = prediction.predictions.get(name, {}).get(c.settings)
             key = first_key(record, name)
-            phase = next((p for p in record.arm_phases(candidate) if key in p.measurements), None)
-            values = phase.measurements[key].tokens_per_s if phase else []
+            measured = arm_figure(record, [candidate], key)  # the results table's figure
             stats, counts = c.predicted, c.measured
             out.append(
                 PredictionRow(
@@ -98,7 +97,7 @@ def prediction_rows(record: RunRecord, prediction: RunPrediction) -> list[Predic
                     tokens_per_step=stats.tokens_per_step if stats else None,
                     predicted_tps=pred.tokens_per_s if pred else None,
                     band=pred.tokens_per_s_band if pred else None,
-                    measured_tps=statistics.median(values) if values else None,
+                    measured_tps=measured,
                 )
             )
     return out
