@@ -15,12 +15,14 @@ from ..config.vllm_argv import option_value
 from ..record.schema import RunRecord
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
-from .compare import PromptTypeVerdict, compare_arms, original_kin, worst
+from .compare import METRICS, PromptTypeVerdict, compare_arms, original_kin, own_figure, worst
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
 from .search_answer import SearchAnswer, search_answer
 from .stats import RestartNoise, Verdict
+
+Figures = dict[str, dict[str, dict[str, float]]]  # arm -> key -> metric -> figure
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class RunAnalysis:
     # acceptance per request, prompt and level; the replay checked step by step at each level
     acceptance: AcceptanceByLevel = field(default_factory=AcceptanceByLevel)
     search: SearchAnswer | None = None  # --spec-search: the answer in one paragraph
+    # arm -> key -> metric -> its one figure, as the results table gives it (run_figures)
+    figures: Figures = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -202,7 +206,36 @@ def analyze(record: RunRecord) -> RunAnalysis:
         else [],
         acceptance=by_level,
         search=search_answer(record, verdicts, max_num_seqs=max_num_seqs(record)),
+        figures=run_figures(record, verdicts, checks),
     )
+
+
+def run_figures(
+    record: RunRecord, verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]], checks: Drift | None
+) -> Figures:
+    """Each arm's figure per key and metric, as the results table gives it (docs/statistics.md,
+    "One figure per arm"): a candidate's and the baseline's from the verdicts, the baseline
+    measured after from the drift check, any other arm (one not compared) its own."""
+    out: Figures = {}
+
+    def put(arm: str, key: str, metric: str, value: float) -> None:
+        out.setdefault(arm, {}).setdefault(key, {})[metric] = value
+
+    compared = {**verdicts, **({BASELINE_AFTER: checks.verdicts} if checks else {})}
+    for arm, per in compared.items():
+        for key, v in per.items():
+            for c in v.comparisons:
+                put(arm, key, c.metric, c.candidate_center)
+                put(BASELINE, key, c.metric, c.baseline_center)
+    for phase in record.phases.values():
+        for key in phase.measurements:
+            for metric in METRICS:
+                if metric in out.get(phase.arm, {}).get(key, {}):
+                    continue
+                value = own_figure(record, phase.arm, key, metric)
+                if value is not None:
+                    put(phase.arm, key, metric, value)
+    return out
 
 
 def level_points(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..analysis.prediction import RunPrediction, predict_run
-from ..analysis.run import candidate_verdicts, max_num_seqs
+from ..analysis.run import candidate_verdicts, max_num_seqs, run_figures
 from ..analysis.search import SearchPlan, plan_search
 from ..config.arms import BASELINE
 from ..errors import ConfigError
@@ -34,7 +34,9 @@ def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) 
             + (f"effective {n.settings.label}" if n.settings else str(n.reason))
             for n in prediction.candidates.values()
         ]
-    found = prediction_rows(record, prediction)
+    verdicts = {c: candidate_verdicts(record, c) for c in record.measured_candidates}
+    figures = run_figures(record, verdicts, None) if record.arm_phases(BASELINE) else {}
+    found = prediction_rows(record, prediction, figures)
     if found:
         lines.append("predicted / measured (server counters), per prompt type:")
         for r in found:

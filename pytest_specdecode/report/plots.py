@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analysis.compare import own_figure
 from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE, BASELINE_AFTER
@@ -129,7 +128,7 @@ def _throughput(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
                 continue
             x, width = _position(len(phases), j, i)
             row = changes.get((arm, name))
-            med, (low, high) = _figure_of(record, arm, name, row)
+            med, (low, high) = _figure_of(analysis, arm, name, row)
             ax.bar(
                 x,
                 med,
@@ -176,16 +175,15 @@ def _throughput(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
 
 
 def _figure_of(
-    record: RunRecord, arm: str, key: str, row: Row | None
+    analysis: RunAnalysis, arm: str, key: str, row: Row | None
 ) -> tuple[float, tuple[float, float]]:
     """An arm's tok/s as the table gives it, and a candidate's interval (else no whisker)."""
-    if row is not None and finite(row.candidate_tps):
+    figure = analysis.figures.get(arm, {}).get(key, {}).get("throughput", 0.0)
+    if row is not None and finite(row.baseline_tps):
         low, high = row.ratio_ci
         if finite(low) and finite(high):
-            return row.candidate_tps, (row.baseline_tps * low, row.baseline_tps * high)
-        return row.candidate_tps, (row.candidate_tps, row.candidate_tps)
-    own = own_figure(record, arm, key) or 0.0
-    return own, (own, own)
+            return figure, (row.baseline_tps * low, row.baseline_tps * high)
+    return figure, (figure, figure)
 
 
 def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
@@ -196,7 +194,6 @@ def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
     ax = fig.add_subplot()
     if not names:
         _empty(ax, "no TPOT measured (requests of one token)")
-    tpot_rows = {(r.candidate, r.prompt_type): r for r in rows(analysis)}
     rng = np.random.default_rng(1)
     for i, phase in enumerate(phases):
         color = _color(record, phase)
@@ -223,10 +220,7 @@ def _tpot(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
             jitter = rng.uniform(-width * 0.18, width * 0.18, len(values))
             ax.scatter(x + jitter, values, s=9, color="#111", alpha=0.55, zorder=3, lw=0)
             arm = record.phases[phase].arm
-            row = tpot_rows.get((arm, name))
-            figure = (
-                row.tpot_candidate if row is not None else own_figure(record, arm, name, "tpot")
-            )
+            figure = analysis.figures.get(arm, {}).get(name, {}).get("tpot")
             if figure is not None and finite(figure):
                 ax.scatter([x], [figure], marker="D", s=28, color="#fff", ec="#111", zorder=5)
     if names:

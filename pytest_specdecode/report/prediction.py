@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..analysis.compare import arm_figure
 from ..analysis.ngram_types import NGRAM_GRID_K, NgramSettings
 from ..analysis.prediction import RunPrediction, predict_run
 from ..analysis.prediction_inputs import first_key
-from ..analysis.run import RunAnalysis
+from ..analysis.run import Figures, RunAnalysis
 from ..config.settings import Settings
 from ..record.schema import RunRecord
 from .text import fmt_num, fmt_pct
@@ -75,13 +74,17 @@ class PredictionRow:
         )
 
 
-def prediction_rows(record: RunRecord, prediction: RunPrediction) -> list[PredictionRow]:
+def prediction_rows(
+    record: RunRecord, prediction: RunPrediction, figures: Figures
+) -> list[PredictionRow]:
+    """Predicted beside measured; the measured tok/s is the arm's figure in the results table
+    (`RunAnalysis.figures`)."""
     out = []
     for candidate, per in prediction.comparisons.items():
         for name, c in per.items():
             pred = prediction.predictions.get(name, {}).get(c.settings)
             key = first_key(record, name)
-            measured = arm_figure(record, [candidate], key)  # the results table's figure
+            measured = figures.get(candidate, {}).get(key, {}).get("throughput")
             stats, counts = c.predicted, c.measured
             out.append(
                 PredictionRow(
@@ -131,7 +134,7 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     if not prediction.available:
         return [f"prediction: none ({prediction.reason})"]
     out = [f"{TITLE} (predicted / measured):"]
-    found = prediction_rows(record, prediction)
+    found = prediction_rows(record, prediction, analysis.figures)
     if found:
         out.append(
             f"  {'prompt':<12} {'candidate (effective)':<28} {'accept len':>11} "
@@ -154,7 +157,7 @@ def markdown_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     if not prediction.available:
         return ["### Prediction", "", f"Not predicted: {prediction.reason}.", ""]
     lines = [f"### {TITLE}", ""]
-    found = prediction_rows(record, prediction)
+    found = prediction_rows(record, prediction, analysis.figures)
     if found:
         lines += ["| " + " | ".join(HEADER) + " |", "|:--|:--|--:|--:|--:|--:|--:|:--|"]
         for r in found:
@@ -188,7 +191,7 @@ def html_section(record: RunRecord, analysis: RunAnalysis) -> str:
     if not prediction.available:
         return f"<h3>Prediction</h3><p class='note'>Not predicted: {e(str(prediction.reason))}</p>"
     parts = [f"<h3 id='specdecode-prediction'>{e(TITLE)}</h3>"]
-    found = prediction_rows(record, prediction)
+    found = prediction_rows(record, prediction, analysis.figures)
     if found:
         head = "".join(f"<th>{e(h)}</th>" for h in HEADER)
         body = []

@@ -11,15 +11,17 @@ import pytest
 
 from pytest_specdecode.analysis.compare import compare_arms, own_figure
 from pytest_specdecode.analysis.coverage import held_out
-from pytest_specdecode.analysis.run import candidate_verdicts
+from pytest_specdecode.analysis.run import analyze, candidate_verdicts
 from pytest_specdecode.analysis.search import SearchPolicy
 from pytest_specdecode.analysis.search_answer import search_answer
 from pytest_specdecode.analysis.stats import RestartNoise
 from pytest_specdecode.record.schema import Measurement, Phase
-from pytest_specdecode.report.rows import Row
+from pytest_specdecode.report.plots import _figure_of
+from pytest_specdecode.report.prediction import prediction_rows
+from pytest_specdecode.report.rows import Row, rows
 
 from ..support.search_sim import Truth, measure, run_search, search_record, verdicts
-from ..support.synthetic import sample
+from ..support.synthetic import recorded_run, sample
 
 QUIET = RestartNoise(0.02, 20.0, "stored A/A runs")
 NOISES = {"throughput": QUIET, "tpot": QUIET}
@@ -120,3 +122,25 @@ def test_the_bands_coverage_uses_the_tables_figure(tmp_path: Path) -> None:
         table = candidate_verdicts(rec, case.arm)[case.key].throughput
         assert case.measured == pytest.approx(table.candidate_center, rel=1e-12)
         assert table.baseline_center == pytest.approx(own_figure(rec, "baseline", case.key))
+
+
+def test_every_renderer_reads_the_analysis_figures(tmp_path: Path) -> None:
+    """The figures are computed once, in the analysis; the table's rows, the plots' bars and
+    the predicted-vs-measured table read those."""
+    rec = recorded_run(tmp_path)
+    analysis = analyze(rec)
+    found = rows(analysis)
+    assert found
+    for row in found:
+        mine = analysis.figures[row.candidate][row.prompt_type]
+        base = analysis.figures["baseline"][row.prompt_type]
+        assert (mine["throughput"], base["throughput"]) == (row.candidate_tps, row.baseline_tps)
+        assert (mine["tpot"], base["tpot"]) == (row.tpot_candidate, row.tpot_baseline)
+        bar, _ = _figure_of(analysis, row.candidate, row.prompt_type, row)
+        assert bar == row.candidate_tps
+    assert analysis.prediction is not None
+    predicted = prediction_rows(rec, analysis.prediction, analysis.figures)
+    assert predicted
+    table = {(r.candidate, r.prompt_type): r.candidate_tps for r in found}
+    for r in predicted:
+        assert r.measured_tps == table[(r.candidate, r.prompt_type)]
