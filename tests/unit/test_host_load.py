@@ -177,3 +177,19 @@ def test_a_window_recorded_before_environments_still_loads() -> None:
 @dataclass
 class _Named:
     name: str
+
+
+def test_a_local_servers_process_group_and_this_controller_are_not_other_work() -> None:
+    # As the sampling script prints them on a 2-CPU machine without nvidia-smi: 2 s apart, the
+    # server's group used 1.2 s of CPU and this controller 0.3 s, of 3.0 s busy in all.
+    first = parse_host_sample("cpus 2\ntck 100\nstat cpu 1000 0 0 3000 0 0 0 0 0 0\n"
+                              "pid 700\npid 701\nticks 500\nown 100")  # fmt: skip
+    second = parse_host_sample("cpus 2\ntck 100\nstat cpu 1300 0 0 3100 0 0 0 0 0 0\n"
+                               "pid 700\nticks 620\nown 130")  # fmt: skip
+    assert first.server_pids == {700, 701} and first.gpus == ()
+    env = summarise([first, second])
+    assert env.other_cpu_share is not None and abs(env.other_cpu_share - 1.5 / 4.0) < 1e-9
+    assert env.sm_mhz is None and env.throttle == [] and env.steal_share == 0.0
+    # nvidia-smi present but failing: said, never raised
+    broken = parse_host_sample("smi 9\ngpu NVIDIA-SMI has failed")
+    assert broken.gpus == () and broken.note is not None and "exited 9" in broken.note
