@@ -331,8 +331,8 @@ class SpecDecodeSession:
         after = (
             "measured anyway, its environment beside every verdict (--spec-allow-busy-host)"
             if run.allow_busy_host
-            else f"each window is judged against this, and measured again where other work "
-            f"moves by more than {run.busy_host_share:.0%} of the host"
+            else f"each window is measured again where other work moves by more than "
+            f"{run.busy_host_share:.0%} of the host beyond its usual"
         )
         self.progress(f"plan: a busy host: {env.describe()}; using it: {using}; {after}")
 

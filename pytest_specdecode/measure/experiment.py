@@ -62,7 +62,7 @@ class Experiment:
         self.settings = settings
         self._probe = probe  # samples the serving host through each window (None: not watched)
         self._bounds = Bounds(other_share=settings.run.busy_host_share)
-        self._usual_share = 0.0  # other work on the host before the run (host_before)
+        self._usual_share = 1.0  # other work on the host before the run (host_before)
         self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
         self.board = board
         self.store = store
@@ -394,12 +394,24 @@ class Experiment:
                 break
         env.off = judge(
             env,
-            usual_share=self._usual_share,
+            usual_share=self._usual(window.m),
             other_arm=other[1] if other else None,
             other_label=f"{other[0] if other else 'the other arm'}'s window",
             bounds=self._bounds,
         )
         return env.off
+
+    def _usual(self, current: Measurement | None = None) -> float:
+        """The host's usual other work: the least of the run's clean windows so far and of the
+        host before the run (taken before the server ran, so often more than during a window)."""
+        shares = [
+            m.environment.other_cpu_share
+            for p in self.record.phases.values()
+            for m in p.measurements.values()
+            if m is not current and m.environment is not None and not m.environment.off
+        ]
+        known = [x for x in shares if x is not None]
+        return min([self._usual_share, *known])
 
     def host_before(self, service: Service, seconds: float = 3.0) -> WindowEnvironment | None:
         """The host before the run: its usual other work, against which each window is judged."""
@@ -430,7 +442,7 @@ class Experiment:
                 env is None
                 or env.other_cpu_share is None
                 or (
-                    env.other_cpu_share - self._usual_share <= self._bounds.other_share
+                    env.other_cpu_share - self._usual() <= self._bounds.other_share
                     and not env.other_gpu_processes
                 )
             ):

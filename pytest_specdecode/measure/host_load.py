@@ -2,7 +2,8 @@
 
 A window's environment is summarised from samples of the host (targets/host_env.py) taken at
 its start, every few seconds through it, and at its end. It is off where other work took more
-than a set share of the machine beyond what the host used before the run, where the hypervisor
+than a set share of the machine beyond its usual (the least of the run's clean windows so far
+and of the host before the run), where the hypervisor
 stole more than that share, where another process ran on the server's GPUs, or where its GPUs'
 clocks throttled for a reason the other arm's window of the same prompt type did not have.
 """
