@@ -41,6 +41,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "max_samples": opt("spec_max_samples"),
             "repeats": opt("spec_repeats"),
             "allow_traffic": opt("spec_allow_traffic") or None,
+            "allow_busy_host": opt("spec_allow_busy_host") or None,
             "warmup": opt("spec_warmup"),
             "max_tokens": opt("spec_max_tokens"),
             "concurrency": opt("spec_concurrency"),

@@ -201,6 +201,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "each window with their requests is measured again, then marked contaminated",
     )
     add(
+        "--spec-allow-busy-host",
+        action="store_true",
+        default=False,
+        help="keep windows in which other work used the serving host, another process its "
+        "GPUs, or its clocks throttled (measured again by default), with the host's "
+        "environment shown beside every verdict",
+    )
+    add(
         "--spec-dry-run",
         action="store_true",
         default=False,

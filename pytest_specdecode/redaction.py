@@ -13,8 +13,10 @@ _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I
 # The rules, each a (prefix, secret) pattern: the prefix stays, the secret is replaced.
 RULES = {
     "secret flag": re.compile(r"(--(?:api-key|hf-token|token)(?:=|\s+))(\S+)"),
+    # No word boundary on purpose: any key that ends in one of these (hf_token, access_token,
+    # openai_api_key) is a secret too.
     "secret key in JSON or Python": re.compile(
-        r"((?:api_key|hf_token|token)['\"]?\s*[:=]\s*\[?\s*['\"])([^'\"]+)", re.IGNORECASE
+        r"((?:api_key|token)['\"]?\s*[:=]\s*\[?\s*['\"])([^'\"]+)", re.IGNORECASE
     ),
     "secret variable": re.compile(r"(\b\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\S+)"),
     "bearer header": re.compile(r"(Authorization:\s*Bearer\s+)(\S+)", re.IGNORECASE),

@@ -56,6 +56,7 @@ from .report.plan import (
 from .report.text import noise_text
 from .run_folder import api_headers, check_writable, new_run_dir
 from .targets.base import Service, Target
+from .targets.host_env import HostProbe, busiest
 from .targets.lifecycle import RunEnding, experiment_services
 from .targets.vllm_facts import (
     request_metrics_args,
@@ -252,7 +253,9 @@ class SpecDecodeSession:
                     transports=transports,
                     outside=self._known(target.host_name, version=None),
                     request_metrics_note=self.request_metrics_note,
+                    probe=HostProbe(target.host),
                 )
+                self._watch_host(target, board.original)
                 if settings.run.search:
                     self.search = self._search(self.experiment, target.host_name)
                 if target.adopts_running_original and board.was_active:
@@ -311,6 +314,27 @@ class SpecDecodeSession:
         return self.config.hook.pytest_specdecode_open_target(
             config=self.config, settings=self.settings, log_dir=log_dir, progress=self.progress
         )
+
+    def _watch_host(self, target: Target, original: Service) -> None:
+        """Before the run: the host's other work, against which each window is judged; a busy
+        host is named in the plan with what is using it."""
+        assert self.experiment is not None
+        run = self.settings.run
+        env = self.experiment.host_before(original)
+        if env is None:
+            return
+        self.progress(f"the host before the run: {env.describe()}")
+        share = env.other_cpu_share or 0.0
+        if share <= run.busy_host_share and not env.other_gpu_processes:
+            return
+        using = "; ".join(busiest(target.host)) or "unknown"
+        after = (
+            "measured anyway, its environment beside every verdict (--spec-allow-busy-host)"
+            if run.allow_busy_host
+            else f"each window is measured again where other work moves by more than "
+            f"{run.busy_host_share:.0%} of the host beyond its usual"
+        )
+        self.progress(f"plan: a busy host: {env.describe()}; using it: {using}; {after}")
 
     def _watch_traffic(self, original: Service) -> None:
         """Before anything is touched: is anyone else using the service? Refuse if so, unless

@@ -78,6 +78,8 @@ class PromptTypeVerdict:
     @property
     def reason(self) -> str:
         """Why: the reason of the comparison that decided the verdict."""
+        if self.contaminated and self.contaminated.startswith(HOST_BUSY):
+            return f"the host was not quiet while it was measured: {self.contaminated}"
         if self.contaminated:
             return f"other clients used the server while it was measured: {self.contaminated}"
         deciding = next((c for c in self.comparisons if c.verdict is self.verdict), None)
@@ -99,6 +101,7 @@ class PromptTypeVerdict:
 
 
 METRICS = {"throughput": ("tokens_per_s", True), "tpot": ("tpot_ms", False)}
+HOST_BUSY = "host busy in "  # a window contaminated by other work on the host, not its clients
 
 
 def arm_measurements(phases: Sequence[Phase], prompt_type: str) -> list[Measurement]:
@@ -171,12 +174,14 @@ def compare_arms(
     for name in names:
         measured = arm_measurements(candidate, name)
         clean = [m for m in measured if m.foreign is None]
+        sides = ((base_label, baseline), (cand_label, candidate))
         dirty = [
-            f"{side} {m.foreign}"
-            for side, arm in ((base_label, baseline), (cand_label, candidate))
+            f"{HOST_BUSY}{side}'s window: {m.environment.contaminated}"
+            for side, arm in sides
             for m in arm_measurements(arm, name)
-            if m.foreign
-        ]
+            if m.environment is not None and m.environment.contaminated
+        ] + [f"{side} {m.foreign}" for side, arm in sides for m in arm_measurements(arm, name)
+             if m.foreign]  # fmt: skip
         own = [m.request_acceptance for m in measured]
         out[name] = PromptTypeVerdict(
             prompt_type=name,

@@ -296,11 +296,24 @@ def _warnings(
     for phase in record.phases.values():
         for name, m in phase.measurements.items():
             out += [f"{phase.name}/{name}: {w}" for w in m.stats.warnings() if m.samples]
-            if m.foreign:
-                out.append(f"{phase.name}/{name} contaminated by other clients: {m.foreign}")
-            elif m.discarded:
+            env = m.environment
+            where = f"{phase.name}/{name}"
+            host_again = len(env.remeasured) if env is not None else 0
+            if env is not None and env.contaminated:
+                out.append(f"{where} contaminated, the host was busy: {env.contaminated}")
+            elif env is not None and env.off:
+                out.append(f"{where}: the host was not quiet, kept: {env.off}")
+            elif env is not None and host_again:
                 out.append(
-                    f"{phase.name}/{name}: measured again after other clients' traffic "
+                    f"{where}: measured again after the host was busy ("
+                    + "; then ".join(env.remeasured)
+                    + f"); its figures are from window {host_again + 1}, which was clean"
+                )
+            if m.foreign:
+                out.append(f"{where} contaminated by other clients: {m.foreign}")
+            elif m.discarded and len(m.discarded) > host_again * len(m.samples):
+                out.append(
+                    f"{where}: measured again after other clients' traffic "
                     f"({len(m.discarded)} requests set aside)"
                 )
     if verdicts and any(not n.measured for n in assumed.values()):

@@ -84,6 +84,8 @@ class RunConfig:
     traffic_watch_s: float = 10.0  # a running service is watched this long before it is touched
     quiet_wait_s: float = 120.0  # before measuring a window again, wait at most this for quiet
     allow_traffic: bool = False  # measure a service that others are using (their traffic shows)
+    busy_host_share: float = 0.25  # other work beyond the host's usual: a window is contaminated
+    allow_busy_host: bool = False  # keep windows of a busy host, its environment beside verdicts
     record_token_ids: bool = True  # untimed requests for the n-gram prediction (analysis/)
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
@@ -295,12 +297,15 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
         raise ConfigError(f"{where}: assumed_restart_noise must be in (0, 1), got {noise!r}")
     for key in ("request_timeout_s", "read_timeout_s", "traffic_watch_s", "quiet_wait_s"):
         positive_number(getattr(run, key), key, where)
+    share = run.busy_host_share
+    if isinstance(share, bool) or not isinstance(share, float | int) or not 0 < share <= 1:
+        raise ConfigError(f"{where}: busy_host_share must be in (0, 1], got {share!r}")
     if run.on_traffic not in ("remeasure", "mark"):
         raise ConfigError(
             f"{where}: on_traffic must be 'remeasure' or 'mark', got {run.on_traffic!r}"
         )
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
-    for key in ("allow_traffic", "record_token_ids", "ignore_eos"):
+    for key in ("allow_traffic", "allow_busy_host", "record_token_ids", "ignore_eos"):
         if not isinstance(getattr(run, key), bool):
             raise ConfigError(f"{where}: {key} must be true or false")
     if run.search is not None and run.search not in SEARCH_METHODS:

@@ -16,11 +16,13 @@ from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
 from ..config.vllm_argv import REQUEST_METRICS_FLAG
 from ..record.counters import Acceptance, Traffic, combine
+from ..record.host_env import WindowEnvironment
 from ..record.samples import RequestSample
 from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
+from .host_load import Bounds, Probe, Watch, judge
 from .loadgen import RequestSpec, planned_specs, run_level
 from .server_metrics import ServerCounters, acceptance_between, parse_counters, traffic_between
 from .token_ids import TokenIds, record_token_ids
@@ -55,8 +57,12 @@ class Experiment:
         transports: Transports | None = None,
         outside: Mapping[str, RestartNoise] | None = None,
         request_metrics_note: str | None = None,
+        probe: Probe | None = None,
     ) -> None:
         self.settings = settings
+        self._probe = probe  # samples the serving host through each window (None: not watched)
+        self._bounds = Bounds(other_share=settings.run.busy_host_share)
+        self._usual_share = 1.0  # other work on the host before the run (host_before)
         self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
         self.board = board
         self.store = store
@@ -237,33 +243,56 @@ class Experiment:
             f"of up to {window.prompt_type.max_tokens} tokens"
         )
         step = m.level.concurrency or 1
+        set_aside: list[str] = []  # why each earlier window was measured again (the host)
         for attempt in range(1, run.traffic_attempts + 1):
-            before = self._counters(service)
-            wall = self._send(window, indices[:least])
-            while len(m.samples) < most and not self._pinned(window):
-                # adaptive: only the spread decides, never the values themselves
-                sent = len(m.samples)
-                wall += self._send(window, indices[sent : sent + step])
-            after = self._counters(service)
+            with self._watch(service) as watch:
+                before = self._counters(service)
+                wall = self._send(window, indices[:least])
+                while len(m.samples) < most and not self._pinned(window):
+                    # adaptive: only the spread decides, never the values themselves
+                    sent = len(m.samples)
+                    wall += self._send(window, indices[sent : sent + step])
+                after = self._counters(service)
+                m.environment = watch.environment() if watch else None
+            if m.environment is not None:
+                m.environment.remeasured = list(set_aside)
             m.wall_s = wall
             m.acceptance = acceptance_between(before, after)
             m.traffic = traffic_between(before, after)
             m.foreign = foreign(m.traffic, m.samples)
+            busy = self._judge_host(window)
             self.store.flush()
-            if m.foreign is None:
+            if m.foreign is None and busy is None:
                 break
-            self.progress(f"{where}: other clients used the server during the window ({m.foreign})")
-            if run.on_traffic == "mark" or attempt == run.traffic_attempts:
-                self.progress(f"{where}: kept, marked contaminated")
+            if m.foreign is not None:
+                self.progress(
+                    f"{where}: other clients used the server during the window ({m.foreign})"
+                )
+            if busy is not None:
+                self.progress(f"{where}: the host was not quiet during the window ({busy})")
+            keep_busy = busy is None or run.allow_busy_host
+            keep_foreign = m.foreign is None or run.on_traffic == "mark"
+            if (keep_busy and keep_foreign) or attempt == run.traffic_attempts:
+                if busy is not None and m.environment is not None and not run.allow_busy_host:
+                    m.environment.contaminated = busy
+                if m.foreign is not None or not run.allow_busy_host:
+                    self.progress(f"{where}: kept, marked contaminated")
+                else:
+                    self.progress(f"{where}: kept (--spec-allow-busy-host)")
+                self.store.flush()
                 break
             m.discarded += m.samples  # kept in the record, not analysed
             m.samples = []
             m.client = ClientLoad()
             self.progress(
                 f"{where}: measuring again (attempt {attempt + 1} of {run.traffic_attempts}) once "
-                "the server is quiet"
+                f"the {'server' if busy is None else 'host'} is quiet"
             )
-            self.wait_for_quiet(service)
+            if m.foreign is not None:
+                self.wait_for_quiet(service)
+            if busy is not None:
+                set_aside.append(busy)
+                self.wait_for_quiet_host(service)
         stats = m.stats
         self.progress(
             f"{where}: median {m.median_tokens_per_s:.1f} tok/s per request, "
@@ -372,6 +401,83 @@ class Experiment:
                 f"{rate_text(seen, step_s)}"
             )
         self.progress(f"the server did not fall quiet within {limit_s:.0f}s: measuring anyway")
+
+    def _watch(self, service: Service) -> contextlib.AbstractContextManager[Watch | None]:
+        if self._probe is None:
+            return contextlib.nullcontext()
+        return Watch(self._probe, service)
+
+    def _judge_host(self, window: _Window) -> str | None:
+        """What moved beyond the bounds in this window's environment (None where clean)."""
+        env = window.m.environment
+        if env is None:
+            return None
+        other = None
+        for phase in self.record.phases.values():
+            m = phase.measurements.get(window.m.key)
+            if phase.arm != window.phase.arm and m is not None and m.environment is not None:
+                other = (phase.name, m.environment)
+                break
+        env.off = judge(
+            env,
+            usual_share=self._usual(window.m),
+            other_arm=other[1] if other else None,
+            other_label=f"{other[0] if other else 'the other arm'}'s window",
+            bounds=self._bounds,
+        )
+        return env.off
+
+    def _usual(self, current: Measurement | None = None) -> float:
+        """The host's usual other work: the least of the run's clean windows so far and of the
+        host before the run (taken before the server ran, so often more than during a window)."""
+        shares = [
+            m.environment.other_cpu_share
+            for p in self.record.phases.values()
+            for m in p.measurements.values()
+            if m is not current and m.environment is not None and not m.environment.off
+        ]
+        known = [x for x in shares if x is not None]
+        return min([self._usual_share, *known])
+
+    def host_before(self, service: Service, seconds: float = 3.0) -> WindowEnvironment | None:
+        """The host before the run: its usual other work, against which each window is judged."""
+        if self._probe is None:
+            return None
+        with Watch(self._probe, service, interval_s=seconds) as watch:
+            self._clock.sleep(seconds)
+            env = watch.environment()
+        if env is None:
+            return None
+        if env.other_cpu_share is not None:
+            self._usual_share = env.other_cpu_share
+        self.record.environment["host_before_run"] = env.to_json()
+        self.store.flush()
+        return env
+
+    def wait_for_quiet_host(self, service: Service) -> None:
+        """Until a stretch passes with the host's other work within the bound; bounded."""
+        if self._probe is None:
+            return
+        limit_s, step_s = self.settings.run.quiet_wait_s, 3.0
+        start = self._clock.now()
+        while self._clock.now() - start < limit_s:
+            with Watch(self._probe, service, interval_s=step_s) as watch:
+                self._clock.sleep(step_s)
+                env = watch.environment()
+            if (
+                env is None
+                or env.other_cpu_share is None
+                or (
+                    env.other_cpu_share - self._usual() <= self._bounds.other_share
+                    and not env.other_gpu_processes
+                )
+            ):
+                return
+            self.progress(
+                f"  … {self._clock.now() - start:.0f}s waiting for the host to be quiet: "
+                f"{env.describe()}"
+            )
+        self.progress(f"the host did not fall quiet within {limit_s:.0f}s: measuring anyway")
 
     def _pinned(self, window: _Window) -> bool:
         """The adaptive stop rule (analysis/adaptive.py), against this run's earlier starts."""

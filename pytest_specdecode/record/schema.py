@@ -19,6 +19,7 @@ from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens, combine
 from .ending import RestoreReport, RunEnding
+from .host_env import WindowEnvironment
 from .level_stats import LevelStats, level_stats
 from .request_metrics import acceptance_of, against_counters
 from .samples import RequestSample
@@ -61,6 +62,7 @@ class Measurement:
     token_ids: TokenIds | None = None  # captured after the timed requests, for the replay
     slo: SLO = field(default_factory=SLO)  # the level's, as configured when it was measured
     client: ClientLoad = field(default_factory=lambda: ClientLoad())
+    environment: WindowEnvironment | None = None  # the serving host's, through the window
 
     def __post_init__(self) -> None:
         self.key = self.key or self.prompt_type
@@ -170,6 +172,7 @@ class Measurement:
             "samples": [s.to_json() for s in self.samples],
             "discarded": [s.to_json() for s in self.discarded],
             "token_ids": self.token_ids.to_json() if self.token_ids is not None else None,
+            "environment": self.environment.to_json() if self.environment else None,
         }
 
     @classmethod
@@ -188,6 +191,11 @@ class Measurement:
             foreign=data.get("foreign"),
             discarded=[RequestSample.from_json(s) for s in data.get("discarded", [])],
             token_ids=TokenIds.from_json(data["token_ids"]) if data.get("token_ids") else None,
+            environment=(
+                WindowEnvironment.from_json(data["environment"])
+                if data.get("environment")
+                else None
+            ),
         )
 
 

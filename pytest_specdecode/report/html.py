@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, levels, prediction, search
+from . import acceptance, host_env, levels, prediction, search
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
@@ -100,6 +100,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
     parts.append(search.html_section(record, analysis.search))
     parts.append(prediction.html_section(record, analysis))
     parts.append(acceptance.html_section(record, analysis))
+    parts.append(host_env.html_section(record))
     found = checks(record, analysis)
     if found:
         items = "".join(

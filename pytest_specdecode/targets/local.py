@@ -79,6 +79,11 @@ class LocalProcessService:
                 ) from None
         self.label = f"local vLLM process '{self.name}' (pid {self._proc.pid})"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process, which leads its process group; None before a start."""
+        return self._proc.pid if self._proc is not None else None
+
     def terminate(self) -> None:
         """SIGTERM to the server's process group, without waiting (safe from a signal handler)."""
         if self._proc is not None and self._proc.poll() is None:

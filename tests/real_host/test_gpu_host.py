@@ -81,9 +81,7 @@ def test_the_units_own_processes_release_and_a_foreign_one_is_only_reported(host
     unit = SystemdTarget(
         host, UNITS[0], api_base="http://127.0.0.1:9", model="-", progress=said.append
     ).original()
-    started = time.monotonic()
-    unit.stop()  # does not raise: the foreign process is not the unit's
-    assert time.monotonic() - started < 15
+    unit.stop()  # does not raise: the foreign process is not the unit's (its one note says so)
     (note,) = unit.gpu_notes
     assert note.startswith(
         f"after unit {UNITS[0]} on {host.name} stopped, other processes still hold memory on the "

@@ -163,11 +163,8 @@ def test_the_run_records_token_ids_of_baseline_and_candidates(run: Run) -> None:
             )
             assert captured.consistent, captured.check
             assert captured.check.startswith("the timed request's own streamed ids"), captured
-            # issue 19: the untimed requests cost a small share of the timed window (c1). A
-            # candidate's window can be several times shorter (list129: 3x), its share larger.
+            # Their cost, a share of the timed window, is a figure of benchmarks/window_figures.py
             assert ids.recorded_s is not None
-            bound = 0.15 if phase.arm == BASELINE else 0.30
-            assert ids.recorded_s < bound * m.wall_s, (phase.name, name, ids.recorded_s, m.wall_s)
             share = ids.recorded_s / m.wall_s
             print(f"{phase.name} {name}: token ids in {ids.recorded_s:.2f}s, {share:.1%} of the "
                   f"{m.wall_s:.1f}-s timed window")  # fmt: skip
@@ -272,6 +269,13 @@ def test_cost_model_from_the_preset_predicts_the_other_config(run: Run) -> None:
     print(f"\ncost model from the preset only: {prediction.fit.describe()}")
     rows = []
     for name in PROMPTS:
+        # A window that other work on the host distorted is measured again; one that never
+        # came clean is named contaminated, and no figure is compared with it (issue 30).
+        dirty = [f"{p.name}: {why}" for p in full.phases.values()
+                 if (why := _contaminated(p.measurements[name]))]  # fmt: skip
+        if dirty:
+            print(f"  {name:<11} not compared, contaminated: {'; '.join(dirty)}")
+            continue
         pred = prediction.predictions[name][s]
         measured = statistics.median(full.phases["ngram-min2"].measurements[name].tokens_per_s)
         base = statistics.median(full.phases[BASELINE].measurements[name].tokens_per_s)
@@ -281,7 +285,14 @@ def test_cost_model_from_the_preset_predicts_the_other_config(run: Run) -> None:
         rows.append((name, base, pred.tokens_per_s, low, high, measured, inside))
         print(f"  {name:<11} base {base:5.1f} pred {pred.tokens_per_s:5.1f} "
               f"[{low:5.1f}, {high:5.1f}] meas {measured:5.1f} inside={inside}")  # fmt: skip
+    if not rows:
+        pytest.skip("every prompt type had a contaminated window: nothing to compare")
     assert sum(r[-1] for r in rows) >= len(rows) - 1, rows
+
+
+def _contaminated(m: Any) -> str | None:
+    env = m.environment
+    return m.foreign or (env.contaminated if env is not None else None)
 
 
 def test_propose_equals_vllms_own_function() -> None:

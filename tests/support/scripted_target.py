@@ -24,6 +24,7 @@ from pytest_specdecode.config.settings import Settings
 from pytest_specdecode.config.specconfig import SpecConfig, VllmFacts
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.experiment import Experiment
+from pytest_specdecode.measure.host_load import Probe
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.base import Progress, Transports
 from pytest_specdecode.targets.hosts import LocalHost
@@ -334,16 +335,21 @@ def _chunks(speed: Speed) -> list[tuple[int, str]]:
 NEVER = math.inf
 
 
-def measure_arms(target: ScriptedTarget, s: Settings, where: Path, *arms: str) -> RunStore:
+def measure_arms(
+    target: ScriptedTarget, s: Settings, where: Path, *arms: str, probe: Probe | None = None
+) -> RunStore:
     """The experiment over a scripted target: each arm measured in order, stored under
-    `where/run`; returns the store once the restore has run."""
+    `where/run`; returns the store once the restore has run. `probe`: the serving host's
+    samples, scripted (tests/unit/test_host_load.py)."""
     (where / "run").mkdir()
     store = RunStore(where / "run", record(s))
     with experiment_services(
         target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
         transport=target.transports().sync, clock=target.time.clock,
     ) as board:  # fmt: skip
-        exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+        exp = Experiment(
+            s, board, store, progress=lambda _: None, transports=target.transports(), probe=probe
+        )
         for arm in arms:
             exp.arm(arm)
     return store

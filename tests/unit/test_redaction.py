@@ -37,6 +37,8 @@ CASES = {
     "a bearer header in lower case": ("authorization: bearer tok-lower-5555", "tok-lower"),
     "hf_token in JSON": ('{"hf_token": "hf_json_secret_888"}', "hf_json_secret"),
     "HF_TOKEN in JSON": ('{"HF_TOKEN": "hf_upper_secret_999"}', "hf_upper_secret"),
+    "a key ending in token": ('{"access_token": "ya29-access-secret"}', "ya29-access"),
+    "a key ending in api_key": ("openai_api_key = 'sk-py-secret-31415'", "sk-py-secret"),
 }
 LEAKY = "\n".join(text for text, _ in CASES.values())
 
