@@ -208,9 +208,11 @@ def write_remote_experiment(
         pytester.path / "suites",
         ignore=shutil.ignore_patterns("*.toml", "__pycache__"),
     )
-    # Token ids only where a test asks (the seed workflow), a short look for other clients
+    # Token ids only where a test asks (the seed workflow), a short look for other clients; the
+    # host's CPU recorded, not judged: make test runs the embedded vLLM beside it (embedded.py)
     run_values = {"samples": 5, "max_samples": 5, "warmup": 1, "max_tokens": 32,
-                  "record_token_ids": False, "traffic_watch_s": 2.0, **(run or {})}  # fmt: skip
+                  "record_token_ids": False, "traffic_watch_s": 2.0, "busy_host_share": 1.0,
+                  **(run or {})}  # fmt: skip
     target_values = {
         "startup_timeout_s": 400,
         "restore_timeout_s": 600,
