@@ -16,10 +16,12 @@ from ..record.schema import Phase, RunRecord
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import PromptTypeVerdict, compare_arms, worst
+from .control import ControlSplit, control_splits
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
 from .search_answer import SearchAnswer, search_answer
+from .side_changes import CandidateSideChanges, run_side_changes
 from .stats import RestartNoise, Verdict
 
 
@@ -96,6 +98,9 @@ class RunAnalysis:
     # acceptance per request, prompt and level; the replay checked step by step at each level
     acceptance: AcceptanceByLevel = field(default_factory=AcceptanceByLevel)
     search: SearchAnswer | None = None  # --spec-search: the answer in one paragraph
+    # what each candidate changed besides speculation; --spec-control: its change in three
+    side_changes: dict[str, CandidateSideChanges] = field(default_factory=dict)
+    splits: dict[str, ControlSplit] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -138,6 +143,8 @@ class RunAnalysis:
             "dynamic_k": [d.to_dict() for d in self.dynamic_k],
             "acceptance_by_level": self.acceptance.to_json(),
             "search": self.search.to_json() if self.search else None,
+            "side_changes": {c: x.to_dict() for c, x in self.side_changes.items()},
+            "control_splits": {c: x.to_json() for c, x in self.splits.items()},
         }
 
 
@@ -214,6 +221,8 @@ def analyze(record: RunRecord) -> RunAnalysis:
         else [],
         acceptance=by_level,
         search=search_answer(record, verdicts, max_num_seqs=max_num_seqs(record)),
+        side_changes=run_side_changes(record),
+        splits=control_splits(record, verdicts, noise=assumed, kin=_kin(record, (BASELINE,))),
     )
 
 
