@@ -82,7 +82,7 @@ def _split_table(split: ControlSplit) -> str:
         for key in split.keys
     )
     return (
-        f"<p>{e(split.candidate)} split by its control arm <code>{e(split.control)}</code> (the "
+        f"<p>{e(split.candidate)} split by its control arm {e(split.control)} (the "
         f"original + <code>{e(split.added)}</code>), throughput change "
         f"[{_confidence(split)} interval]:</p>"
         f"<table class='specdecode-table specdecode-split'><thead><tr><th>prompt</th>{head}"
