@@ -156,7 +156,7 @@ def test_a_container_unit_cannot_carry_the_variable() -> None:
         "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server",
         "/usr/bin/docker run --rm vllm/vllm-openai:latest",
     )
-    with pytest.raises(ConfigError, match="VLLM_USE_V2_MODEL_RUNNER.*cannot be reproduced"):
+    with pytest.raises(ConfigError, match=r"VLLM_USE_V2_MODEL_RUNNER.*cannot be reproduced"):
         render_dropin("vllm.service", unit, CONTROL, run_id="r1", images=("vllm/vllm-openai",))
 
 
