@@ -64,27 +64,12 @@ def markdown_lines(analysis: RunAnalysis, candidate: str) -> list[str]:
 
 
 def html_block(analysis: RunAnalysis, candidate: str) -> str:
+    found = analysis.side_changes.get(candidate)
     changed = changed_line(analysis, candidate)
-    parts = [f"<p class='warn'>{html.escape(changed)}</p>"] if changed else []
-    split = analysis.splits.get(candidate)
-    if split is not None:
-        parts.append(_split_table(split))
+    klass = "warn" if found is not None and found.changes else "note"
+    parts = [f"<p class='{klass}'>{html.escape(changed)}</p>"] if changed else []
+    split = split_lines(analysis, candidate)
+    if split:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in split[1:])
+        parts.append(f"<p>{html.escape(split[0])}</p><ul class='specdecode-split'>{items}</ul>")
     return "".join(parts)
-
-
-def _split_table(split: ControlSplit) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(label)}</th>" for _, label in PARTS)
-    body = "".join(
-        f"<tr><td>{e(key)}</td>"
-        + "".join(f"<td>{e(_change(split.part(name, key)))}</td>" for name, _ in PARTS)
-        + "</tr>"
-        for key in split.keys
-    )
-    return (
-        f"<p>{e(split.candidate)} split by its control arm {e(split.control)} (the "
-        f"original + <code>{e(split.added)}</code>), throughput change "
-        f"[{_confidence(split)} interval]:</p>"
-        f"<table class='specdecode-table specdecode-split'><thead><tr><th>prompt</th>{head}"
-        f"</tr></thead><tbody>{body}</tbody></table>"
-    )
