@@ -61,6 +61,7 @@ _INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 # The journal lines a start's settings are read from (record/engine_settings.py).
 SETTINGS_LINES = (
     "non-default args|Initializing a V1 LLM engine|version |WARNING|sync scheduling|"
+    "Asynchronous scheduling|"
     "Model Runner|model runner"
 )
 

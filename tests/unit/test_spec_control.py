@@ -4,6 +4,7 @@ report splits the change in three; what each backend starts the control with."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,10 +13,13 @@ from pytest_specdecode.analysis.side_changes import RUNNER_ENV
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.vllm_argv import with_speculative_config
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.record.engine_settings import parse_engine_log
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.plan import phase_order, side_change_plan
+from pytest_specdecode.targets.hosts import CommandResult
 from pytest_specdecode.targets.local import LocalProcessTarget
+from pytest_specdecode.targets.systemd import SETTINGS_LINES, SystemdUnit
 from pytest_specdecode.targets.unitfile import render_dropin
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
@@ -187,3 +191,46 @@ def test_a_local_start_log_is_the_lines_after_its_own_command(tmp_path: Path) ->
         "$ python -m old\nUsing V2 Model Runner\n$ python -m new\nfirst\n\nsecond\n"
     )
     assert service.start_log() == ["first", "second"]
+
+
+class JournalHost:
+    """A host that answers systemctl's InvocationID and journalctl, as the calls are made."""
+
+    name = "root@gpu"
+
+    def __init__(self, lines: list[str], *, grep: bool = True) -> None:
+        self.lines, self.grep, self.calls = lines, grep, []
+
+    def run(self, argv, *, timeout=60.0, stdin=None, privileged=True) -> CommandResult:
+        argv = list(argv)
+        self.calls.append(argv)
+        if argv[0] == "systemctl":
+            return CommandResult(self.name, argv, 0, "0123456789abcdef0123456789abcdef\n", "")
+        if "--grep" in argv and not self.grep:
+            return CommandResult(self.name, argv, 1, "", "journalctl: --grep is not supported")
+        found = self.lines if "--grep" not in argv else [x for x in self.lines if "Async" in x]
+        return CommandResult(
+            self.name, argv, 0, "\n".join(found[::-1] if "-r" in argv else found), ""
+        )
+
+
+def systemd_unit(host: JournalHost) -> SystemdUnit:
+    target = SimpleNamespace(
+        host=host, unit="vllm.service", api_base="http://h:8000", model="m", host_name="root@gpu",
+        progress=lambda _: None,
+    )  # fmt: skip
+    return SystemdUnit(target)  # type: ignore[arg-type]
+
+
+def test_a_systemd_start_log_is_its_invocations_journal_lines_that_tell_settings() -> None:
+    lines = gpu_lines("ngram")
+    host = JournalHost(lines)
+    found = systemd_unit(host).start_log()
+    journal = host.calls[-1]
+    assert "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef" in journal
+    assert journal[journal.index("--grep") + 1] == SETTINGS_LINES
+    assert found == [lines[0]]
+    # a journalctl without --grep: the newest lines, oldest first
+    host = JournalHost(lines, grep=False)
+    assert systemd_unit(host).start_log() == lines
+    assert parse_engine_log(lines).model_runner == "V1"
