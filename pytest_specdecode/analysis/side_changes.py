@@ -168,7 +168,7 @@ def foreseen_text(method: str, version: str | None) -> str | None:
     if not rules:
         return None
     parts = [
-        f"{r.setting} {r.candidate} where the original runs {r.baseline} ({r.why})" for r in rules
+        f"{r.setting} {r.candidate} (the original: {r.baseline} by default; {r.why})" for r in rules
     ]
     return "expected, not measured: " + "; ".join(parts)
 

@@ -138,7 +138,9 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
     assert "Async scheduling not supported with ngram" in engines["ngram"]["async_evidence"]
     assert engines["baseline"]["async_scheduling"] is False
     assert not engines["baseline"]["async_said"]
-    assert engines["baseline"]["non_default_args"]["max_model_len"] == 2048
+    command = data["target"]["command"]
+    max_model_len = int(command[command.index("--max-model-len") + 1])
+    assert engines["baseline"]["non_default_args"]["max_model_len"] == max_model_len
     control = data["phases"]["ngram-control"]
     assert control["control_of"] == "ngram" and control["spec"] == {}
     assert control["extra_args"] == ["--no-async-scheduling"]
