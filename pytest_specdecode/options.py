@@ -50,6 +50,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "min_effect": opt("spec_min_effect"),
             "search": opt("spec_search"),
             "max_reloads": opt("spec_max_reloads"),
+            "control": opt("spec_control") or None,
         },
     )
 

@@ -223,6 +223,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "difference flags the experiment unreliable",
     )
     add(
+        "--spec-control",
+        action="store_true",
+        default=False,
+        help="after each candidate, start the original again with the same side changes the "
+        "candidate got (e.g. --no-async-scheduling): the report splits the change into "
+        "speculation itself and the side changes (docs/options.md)",
+    )
+    add(
         "--spec-baseline-from",
         metavar="PATH",
         default=None,

@@ -50,6 +50,7 @@ from .report.plan import (
     dry_run_lines,
     previous_timing,
     search_text,
+    side_change_plan,
     stored_prediction,
     stored_search_plan,
 )
@@ -177,9 +178,15 @@ class SpecDecodeSession:
                 else stored_prediction(settings, host=target.host_name)
             ),
             design=self._design_lines(target),
+            side_changes=side_change_plan(settings, self._target_version()),
         )
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
+
+    def _target_version(self) -> str | None:
+        """The target's vLLM version where it was asked (not the offline list's)."""
+        facts = self.vllm_facts
+        return facts.version if facts is not None and not facts.offline else None
 
     def _timing(self, target: Target) -> Timing:
         return previous_timing(
@@ -214,6 +221,8 @@ class SpecDecodeSession:
                 self.progress(f"plan: candidates {search_text(settings.run)}")
             self.progress(f"plan: restart noise: {self._noise_plan(target.host_name)}")
             for line in self._design_lines(target):
+                self.progress(f"plan: {line}")
+            for line in side_change_plan(settings, self._target_version()):
                 self.progress(f"plan: {line}")
             target.preflight()
         except SpecDecodeError as exc:

@@ -16,10 +16,12 @@ from ..record.schema import RunRecord
 from . import noise
 from .checks import Equivalence, differences, equivalences, facts
 from .compare import METRICS, PromptTypeVerdict, compare_arms, original_kin, own_figure, worst
+from .control import ControlSplit, control_splits
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction import RunPrediction, predict_run
 from .search_answer import SearchAnswer, search_answer
+from .side_changes import CandidateSideChanges, run_side_changes
 from .stats import RestartNoise, Verdict
 
 Figures = dict[str, dict[str, dict[str, float]]]  # arm -> key -> metric -> figure
@@ -100,6 +102,9 @@ class RunAnalysis:
     search: SearchAnswer | None = None  # --spec-search: the answer in one paragraph
     # arm -> key -> metric -> its one figure, as the results table gives it (run_figures)
     figures: Figures = field(default_factory=dict)
+    # what each candidate changed besides speculation; --spec-control: its change in three
+    side_changes: dict[str, CandidateSideChanges] = field(default_factory=dict)
+    splits: dict[str, ControlSplit] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -142,6 +147,8 @@ class RunAnalysis:
             "dynamic_k": [d.to_dict() for d in self.dynamic_k],
             "acceptance_by_level": self.acceptance.to_json(),
             "search": self.search.to_json() if self.search else None,
+            "side_changes": {c: x.to_dict() for c, x in self.side_changes.items()},
+            "control_splits": {c: x.to_json() for c, x in self.splits.items()},
         }
 
 
@@ -207,6 +214,10 @@ def analyze(record: RunRecord) -> RunAnalysis:
         acceptance=by_level,
         search=search_answer(record, verdicts, max_num_seqs=max_num_seqs(record)),
         figures=run_figures(record, verdicts, checks),
+        side_changes=run_side_changes(record),
+        splits=control_splits(
+            record, verdicts, noise=assumed, kin=original_kin(record, (BASELINE,))
+        ),
     )
 
 

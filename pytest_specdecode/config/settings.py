@@ -91,6 +91,7 @@ class RunConfig:
     read_timeout_s: float = 60.0
     search: str | None = None  # "ngram": the search chooses the candidates (analysis/search.py)
     max_reloads: int = 3  # the search's budget: candidates it may start
+    control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):
@@ -305,7 +306,7 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
             f"{where}: on_traffic must be 'remeasure' or 'mark', got {run.on_traffic!r}"
         )
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
-    for key in ("allow_traffic", "allow_busy_host", "record_token_ids", "ignore_eos"):
+    for key in ("allow_traffic", "allow_busy_host", "record_token_ids", "ignore_eos", "control"):
         if not isinstance(getattr(run, key), bool):
             raise ConfigError(f"{where}: {key} must be true or false")
     if run.search is not None and run.search not in SEARCH_METHODS:

@@ -199,6 +199,9 @@ class SpecConfig:
     # server arguments added beside --speculative-config to measure it (not a hypothesis):
     # `--per-request-spec-decode-metrics detailed` where the target's vLLM knows it
     extra_args: tuple[str, ...] = ()
+    # the server's environment over the target's: a control arm's (VLLM_USE_V2_MODEL_RUNNER)
+    env: Mapping[str, str] = field(default_factory=dict)
+    control_of: str | None = None  # --spec-control: the candidate whose side changes it has
 
     @property
     def is_original(self) -> bool:

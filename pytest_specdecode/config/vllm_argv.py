@@ -124,11 +124,12 @@ def with_speculative_config(
     """The same command with `--speculative-config JSON` (replacing any that was there), then
     the spec's `extra_args`.
 
-    The A/A candidate is the original's command unchanged.
+    The A/A candidate is the original's command unchanged; a control arm (--spec-control), the
+    original's command plus its `extra_args` (e.g. `--no-async-scheduling`).
     """
     start = parse_server_command(argv, where=where, images=images).server_args
     if spec.is_original:
-        return list(argv)
+        return [*argv, *spec.extra_args]
     kept = [a for i, a in enumerate(argv) if i < start or i not in spec_flag_positions(argv, start)]
     return [*kept, SPEC_FLAG, spec.to_json(), *spec.extra_args]
 

@@ -10,12 +10,15 @@ import httpx
 
 from ..analysis.adaptive import pinned, target_se
 from ..analysis.restarts import RestartNoise
+from ..analysis.side_changes import control_name, control_plan
 from ..config.arms import BASELINE, BASELINE_AFTER, cell_key, design_order
 from ..config.prompts import request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
 from ..config.vllm_argv import REQUEST_METRICS_FLAG
+from ..errors import ServiceError
 from ..record.counters import Acceptance, Traffic, combine
+from ..record.engine_settings import EngineSettings, from_server_info, parse_engine_log
 from ..record.host_env import WindowEnvironment
 from ..record.samples import RequestSample
 from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
@@ -79,10 +82,17 @@ class Experiment:
         self._ids_recorded: set[str] = set()  # prompt types whose token ids this run recorded
         self._plan_ids_recorded: set[str] = set()  # ... for every prompt of the plan
         reused = {p.arm for p in store.record.phases.values()}  # a stored baseline
+        # --spec-control: after each candidate, the original with the candidate's side changes
+        self.controls = (
+            {control_name(c.name): c for c in settings.candidates if not c.is_original}
+            if settings.run.control
+            else {}
+        )
+        arms = [c.name for c in settings.candidates]
+        for name, spec in self.controls.items():
+            arms.insert(arms.index(spec.name) + 1, name)
         self.order = [
-            entry
-            for entry in design_order([c.name for c in settings.candidates], settings.run.repeats)
-            if entry[1] not in reused
+            entry for entry in design_order(arms, settings.run.repeats) if entry[1] not in reused
         ]
         self._next = 0
         self._errors: dict[str, Exception] = {}
@@ -96,7 +106,32 @@ class Experiment:
         for spec in self.settings.candidates:
             if spec.name == name:
                 return spec
+        if name in self.controls and name not in self._chosen:
+            self._chosen[name] = self._control(name)
         return self._chosen[name]
+
+    def _control(self, name: str) -> SpecConfig:
+        """The original's configuration with what its candidate's start changed besides
+        speculation (measured), or what the known rules foresee (where the logs told nothing)."""
+        spec = self.controls[name]
+        if spec.name in self._errors:
+            raise ServiceError(
+                f"control {name!r} not started: candidate {spec.name!r} failed, so its side "
+                "changes are unknown"
+            )
+        found = control_plan(self.record, spec, version=self._known_version())
+        self.progress(f"[{name}] {found.text}")
+        return SpecConfig(
+            name=name,
+            values={},
+            extra_args=found.reproduction.args,
+            env=dict(found.reproduction.env),
+            control_of=spec.name,
+        )
+
+    def _known_version(self) -> str | None:
+        versions = [p.server_version for p in self.record.phases.values() if p.server_version]
+        return versions[0] if versions else None
 
     def measure_new(self, spec: SpecConfig) -> Phase:
         """A candidate chosen during the run (the search's): recorded, then measured once in a
@@ -161,12 +196,28 @@ class Experiment:
             extra_args=list(spec.extra_args) if spec else [],
             request_metrics=self._request_metrics(spec),
             startup_s=self.board.last_startup_s,
+            control_of=spec.control_of if spec else None,
+            env=dict(spec.env) if spec else {},
         )
+        phase.engine = self._engine(service)
+        self.progress(f"[{name}] the engine ran with: {phase.engine.describe()}")
         self.record.phases[name] = phase
         self.store.flush()
         for prompt_type in self.settings.prompt_types.values():
             self._measure_prompt_type(phase, prompt_type, service)
         self.store.flush()
+
+    def _engine(self, service: Service) -> EngineSettings:
+        """What this start ran with: its whole log, and /server_info where vLLM's dev mode
+        offers it."""
+        settings = parse_engine_log(service.start_log())
+        text = self._get(service, "/server_info?config_format=json")
+        if text is not None:
+            with contextlib.suppress(ValueError):
+                info = httpx.Response(200, text=text).json()
+                if isinstance(info, dict):
+                    settings = from_server_info(settings, info)
+        return settings
 
     def _request_metrics(self, spec: SpecConfig | None) -> str | None:
         """How this phase's requests report their own acceptance: the level asked, or why none."""
@@ -216,8 +267,8 @@ class Experiment:
                 if plan.warmup:
                     self._send(window, plan.warmup, warmup=True)
             self._measure_level(window, indices, service)
-        if first is None or phase.arm == BASELINE_AFTER:
-            return
+        if first is None or phase.arm == BASELINE_AFTER or phase.control_of:
+            return  # a control's outputs are the original's: nothing to replay
         if not self.settings.run.record_token_ids:
             first.m.token_ids = TokenIds(missing="not recorded: [run] record_token_ids = false")
             return

@@ -19,6 +19,7 @@ from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens, combine
 from .ending import RestoreReport, RunEnding
+from .engine_settings import EngineSettings
 from .host_env import WindowEnvironment
 from .level_stats import LevelStats, level_stats
 from .request_metrics import acceptance_of, against_counters
@@ -215,6 +216,9 @@ class Phase:
     # the original
     request_metrics: str | None = None
     startup_s: float | None = None  # from start to serving; None: measured as found running
+    engine: EngineSettings | None = None  # what the start ran with (record/engine_settings.py)
+    control_of: str | None = None  # --spec-control: the candidate whose side changes it has
+    env: dict[str, str] = field(default_factory=dict)  # set for this start (a control's)
 
     @property
     def acceptance(self) -> Acceptance:
@@ -231,6 +235,9 @@ class Phase:
             "extra_args": self.extra_args,
             "request_metrics": self.request_metrics,
             "startup_s": self.startup_s,
+            "engine": _optional(self.engine),
+            "control_of": self.control_of,
+            "env": self.env,
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
         }
@@ -247,6 +254,9 @@ class Phase:
             extra_args=list(data.get("extra_args") or []),
             request_metrics=data.get("request_metrics"),
             startup_s=data.get("startup_s"),
+            engine=_read(EngineSettings, data.get("engine")),
+            control_of=data.get("control_of"),
+            env=dict(data.get("env") or {}),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
             },

@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, host_env, levels, prediction, search
+from . import acceptance, host_env, levels, prediction, search, side_changes
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
@@ -96,6 +96,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         )
         parts.append(table(rows(analysis, name)))
         parts.append(f"<p>{_e(acceptance_text(record.arm_phases(name)[0].acceptance))}</p>")
+        parts.append(side_changes.html_block(analysis, name))
     parts.append(levels.html_section(record, analysis))
     parts.append(search.html_section(record, analysis.search))
     parts.append(prediction.html_section(record, analysis))

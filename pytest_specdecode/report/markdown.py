@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, levels, prediction, search
+from . import acceptance, levels, prediction, search, side_changes
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
 from .text import STATISTICS_NOTE, acceptance_text, design_text, title
 
@@ -58,6 +58,7 @@ def summary(
                 cells[-1] = f"**{cells[-1]}**"
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
+        lines += side_changes.markdown_lines(analysis, name)
     lines += levels.markdown_lines(record, analysis)
     lines += search.markdown_lines(record, analysis.search)
     lines += [f"- {line.strip()}" for line in search.coverage_lines(analysis.search)]

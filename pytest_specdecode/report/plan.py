@@ -11,6 +11,7 @@ from ..analysis.design import design_to_detect, reach
 from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
 from ..analysis.search import plan_search
+from ..analysis.side_changes import control_name, foreseen, foreseen_text, from_rules, reproduce
 from ..config.arms import BASELINE, BASELINE_AFTER, design_order
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
@@ -118,13 +119,19 @@ def search_text(run: RunConfig) -> str:
 
 def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:
     """The phases the design measures, in order (ABA last); a search's at most."""
-    names = [c.name for c in settings.candidates]
+    names = []
+    for spec in settings.candidates:  # with --spec-control, each one's control right after it
+        names += [spec.name, *([control_name(spec.name)] if _controlled(settings, spec) else [])]
     if settings.run.search:
         names += [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
     order = [name for name, arm in design_order(names, settings.run.repeats)]
     if not baseline:
         order = [n for n in order if n.split("#")[0] != BASELINE]
     return order + ([BASELINE_AFTER] if aba and names else [])
+
+
+def _controlled(settings: Settings, spec: SpecConfig) -> bool:
+    return settings.run.control and not spec.is_original
 
 
 def count_requests(settings: Settings, *, baseline: bool, aba: bool) -> tuple[int, int, int]:
@@ -164,6 +171,30 @@ def estimate_seconds(
     return starts * timing.start_s + phases * waves * tokens * timing.s_per_token, starts
 
 
+def side_change_plan(settings: Settings, version: str | None) -> list[str]:
+    """Per candidate, the side changes the known rules foresee (analysis/side_changes.py), and
+    with --spec-control what its control arm would add; worded as expected, not measured."""
+    out = []
+    for spec in settings.candidates:
+        if spec.is_original:
+            continue
+        expected = foreseen_text(spec.method, version)
+        out.append(
+            f"side changes of {spec.name}: "
+            + (expected or "none foreseen by the known rules")
+            + "; what the start actually runs with is read from its log and shown beside "
+            "its verdict"
+        )
+        if settings.run.control:
+            rules = reproduce(from_rules(foreseen(spec.method, version)))
+            out.append(
+                f"control arm {control_name(spec.name)}: after {spec.name}, the original again "
+                f"with {spec.name}'s side changes as measured at its start (foreseen: "
+                f"{rules.describe()})"
+            )
+    return out
+
+
 def candidate_text(spec: SpecConfig) -> str:
     if spec.is_original:
         return f"{spec.name} (A/A: the original's own configuration, started again)"
@@ -182,6 +213,7 @@ def dry_run_lines(
     noise: str = "",
     predicted: Sequence[str] = (),
     design: Sequence[str] = (),
+    side_changes: Sequence[str] = (),
 ) -> list[str]:
     """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines."""
     t = settings.target
@@ -197,6 +229,7 @@ def dry_run_lines(
         f"model: {t.model} at {t.api_base}",
         "candidates: " + (", ".join(map(candidate_text, settings.candidates)) or search_text(run)),
         f"prompt types: {', '.join(settings.prompt_types)}",
+        *side_changes,
     ]
     if baseline_from:
         lines.append(

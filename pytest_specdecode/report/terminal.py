@@ -8,7 +8,7 @@ from pathlib import Path
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
-from . import acceptance, levels, prediction, search
+from . import acceptance, levels, prediction, search, side_changes
 from .rows import checks, headline, rows, undecided
 from .text import fmt_num, fmt_p, fmt_pct
 
@@ -47,6 +47,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
                 f"  {candidate}: per-position acceptance [{rates}], draft acceptance "
                 f"{fmt_pct(acc.draft_acceptance_rate, sign=False)}"
             )
+        out += side_changes.terminal_lines(analysis, candidate)
     if analysis.verdicts:
         out += [f"Result: {headline(analysis)}", *undecided(analysis)]
     out += levels.terminal_lines(record, analysis)

@@ -48,6 +48,11 @@ class Service(Protocol):
 
     def log_tail(self, lines: int = 20) -> list[str]: ...
 
+    def start_log(self) -> list[str]:
+        """The whole log of the current start, oldest first (the settings it ran with are read
+        from it: record/engine_settings.py); [] where it cannot be read."""
+        ...
+
 
 class Target(Protocol):
     """A deployment: its original service, and candidates derived from it."""

@@ -129,6 +129,16 @@ class LocalProcessService:
             return []
         return [redact_text(line) for line in text.splitlines() if line.strip()][-lines:]
 
+    def start_log(self) -> list[str]:
+        """The log file from this start's `$ command` line on (a restart appends to it)."""
+        try:
+            text = self._log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        lines = text.splitlines()
+        first = max((i for i, line in enumerate(lines) if line.startswith("$ ")), default=-1)
+        return [redact_text(line) for line in lines[first + 1 :] if line.strip()]
+
 
 class LocalProcessTarget:
     """The original server command and the candidates derived from it, all on this machine."""
@@ -190,13 +200,17 @@ class LocalProcessTarget:
 
     def candidate(self, spec: SpecConfig) -> LocalProcessService:
         argv = with_speculative_config(self.command, spec, where="[target] command")
-        return self._service(f"candidate-{spec.name}", argv)
+        return self._service(f"candidate-{spec.name}", argv, env=spec.env)
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         steps = [f"start the original: (cd {self.workdir} && {shlex.join(self.command)})"]
         for spec in specs:
             argv = with_speculative_config(self.command, spec, where="[target] command")
-            steps += ["stop the running server", f"start candidate {spec.name}: {shlex.join(argv)}"]
+            env = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(spec.env.items()))
+            steps += [
+                "stop the running server",
+                f"start candidate {spec.name}: {env}{shlex.join(argv)}",
+            ]
         steps.append("stop the last server (the original was not running before)")
         return steps
 
@@ -228,14 +242,16 @@ class LocalProcessTarget:
     def close(self) -> None:
         return None
 
-    def _service(self, name: str, argv: Sequence[str]) -> LocalProcessService:
+    def _service(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> LocalProcessService:
         service = LocalProcessService(
             name=name,
             argv=argv,
             api_base=self.api_base,
             model=self.model,
             workdir=self.workdir,
-            env=self.env,
+            env={**self.env, **(env or {})},
             log_path=self.log_dir / f"server-{name}.log",
         )
         self._services.append(service)

@@ -58,6 +58,12 @@ ENGINE_DEATH = re.compile(
 GPU_RELEASE_TIMEOUT_S = 60.0  # H200: 0.2 s after the process; big multi-GPU servers longer
 _SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
 _INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
+# The journal lines a start's settings are read from (record/engine_settings.py).
+SETTINGS_LINES = (
+    "non-default args|Initializing a V1 LLM engine|version |WARNING|sync scheduling|"
+    "Asynchronous scheduling|"
+    "Model Runner|model runner"
+)
 
 
 class SystemdUnit:
@@ -143,6 +149,24 @@ class SystemdUnit:
     def log_tail(self, lines: int = 20) -> list[str]:
         """The newest journal lines: since this run started the unit, else of its current run."""
         return self._journal(lines, since_start=self._started_at is not None)
+
+    def start_log(self) -> list[str]:
+        """The lines of the unit's current run that tell its settings (journalctl --grep), so
+        a unit that has served for weeks is not read whole; else its newest 5000 lines."""
+        invocation = self.host.run(
+            ["systemctl", "show", "-p", "InvocationID", "--value", self.unit], timeout=30
+        ).stdout.strip()
+        if not _INVOCATION_ID.match(invocation):
+            return []
+        match = [f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager"]
+        try:
+            found = self.host.run(["journalctl", *match, "--grep", SETTINGS_LINES], timeout=60)
+            if not found.ok and "grep" in found.stderr.lower():  # built without PCRE2
+                found = self.host.run(["journalctl", *match, "-r", "-n", "5000"], timeout=60)
+                return [redact_text(x) for x in found.stdout.splitlines() if x.strip()][::-1]
+        except HostError:
+            return []
+        return [redact_text(x) for x in found.stdout.splitlines() if x.strip()]
 
     def _engine_death(self) -> str | None:
         """A journal line of the unit's current run that says the engine is dead."""

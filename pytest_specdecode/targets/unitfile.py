@@ -211,8 +211,9 @@ def candidate_exec_start(
     original's ExecStart as it is.
     """
     exec_start = effective_exec_start(unit_text, where=where, images=images)
-    if spec.is_original:  # the A/A candidate: the original's command as it is
-        return exec_start.prefix + " ".join(t.raw for t in exec_start.tokens)
+    if spec.is_original:  # the A/A candidate: the original's command as it is; a control: plus
+        words = [t.raw for t in exec_start.tokens] + list(map(quote_arg, spec.extra_args))
+        return exec_start.prefix + " ".join(words)
     drop = spec_flag_positions(exec_start.argv, exec_start.server.server_args)
     kept = [t.raw for i, t in enumerate(exec_start.tokens) if i not in drop]
     added = [SPEC_FLAG, quote_arg(spec.to_json()), *map(quote_arg, spec.extra_args)]
@@ -237,11 +238,31 @@ def render_dropin(
             "# Runtime only: /run is cleared at boot, so a reboot brings back the original.",
             "# Removed when the run restores the original, or by its watchdog.",
             "[Service]",
+            *_environment_lines(unit_text, spec, where=where, images=images),
             "ExecStart=",
             f"ExecStart={exec_start}",
             "",
         ]
     )
+
+
+def _environment_lines(
+    unit_text: str, spec: SpecConfig, *, where: str, images: Sequence[str] | None
+) -> list[str]:
+    """`Environment=NAME=value` for a control arm's variables (after the unit's own, so they
+    win). A container unit's server would not see them: refused, naming the variables."""
+    if not spec.env:
+        return []
+    if effective_exec_start(unit_text, where=where, images=images).server.image is not None:
+        raise ConfigError(
+            f"{where}: candidate {spec.name!r} needs {', '.join(sorted(spec.env))} in the "
+            "server's environment, which a container unit's Environment= does not reach; "
+            "that side change cannot be reproduced here"
+        )
+    for name, value in spec.env.items():
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) or not re.fullmatch(r"[\w.,:/-]*", value):
+            raise ConfigError(f"{where}: environment {name}={value!r} is not a plain variable")
+    return [f"Environment={name}={value}" for name, value in sorted(spec.env.items())]
 
 
 def check_dropin_wins(unit_text: str, *, where: str) -> None:

@@ -1,7 +1,8 @@
 """The experiment end to end on the real CPU vLLM (minutes each): the tests that matter.
 
-One run (baseline, ngram, and the original again with --spec-aba; four prompt types) serves the
-end-to-end test and the report test; the faults each start servers of their own.
+One run (baseline, ngram, its control arm with --spec-control, and the original again with
+--spec-aba; four prompt types) serves the end-to-end test and the report test; the faults each
+start servers of their own.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def ngram_run(tmp_path_factory: pytest.TempPathFactory) -> NgramRun:
         "[prompt_types.structured]\n", "[prompt_types.structured]\nmax_tpot_ms = 0.5\n"
     )
     exp.config.write_text(text)
-    done = run_suite(exp, "--spec-config", "ngram", "--spec-aba", "-rA")
+    done = run_suite(exp, "--spec-config", "ngram", "--spec-control", "--spec-aba", "-rA")
     assert exp.reports.exists(), (done.stdout + done.stderr)[-3000:]  # refused: no run folder
     return NgramRun(exp, done.stdout, done.stderr, done.returncode, exp.results())
 
@@ -87,8 +88,10 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
     assert ngram_run.returncode == pytest.ExitCode.TESTS_FAILED
     assert "median TPOT" in out and "above the threshold 0.5 ms" in out
 
-    # The original, the candidate, the original again (ABA); restored to "not running".
-    assert err.count("starting local vLLM process") == 3, err
+    # The original, the candidate, its control, the original again (ABA); restored to "not
+    # running".
+    assert err.count("starting local vLLM process") == 4, err
+    assert err.count("starting local vLLM process 'candidate-ngram-control'") == 1, err
     assert err.count("starting local vLLM process 'original'") == 2, err
     assert "drift check (ABA): measuring the original again" in err
     assert "waiting for local vLLM process 'original'" in err
@@ -103,8 +106,8 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
 
     # results.json: every request, configs, version, metric deltas, verdicts.
     samples = all_samples(data)
-    assert len(samples) == 3 * 4 * (6 + 1)
-    assert sum(not s["warmup"] for s in samples) == 3 * 4 * 6
+    assert len(samples) == 4 * 4 * (6 + 1)
+    assert sum(not s["warmup"] for s in samples) == 4 * 4 * 6
     assert all(s["output_tokens"] > 1 and s["tpot_s"] > 0 for s in samples)
     assert data["candidates"]["ngram"] == {
         "method": "ngram",
@@ -127,6 +130,42 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
         )
         assert v["acceptance_note"] is None, v
     assert data["restore"]["is_active"] is False
+
+    # What each start ran with, read from its own log: the CPU vLLM 0.32 turns async scheduling
+    # off at every start; only n-gram's log says so. The control turns it off too.
+    engines = {name: data["phases"][name]["engine"] for name in ("baseline", "ngram")}
+    assert engines["ngram"]["async_scheduling"] is False and engines["ngram"]["async_said"]
+    assert "Async scheduling not supported with ngram" in engines["ngram"]["async_evidence"]
+    assert engines["baseline"]["async_scheduling"] is False
+    assert not engines["baseline"]["async_said"]
+    command = data["target"]["command"]
+    max_model_len = int(command[command.index("--max-model-len") + 1])
+    assert engines["baseline"]["non_default_args"]["max_model_len"] == max_model_len
+    control = data["phases"]["ngram-control"]
+    assert control["control_of"] == "ngram" and control["spec"] == {}
+    assert control["extra_args"] == ["--no-async-scheduling"]
+    assert control["engine"]["non_default_args"]["async_scheduling"] is False
+    assert "ngram-control" not in data["candidates"]  # no verdict test gates on it
+    split = data["analysis"]["control_splits"]["ngram"]
+    for part in ("flag", "speculation", "side"):
+        assert set(split["parts"][part]) == set(PROMPT_TYPES)
+    assert split["parts"]["flag"] == data["analysis"]["verdicts"]["ngram"]
+
+
+def side_change_shown(text: str) -> None:
+    """The side change named beside the verdict, and the change split in three, each with its
+    interval, on every prompt type."""
+    assert "ngram also changed:" in text, text[-3000:]
+    assert "async scheduling disabled (vLLM: Async scheduling not supported with ngram" in text
+    assert "split by its control arm ngram-control (the original + --no-async-scheduling)" in text
+    pct = r"[+-][\d.]+%"
+    interval = rf"{pct} \[{pct}, {pct}\] \(\w[\w ]*\)"
+    for w in PROMPT_TYPES:
+        assert re.search(
+            rf"{w}: the flag as turned on {interval} · speculation itself {interval} · "
+            rf"the side changes {interval}",
+            text,
+        ), w
 
 
 def _html_data(text: str) -> dict:
@@ -155,7 +194,7 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
     assert "drift check (ABA): measuring the original again" in err
     assert "restored to stopped" in err
     assert exp.leftover_servers() == []
-    assert set(data["phases"]) == {"baseline", "ngram", "baseline-after"}
+    assert set(data["phases"]) == {"baseline", "ngram", "ngram-control", "baseline-after"}
     assert analysis["drift"]["status"] in {"consistent", "drifted", "undecided"}
     assert analysis["drift"]["unreliable"] is (analysis["drift"]["status"] == "drifted")
     equivalence = analysis["equivalence"]["ngram"]["coding"]
@@ -180,6 +219,7 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
             in (summary)
         )
     assert "(aba)" in summary.lower() and "Output, ngram/coding" in summary
+    side_change_shown(html.unescape(re.sub(r"<[^>]+>", "\n", summary)))
 
     # The environment table: what was tested, where.
     blob = _html_data(page)
@@ -213,11 +253,14 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
     assert re.search(r"^\| coding \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% ", md, re.M), md
     assert verdict in md and "drift" in md.lower()
     assert step_summary.read_text().strip() == md.strip()
+    side_change_shown(md)
 
     # The terminal: table, checks and where the files are.
     assert re.search(r"^coding\s+ngram\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%", out, re.M), out
     assert f"summary: {run / 'summary.md'}" in out
     assert "report.html" in out  # pytest-html's own line
+    side_change_shown(out)
+    assert "plan: side changes of ngram: expected, not measured: async scheduling disabled" in err
 
     # The stored run serves as a baseline: a dry run with it plans one phase, starts nothing.
     dry = run_suite(

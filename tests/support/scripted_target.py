@@ -59,6 +59,7 @@ class Script:
     restore_s: float = 0.0  # the original takes this long to come back at the restore
     token_ids: bool = False  # answers untimed requests with vLLM 0.32's return_token_ids
     batch_cost: float = 0.0  # each step takes (1 + batch_cost x (requests in flight - 1)) gaps
+    start_log: tuple[str, ...] = ()  # the log of each start (its settings are read from it)
 
     def speed(self, prompt: str) -> Speed:
         return self.speeds.get(prompt, Speed())
@@ -108,6 +109,9 @@ class ScriptedService:
         tail = ["INFO starting", "Traceback (most recent call last):"]
         return [*tail, self.script.crash_at_start] if self.script.crash_at_start else tail[:1]
 
+    def start_log(self) -> list[str]:
+        return list(self.script.start_log)
+
 
 class ScriptedTarget:
     """The original and candidates as scripted services; every start and stop is recorded."""
@@ -143,6 +147,7 @@ class ScriptedTarget:
         self._scripts = candidates or {}
         self._speculative = speculative  # a candidate's script from its config (a search's)
         self.candidates: list[ScriptedService] = []  # every candidate service made
+        self.specs: list[SpecConfig] = []  # what each was made from
         self._original = ScriptedService(self, "original", original)
         if running:
             self._original.start()
@@ -165,6 +170,7 @@ class ScriptedTarget:
             script = self._speculative(spec) if self._speculative else Script()
         service = ScriptedService(self, spec.name, script)
         self.candidates.append(service)
+        self.specs.append(spec)
         return service
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
