@@ -67,12 +67,13 @@ def comparison_lines(
         tpot = f"{fmt_num(r.tpot_baseline)} → {fmt_num(r.tpot_candidate)}"
         a_tps, b_tps, change = fmt_num(r.baseline_tps), fmt_num(r.candidate_tps), fmt_pct(r.change)
         if markdown:
-            cells = (r.candidate, r.prompt_type, a_tps, b_tps, change, tpot, fmt_p(r.p), r.verdict)
+            verdict = r.verdict_text
+            cells = (r.candidate, r.prompt_type, a_tps, b_tps, change, tpot, fmt_p(r.p), verdict)
             lines.append("| " + " | ".join(cells) + " |")
         else:
             lines.append(
                 f"{r.candidate:<14} {r.prompt_type:<12} {a_tps:>8} {b_tps:>8} {change:>8} "
-                f"{tpot:>17} {fmt_p(r.p):>7}  {r.verdict}"
+                f"{tpot:>17} {fmt_p(r.p):>7}  {r.verdict_text}"
             )
     if not found:
         lines.append("no phase and prompt type was measured in both runs")

@@ -117,6 +117,11 @@ class Experiment:
             raise self._errors[name]
         return merged(self.record.arm_phases(name))
 
+    def failed_arm(self, exc: BaseException) -> str | None:
+        """The arm whose start failed with this very exception (the baseline's first, when
+        every arm fails with it), or None."""
+        return next((arm for arm, e in self._errors.items() if e is exc), None)
+
     def measure_all(self) -> None:
         """Every start of the design (the arms that fail are recorded, not raised)."""
         for _, arm in self.order:

@@ -38,7 +38,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
             out.append(
                 f"{r.prompt_type:<12} {candidate:<14} {fmt_num(r.baseline_tps):>10} "
                 f"{fmt_num(r.candidate_tps):>10} {fmt_pct(r.change):>8} {tpot} "
-                f"{fmt_p(r.p):>7} {fmt_num(r.acceptance_length, '.2f'):>10}  {r.verdict}"
+                f"{fmt_p(r.p):>7} {fmt_num(r.acceptance_length, '.2f'):>10}  {r.verdict_text}"
             )
         acc = record.arm_phases(candidate)[0].acceptance
         if acc.present and acc.per_position_rates:

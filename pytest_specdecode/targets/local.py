@@ -21,6 +21,7 @@ from .hosts import LocalHost
 from .vllm_facts import ask_vllm
 
 # Variables of the plugin's own venv that must not leak into the server's.
+_START_LOG_BYTES = 16 * 1024 * 1024  # a start's log read whole, up to this
 _PLUGIN_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
 
 
@@ -49,6 +50,7 @@ class LocalProcessService:
         self._log_path = log_path
         self._stop_timeout_s = stop_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where the latest start's lines begin in the (appended) log
 
     def is_active(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -59,6 +61,7 @@ class LocalProcessService:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         env = server_env(self._env)
         with self._log_path.open("ab") as log:
+            self._log_offset = log.tell()
             log.write(f"$ {shlex.join(self.argv)}\n".encode())
             log.flush()
             try:
@@ -123,6 +126,16 @@ class LocalProcessService:
         except OSError:
             return []
         return [redact_text(line) for line in text.splitlines() if line.strip()][-lines:]
+
+    def start_log(self) -> list[str]:
+        """The latest start's lines, from the line this run wrote before it (its command)."""
+        try:
+            with self._log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                text = f.read(_START_LOG_BYTES).decode(errors="replace")
+        except OSError:
+            return []
+        return [redact_text(line) for line in text.splitlines() if line.strip()]
 
 
 class LocalProcessTarget:

@@ -58,6 +58,7 @@ ENGINE_DEATH = re.compile(
 GPU_RELEASE_TIMEOUT_S = 60.0  # H200: 0.2 s after the process; big multi-GPU servers longer
 _SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
 _INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
+_START_LOG_LINES = 20000  # a failed start's journal, read whole up to this
 
 
 class SystemdUnit:
@@ -143,6 +144,10 @@ class SystemdUnit:
     def log_tail(self, lines: int = 20) -> list[str]:
         """The newest journal lines: since this run started the unit, else of its current run."""
         return self._journal(lines, since_start=self._started_at is not None)
+
+    def start_log(self) -> list[str]:
+        """The journal of the unit since this run started it (its restarts too), oldest first."""
+        return self._journal(_START_LOG_LINES, since_start=self._started_at is not None)
 
     def _engine_death(self) -> str | None:
         """A journal line of the unit's current run that says the engine is dead."""

@@ -44,6 +44,9 @@ class StandInService:
     def log_tail(self, lines: int = 20) -> list[str]:
         return []
 
+    def start_log(self) -> list[str]:
+        return []
+
 
 class StandInTarget:
     """A stand-in for a systemd target. The next `away` calls fail as if the host rebooted (its
