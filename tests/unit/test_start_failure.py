@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.start_failure import first_errors, last_exception, root_cause
 from tests.support.scripted_target import Script, ScriptedTarget
-from pytest_specdecode.config.specconfig import SpecConfig
 from tests.unit.test_gate import CONFIG, write_gate
 
 DATA = Path(__file__).resolve().parents[1] / "data"
