@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis.compare import PromptTypeVerdict
@@ -52,6 +52,18 @@ def verdict_text(v: PromptTypeVerdict) -> str:
     """ "regressed (TPOT +38.0% [+4.6%, +82.2%])": the verdict and what decided it."""
     decided = decided_by(v)
     return f"{v.verdict.value} ({decided})" if decided else v.verdict.value
+
+
+def suite_text(environment: Mapping[str, Any], *, markdown: bool = False) -> str:
+    """The suite that ran: its commit, else its folder and content hash (not a git checkout)."""
+    quote = "`" if markdown else ""
+    commit = environment.get("git_commit")
+    if commit:
+        return f"{quote}{commit[:12]}{quote}" if markdown else str(commit)
+    content = environment.get("suite_content")
+    if content:
+        return f"{quote}{content}{quote} (not a git checkout)"
+    return "not a git checkout, its files unread"
 
 
 def fmt_duration(seconds: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from .hosts import LocalHost
 from .vllm_facts import ask_vllm
 
 # Variables of the plugin's own venv that must not leak into the server's.
+_IMPORT_FAILED = re.compile(r"\b(?:ModuleNotFoundError|ImportError): ")
 _START_LOG_BYTES = 16 * 1024 * 1024  # a start's log read whole, up to this
 _PLUGIN_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
 
@@ -89,6 +91,7 @@ class LocalProcessService:
 
     def stop(self) -> None:
         proc = self._proc
+        self.label = f"local vLLM process '{self.name}'"  # the next start names its own pid
         if proc is None or proc.poll() is not None:
             return
         _signal_group(proc.pid, signal.SIGTERM)
@@ -115,7 +118,21 @@ class LocalProcessService:
         if self._proc is None:
             return "never started"
         code = self._proc.poll()
-        return None if code is None else f"the process exited with status {code}"
+        if code is None:
+            return None
+        return f"the process exited with status {code}" + self._held_back_hint()
+
+    def _held_back_hint(self) -> str:
+        """A failed import, where this process's PYTHONPATH was held back from the server."""
+        held = os.environ.get("PYTHONPATH")
+        if not held or "PYTHONPATH" in self._env:
+            return ""
+        if not any(_IMPORT_FAILED.search(line) for line in self.start_log()):
+            return ""
+        return (
+            f"; the server could not import a module, and this run's PYTHONPATH ({held}) is not "
+            "passed to it: set PYTHONPATH in [target.env] if the server needs it"
+        )
 
     def log_tail(self, lines: int = 20) -> list[str]:
         try:
