@@ -324,6 +324,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """An arm that failed to start: its failure in full once, a pointer to it after."""
+    report = yield
+    found = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if found is not None and call.excinfo is not None and report.failed:
+        text = found.start_failure_text(item.nodeid, call.excinfo.value)
+        if text is not None:
+            report.longrepr = text
+    return report
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     found = terminalreporter.config.pluginmanager.get_plugin(PLUGIN_NAME)
     lines = found.terminal_lines() if found is not None else []

@@ -99,6 +99,7 @@ class SpecDecodeSession:
         self._reports_existed = settings.reports_dir.exists()
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
+        self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
@@ -312,6 +313,19 @@ class SpecDecodeSession:
             if slot.isdigit():
                 name = self.search.arm(int(slot))
         return self.experiment.arm(name)
+
+    def start_failure_text(self, nodeid: str, exc: BaseException) -> str | None:
+        """What a test that needed an arm which failed to start reports: the whole failure
+        once, for the first such test; one line pointing at it for every later one. None for
+        any other exception."""
+        arm = self.experiment.failed_arm(exc) if self.experiment is not None else None
+        if arm is None:
+            return None
+        first = self._failures_shown.setdefault(arm, nodeid)
+        if first == nodeid:
+            return f"{type(exc).__name__}: {exc}"
+        headline = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"the {arm} arm failed to start (shown in full at {first}): {headline[:200]}"
 
     def describe(self, candidate: str) -> str:
         """A candidate as its tests name it: a search's slot with the config it chose."""

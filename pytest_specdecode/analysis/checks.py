@@ -206,6 +206,7 @@ def facts(record: RunRecord, *, arm: str | None = None) -> dict[str, Any]:
             "levels": [level.label for level in run.levels],
         },
         "git_commit": record.environment.get("git_commit"),
+        "suite_content": record.environment.get("suite_content"),
     }
 
 

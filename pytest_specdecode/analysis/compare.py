@@ -76,14 +76,25 @@ class PromptTypeVerdict:
         return self.verdict in (Verdict.IMPROVED, Verdict.EQUIVALENT)
 
     @property
+    def deciding(self) -> list[Comparison]:
+        """The comparisons that decided the verdict: the first metric with the verdict's own
+        (e.g. TPOT for a run regressed on TPOT alone), or every metric for equivalent (both
+        must be); none when other clients' traffic decided it."""
+        if self.contaminated:
+            return []
+        if self.verdict is Verdict.EQUIVALENT:
+            return self.comparisons
+        found = next((c for c in self.comparisons if c.verdict is self.verdict), None)
+        return [found or self.throughput]
+
+    @property
     def reason(self) -> str:
         """Why: the reason of the comparison that decided the verdict."""
         if self.contaminated and self.contaminated.startswith(HOST_BUSY):
             return f"the host was not quiet while it was measured: {self.contaminated}"
         if self.contaminated:
             return f"other clients used the server while it was measured: {self.contaminated}"
-        deciding = next((c for c in self.comparisons if c.verdict is self.verdict), None)
-        return (deciding or self.throughput).reason
+        return self.deciding[0].reason
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -149,7 +149,7 @@ class SearchPolicy:
         best = max(gains, key=lambda g: g.gain)
         return Stop(
             f"no untried config is predicted to beat the best measured by the margin "
-            f"({self.margin:+.0%}): the best, {best.text}"
+            f"({self.margin:+.0%}): the most promising untried, {best.text}"
         )
 
     def gains(
@@ -206,10 +206,14 @@ class SearchPolicy:
         ks = {s.num_speculative_tokens for s in ngram_arms(record).values()}
         teaches = gain.settings.num_speculative_tokens not in ks
         if gain.high >= self.margin and not gain.separated and teaches:
+            rests = (
+                f"rests on one k ({', '.join(f'k={k}' for k in sorted(ks))})"
+                if ks
+                else "rests on the stored runs' prior alone (no k measured in this run)"
+            )
             return (
                 f"{gain.text}: below the margin ({self.margin:+.0%}) at its estimate, but its "
-                f"band reaches it, and the cost model at {gain.level} rests on one k "
-                f"({', '.join(f'k={k}' for k in sorted(ks))}): k="
+                f"band reaches it, and the cost model at {gain.level} {rests}: k="
                 f"{gain.settings.num_speculative_tokens} separates fixed from per-token cost"
             )
         return None

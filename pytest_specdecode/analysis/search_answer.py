@@ -25,7 +25,7 @@ from typing import Any
 from ..config.arms import cell_key
 from ..config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 from ..record.schema import RunRecord
-from .compare import PromptTypeVerdict
+from .compare import PromptTypeVerdict, worst
 from .coverage import NOMINAL, CoverageCase
 from .crossover import DEFAULT_MAX_BATCH, batch_boundaries
 from .level_prediction import config_settings
@@ -48,6 +48,13 @@ class Winner:
     ratio: float  # geometric mean over prompt types of the throughput ratio
     verdicts: tuple[PromptTypeVerdict, ...]
     on: bool  # its speedup reaches the margin
+
+    @property
+    def shown(self) -> bool:
+        """Its verdict at this level is improved (worst over the prompt types): only then does
+        the answer say to turn it on."""
+        return worst(v.verdict for v in self.verdicts) is Verdict.IMPROVED
+
     settings: NgramSettings | None = None  # None for a schedule
 
     def changes(self) -> str:
@@ -314,21 +321,16 @@ def search_answer(
         inside, total = coverage.get(c.prompt_type, (0, 0))
         coverage[c.prompt_type] = (inside + c.inside, total + 1)
     levels = [level.label for level in record.run.levels]
-    on = {label: w for label, w in winners.items() if w is not None and w.on}
+    on = {label: w for label, w in winners.items() if w is not None and w.on and w.shown}
     off = [label for label in levels if label not in on]
     parts: list[str] = []
     recommended = None
     measured_plan = _arm_of(record, plan)
     if not on:
-        parts.append(
-            f"Leave speculation off: no config was predicted or measured faster beyond the "
-            f"margin ({margin:+.0%})."
-        )
         best = max(
             (w for w in winners.values() if w is not None), key=lambda w: w.ratio, default=None
         )
-        if best is not None:
-            parts.append(f"The best measured, {best.label} ({best.arm}): {best.changes()}.")
+        parts += _not_shown(record, best, margin=margin)
     elif len({w.arm for w in on.values()}) == 1:
         first = next(iter(on.values()))
         recommended = first.arm
@@ -384,6 +386,29 @@ def search_answer(
     )
 
 
+def _not_shown(record: RunRecord, best: Winner | None, *, margin: float) -> list[str]:
+    """No config's verdict is improved: the best found, its interval, and what would settle
+    it where its verdict is open."""
+    open_ = [v for v in best.verdicts if v.undecided] if best is not None else []
+    if best is None or not open_ or best.ratio <= 1.0:
+        out = [
+            f"Leave speculation off: no config was predicted or measured faster beyond the "
+            f"margin ({margin:+.0%})."
+        ]
+        if best is not None:
+            out.append(f"The best measured, {best.label} ({best.arm}): {best.changes()}.")
+        return out
+    first = open_[0]
+    why = first.reason.split("; ", 1)[1] if "; " in first.reason else first.reason
+    return [
+        f"Not shown faster: no config's verdict is improved beyond the margin ({margin:+.0%}), "
+        "so keep speculation off until one is.",
+        f"The best found, {best.label} ({best.arm}): measured {best.changes()}.",
+        f"To settle it, measure it alone (--spec-config '{_json(record.candidates[best.arm])}'): "
+        f"on {first.prompt_type}, {why}.",
+    ]
+
+
 def _where(levels: Sequence[str], on: Sequence[str], *, several: bool) -> str:
     if not several:
         return f" (at {levels[0]})"
@@ -414,9 +439,11 @@ def _schedule_text(plan: Schedule | None, arm: str | None) -> str:
 
 
 def _changes(per: Mapping[str, PromptTypeVerdict]) -> str:
+    """Throughput's change and interval per prompt type, with the verdict where not improved."""
     return ", ".join(
         f"{v.throughput.change:+.1%} [{v.throughput.ratio_ci[0] - 1:+.1%}, "
         f"{v.throughput.ratio_ci[1] - 1:+.1%}] on {key}"
+        + ("" if v.verdict is Verdict.IMPROVED else f" ({v.verdict.value})")
         for key, v in per.items()
     )
 

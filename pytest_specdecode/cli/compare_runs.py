@@ -40,11 +40,13 @@ def comparison_lines(
 ) -> list[str]:
     fa, fb = facts(a), facts(b)
     diffs = differences(fa, fb, keys=("model", "host", "vllm_version", "gpus"))
-    diffs += differences(fa, fb, keys=("prompts", "decoding", "git_commit"))
+    diffs += differences(fa, fb, keys=("prompts", "decoding", "git_commit", "suite_content"))
     for name in [c for c in a.candidates if c in b.candidates]:
         if a.candidates[name] != b.candidates[name]:
             diffs.append(f"the candidate {name!r} has another config")
     header = ("phase", "prompt", "A tok/s", "B tok/s", "change", "TPOT A → B ms", "p", "verdict")
+    phase_w = max([14, *(len(r.candidate) for r in found)])  # as wide as the longest label
+    prompt_w = max([12, *(len(r.prompt_type) for r in found)])
     if markdown:
         lines = [
             "## pytest-specdecode: run B against run A",
@@ -60,19 +62,20 @@ def comparison_lines(
         lines = [f"A: {names[0]}", f"B: {names[1]}"]
         lines += [f"differs: {d}" for d in diffs] or ["no differences in model, host, vLLM, GPU"]
         lines.append(
-            f"{'phase':<14} {'prompt':<12} {'A tok/s':>8} {'B tok/s':>8} {'change':>8} "
-            f"{'TPOT A → B ms':>17} {'p_adj':>7}  verdict"
+            f"{'phase':<{phase_w}} {'prompt':<{prompt_w}} {'A tok/s':>8} {'B tok/s':>8} "
+            f"{'change':>8} {'TPOT A → B ms':>17} {'p_adj':>7}  verdict"
         )
     for r in found:
         tpot = f"{fmt_num(r.tpot_baseline)} → {fmt_num(r.tpot_candidate)}"
         a_tps, b_tps, change = fmt_num(r.baseline_tps), fmt_num(r.candidate_tps), fmt_pct(r.change)
         if markdown:
-            cells = (r.candidate, r.prompt_type, a_tps, b_tps, change, tpot, fmt_p(r.p), r.verdict)
+            verdict = r.verdict_text
+            cells = (r.candidate, r.prompt_type, a_tps, b_tps, change, tpot, fmt_p(r.p), verdict)
             lines.append("| " + " | ".join(cells) + " |")
         else:
             lines.append(
-                f"{r.candidate:<14} {r.prompt_type:<12} {a_tps:>8} {b_tps:>8} {change:>8} "
-                f"{tpot:>17} {fmt_p(r.p):>7}  {r.verdict}"
+                f"{r.candidate:<{phase_w}} {r.prompt_type:<{prompt_w}} {a_tps:>8} {b_tps:>8} "
+                f"{change:>8} {tpot:>17} {fmt_p(r.p):>7}  {r.verdict_text}"
             )
     if not found:
         lines.append("no phase and prompt type was measured in both runs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,41 @@ def git_commit(path: Path) -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+_SUITE_FILES = (".py", ".toml", ".json", ".jsonl", ".txt", ".yaml", ".yml", ".cfg", ".ini")
+_NOT_SUITE = {"__pycache__", "node_modules", "reports", "venv"}
+_MOST_FILES = 5000
+
+
+def suite_content(path: Path) -> str | None:
+    """Where the suite is not a git checkout: its folder and a hash of its files' content
+    (sources and data, not caches, venvs or reports), e.g. "/srv/suite, content 3f2a9c01b7e4
+    (14 files)"; None where nothing could be read."""
+    where = (path if path.is_dir() else path.parent).resolve()
+    digest = hashlib.sha256()
+    count = 0
+    try:
+        files = sorted(
+            f
+            for f in where.rglob("*")
+            if f.suffix in _SUITE_FILES
+            and f.is_file()
+            and not any(part in _NOT_SUITE or part.startswith(".") for part in
+                        f.relative_to(where).parts[:-1])
+        )  # fmt: skip
+        for f in files[:_MOST_FILES]:
+            digest.update(str(f.relative_to(where)).encode() + b"\0" + f.read_bytes() + b"\0")
+            count += 1
+    except OSError:
+        return None
+    if not count:
+        return None
+    return f"{where}, content {digest.hexdigest()[:12]} ({count} files)"
+
+
 def environment(target: Target, config_file: Path) -> dict[str, Any]:
     """Recorded in the run record before anything is measured."""
-    return {"gpus": gpu_list(target.host), "git_commit": git_commit(config_file)}
+    commit = git_commit(config_file)
+    found: dict[str, Any] = {"gpus": gpu_list(target.host), "git_commit": commit}
+    if commit is None:
+        found["suite_content"] = suite_content(config_file)
+    return found

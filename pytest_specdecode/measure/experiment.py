@@ -159,6 +159,11 @@ class Experiment:
             raise self._errors[name]
         return merged(self.record.arm_phases(name))
 
+    def failed_arm(self, exc: BaseException) -> str | None:
+        """The arm whose start failed with this very exception (the baseline's first, when
+        every arm fails with it), or None."""
+        return next((arm for arm, e in self._errors.items() if e is exc), None)
+
     def measure_all(self) -> None:
         """Every start of the design (the arms that fail are recorded, not raised)."""
         for _, arm in self.order:
@@ -210,7 +215,12 @@ class Experiment:
     def _engine(self, service: Service) -> EngineSettings:
         """What this start ran with: its whole log, and /server_info where vLLM's dev mode
         offers it."""
-        settings = parse_engine_log(service.start_log())
+        read = getattr(service, "settings_log", None)  # a conftest's own service may lack it
+        try:
+            lines = read() if read else []
+        except Exception:  # a fact, not a precondition: never fail a start over it
+            lines = []
+        settings = parse_engine_log(lines)
         text = self._get(service, "/server_info?config_format=json")
         if text is not None:
             with contextlib.suppress(ValueError):

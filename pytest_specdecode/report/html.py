@@ -19,7 +19,7 @@ from ..redaction import redact_text
 from . import acceptance, host_env, levels, prediction, search, side_changes
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
-from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num
+from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num, suite_text
 
 CSS = """
 #environment td {color: #333}
@@ -231,7 +231,7 @@ def environment(record: RunRecord) -> dict[str, Any]:
         or "none",
         "Requests": design_text(record.run),
         "pytest-specdecode": record.plugin_version,
-        "Suite commit": record.environment.get("git_commit") or "unknown (not a git checkout)",
+        "Suite commit": suite_text(record.environment),
         "Config file": record.config_file,
     }
     if record.baseline_from:

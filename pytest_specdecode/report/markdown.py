@@ -11,7 +11,7 @@ from ..record.schema import RunRecord
 from ..redaction import redact_text
 from . import acceptance, levels, prediction, search, side_changes
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
-from .text import STATISTICS_NOTE, acceptance_text, design_text, title
+from .text import STATISTICS_NOTE, acceptance_text, design_text, suite_text, title
 
 
 def summary(
@@ -24,7 +24,6 @@ def summary(
     target = record.target
     versions = sorted({p.server_version for p in record.phases.values() if p.server_version})
     gpus = record.environment.get("gpus")
-    commit = record.environment.get("git_commit")
     lines = [
         f"## {title(list(record.candidates))}",
         "",
@@ -33,7 +32,7 @@ def summary(
         + (f", unit `{target.unit}`" if target.unit else "")
         + f") · vLLM {', '.join(versions) or 'unknown'} · GPUs: "
         + ("; ".join(gpus) if gpus else "none listed")
-        + f" · suite {f'`{commit[:12]}`' if commit else 'unknown'}",
+        + f" · suite {suite_text(record.environment, markdown=True)}",
         "",
         design_text(record.run) + ".",
         "",

@@ -106,8 +106,11 @@ def prediction_rows(
     return out
 
 
-def notes(prediction: RunPrediction) -> list[str]:
-    """The sentences below the table: unpredicted candidates, the cost model, the next reload."""
+def notes(prediction: RunPrediction, *, searched: bool = False) -> list[str]:
+    """The sentences below the table: unpredicted candidates, the cost model, the next reload.
+
+    In a search run (`searched`) the search names the one best config: this section's fit
+    leaves out the stored runs' prior, so it names none of its own."""
     out = [f"{n.name}: {n.reason}" for n in prediction.candidates.values() if n.settings is None]
     missing = {k: v for k, v in prediction.token_ids.items() if k not in prediction.replays}
     out += [f"{name}: not predicted ({why})" for name, why in missing.items()]
@@ -118,7 +121,12 @@ def notes(prediction: RunPrediction) -> list[str]:
             "Cost model: unknown until an n-gram candidate is measured; the grid shows the "
             "ceiling (tokens per step alone)"
         )
-    if prediction.recommendation is not None:
+    if prediction.recommendation is not None and searched:
+        out.append(
+            "Next: as the search's answer says (its cost model also weighs the stored runs; "
+            "this section's fits this run's candidates alone)"
+        )
+    elif prediction.recommendation is not None:
         out.append(f"Next: {prediction.recommendation.reason}")
     return out
 
@@ -146,7 +154,7 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
                 f"  {cells[0]:<12} {cells[1]:<28} {cells[2]:>11} {cells[3]:>13} {cells[4]:>8} "
                 f"{cells[5]:>24} {cells[6]:>6}  {cells[7]}"
             )
-    out += [f"  {line}" for line in notes(prediction)]
+    out += [f"  {line}" for line in notes(prediction, searched=record.search is not None)]
     return out
 
 
@@ -166,7 +174,7 @@ def markdown_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
                 cells[-1] = "**mismatch**"
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
-    lines += [f"- {line}" for line in notes(prediction)]
+    lines += [f"- {line}" for line in notes(prediction, searched=record.search is not None)]
     lines += ["", "<sub>" + _FOOTNOTE + "</sub>", ""]
     return lines
 
@@ -209,7 +217,8 @@ def html_section(record: RunRecord, analysis: RunAnalysis) -> str:
             f"<table class='specdecode-table'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>"
         )
-    items = "".join(f"<li>{e(line)}</li>" for line in notes(prediction))
+    said = notes(prediction, searched=record.search is not None)
+    items = "".join(f"<li>{e(line)}</li>" for line in said)
     parts.append(f"<ul>{items}</ul><p class='note'>{e(_FOOTNOTE)} Hover a status for the "
                  "figures.</p>")  # fmt: skip
     return "".join(parts)

@@ -11,7 +11,7 @@ from ..analysis.compare import PromptTypeVerdict
 from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..record.schema import RunRecord
-from .text import finite, fmt_num, fmt_p, fmt_pct, noise_text
+from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text
 
 TABLE_HEADER = (
     "Prompt",
@@ -45,6 +45,7 @@ class Row:
     draft_acceptance: float | None
     per_position: tuple[float, ...]
     note: str | None  # the acceptance cross-check's disagreement
+    verdict_text: str = ""  # the verdict and the metric that decided it, with its interval
 
     @classmethod
     def of(cls, v: PromptTypeVerdict) -> Row:
@@ -67,6 +68,7 @@ class Row:
             draft_acceptance=acc.draft_acceptance_rate if acc.present else None,
             per_position=tuple(acc.per_position_rates),
             note=v.acceptance_note,
+            verdict_text=verdict_text(v),
         )
 
     @property
@@ -91,7 +93,7 @@ class Row:
             self.change_text,
             self.tpot_text,
             fmt_p(self.p),
-            self.verdict,
+            self.verdict_text or self.verdict,
         )
 
     def sentence(self) -> str:
@@ -99,7 +101,8 @@ class Row:
         return (
             f"{self.prompt_type}: {fmt_num(self.baseline_tps)} -> {fmt_num(self.candidate_tps)} "
             f"tok/s ({self.change_text}, p_adj={fmt_p(self.p)}); TPOT {self.tpot_text}; "
-            f"acceptance length {fmt_num(self.acceptance_length, '.2f')}; verdict: {self.verdict}"
+            f"acceptance length {fmt_num(self.acceptance_length, '.2f')}; "
+            f"verdict: {self.verdict_text or self.verdict}"
         )
 
 
@@ -116,11 +119,9 @@ def undecided(analysis: RunAnalysis) -> list[str]:
         for key, v in per.items():
             if not v.undecided:
                 continue
-            c = next((c for c in v.comparisons if c.verdict is v.verdict), v.throughput)
-            low, high = c.ratio_ci
-            where = f"{c.metric} {c.change:+.1%} [{low - 1:+.1%}, {high - 1:+.1%}]"
+            where = "".join(f", {metric_change(c)}" for c in v.deciding)
             why = v.reason.split("; ", 1)[1] if "; " in v.reason else v.reason
-            out.append(f"Not decided: {name} on {key} ({v.verdict.value}, {where}): {why}")
+            out.append(f"Not decided: {name} on {key} ({v.verdict.value}{where}): {why}")
     return out
 
 

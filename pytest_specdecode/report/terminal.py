@@ -12,10 +12,17 @@ from . import acceptance, levels, prediction, search, side_changes
 from .rows import checks, headline, rows, undecided
 from .text import fmt_num, fmt_p, fmt_pct
 
-HEADER = (
-    f"{'prompt':<12} {'candidate':<14} {'base tok/s':>10} {'cand tok/s':>10} {'change':>8} "
-    f"{'TPOT base→cand ms':>19} {'p_adj':>7} {'accept len':>10}  verdict"
-)
+
+def header(prompt_width: int = 12, candidate_width: int = 14) -> str:
+    """The table's header, its first two columns as wide as their longest label."""
+    return (
+        f"{'prompt':<{prompt_width}} {'candidate':<{candidate_width}} {'base tok/s':>10} "
+        f"{'cand tok/s':>10} {'change':>8} {'TPOT base→cand ms':>19} {'p_adj':>7} "
+        f"{'accept len':>10}  verdict"
+    )
+
+
+HEADER = header()
 
 
 def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -> list[str]:
@@ -24,21 +31,26 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     if not baseline and not record.failures:
         return []
     out: list[str] = search.answer_lines(analysis.search)
+    found = rows(analysis)
+    wide = max([12, *(len(r.prompt_type) for r in found)])  # e.g. structured@c32
+    cand = max([14, *(len(name) for name in analysis.verdicts)])
     if baseline and not analysis.verdicts:
-        out.append(f"{'prompt':<12} {'median tok/s':>12} {'median TPOT ms':>15}")
+        width = max([12, *(len(name) for name in baseline[0].measurements)])
+        out.append(f"{'prompt':<{width}} {'median tok/s':>12} {'median TPOT ms':>15}")
         for name, m in baseline[0].measurements.items():
             out.append(
-                f"{name:<12} {fmt_num(m.median_tokens_per_s):>12} {fmt_num(m.median_tpot_ms):>15}"
+                f"{name:<{width}} {fmt_num(m.median_tokens_per_s):>12} "
+                f"{fmt_num(m.median_tpot_ms):>15}"
             )
     elif analysis.verdicts:
-        out.append(HEADER)
+        out.append(header(wide, cand))
     for candidate in analysis.verdicts:
         for r in rows(analysis, candidate):
             tpot = f"{fmt_num(r.tpot_baseline):>8} → {fmt_num(r.tpot_candidate):<8}"
             out.append(
-                f"{r.prompt_type:<12} {candidate:<14} {fmt_num(r.baseline_tps):>10} "
+                f"{r.prompt_type:<{wide}} {candidate:<{cand}} {fmt_num(r.baseline_tps):>10} "
                 f"{fmt_num(r.candidate_tps):>10} {fmt_pct(r.change):>8} {tpot} "
-                f"{fmt_p(r.p):>7} {fmt_num(r.acceptance_length, '.2f'):>10}  {r.verdict}"
+                f"{fmt_p(r.p):>7} {fmt_num(r.acceptance_length, '.2f'):>10}  {r.verdict_text}"
             )
         acc = record.arm_phases(candidate)[0].acceptance
         if acc.present and acc.per_position_rates:

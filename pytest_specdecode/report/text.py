@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis.stats import RestartNoise
+from ..analysis.compare import PromptTypeVerdict
+from ..analysis.stats import Comparison, RestartNoise
 from ..config.settings import RunConfig
 from ..record.counters import Acceptance
 
@@ -29,6 +30,40 @@ def fmt_p(p: Any) -> str:
     if not finite(p):
         return "n/a"
     return f"{p:.1e}" if 0 < p < 0.001 else f"{p:.3f}"
+
+
+METRIC_NAMES = {"throughput": "throughput", "tpot": "TPOT"}
+
+
+def metric_change(c: Comparison) -> str:
+    """ "TPOT +38.0% [+4.6%, +82.2%]": a metric's change and its interval."""
+    low, high = c.ratio_ci
+    ci = f"[{low - 1:+.1%}, {high - 1:+.1%}]" if finite(low) and finite(high) else "(no interval)"
+    return f"{METRIC_NAMES.get(c.metric, c.metric)} {fmt_pct(c.change)} {ci}"
+
+
+def decided_by(v: PromptTypeVerdict) -> str:
+    """The metric that decided the verdict, with its interval (both for equivalent; empty
+    when other clients' traffic decided it)."""
+    return ", ".join(metric_change(c) for c in v.deciding)
+
+
+def verdict_text(v: PromptTypeVerdict) -> str:
+    """ "regressed (TPOT +38.0% [+4.6%, +82.2%])": the verdict and what decided it."""
+    decided = decided_by(v)
+    return f"{v.verdict.value} ({decided})" if decided else v.verdict.value
+
+
+def suite_text(environment: Mapping[str, Any], *, markdown: bool = False) -> str:
+    """The suite that ran: its commit, else its folder and content hash (not a git checkout)."""
+    quote = "`" if markdown else ""
+    commit = environment.get("git_commit")
+    if commit:
+        return f"{quote}{commit[:12]}{quote}" if markdown else str(commit)
+    content = environment.get("suite_content")
+    if content:
+        return f"{quote}{content}{quote} (not a git checkout)"
+    return "not a git checkout, its files unread"
 
 
 def fmt_duration(seconds: float) -> str:

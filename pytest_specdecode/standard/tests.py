@@ -14,6 +14,7 @@ from ..config.arms import AA_ARM
 from ..config.settings import PromptType
 from ..record.schema import Measurement, Phase
 from ..report.rows import Row
+from ..report.text import decided_by
 from ..session import SpecDecodeSession
 
 pytestmark = pytest.mark.specdecode
@@ -52,14 +53,17 @@ def test_speculation_does_not_regress(
     """Passes on improved or equivalent; a regression, or no verdict, fails the gate."""
     v = specdecode_verdict
     row = Row.of(v).sentence()
+    decided = decided_by(v)  # the metric that decided it, with its interval, said first
     if v.candidate == AA_ARM:  # A/A: the original against itself; any difference is false
         assert v.passes, f"A/A false alarm: {row}"
         return
     name = specdecode_session.describe(v.candidate)
     if v.regressed:
-        pytest.fail(f"speculation {name} regressed: {row}", pytrace=False)
+        message = f"speculation {name} regressed on {v.prompt_type}, by {decided}: {row}"
+        pytest.fail(message, pytrace=False)
     if v.undecided:
-        pytest.fail(f"no verdict for {name} ({v.verdict}): {row}", pytrace=False)
+        where = f", {decided}" if decided else ""
+        pytest.fail(f"no verdict for {name} ({v.verdict}{where}): {row}", pytrace=False)
 
 
 def test_baseline_did_not_drift(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ServiceError
 from .hosts import Host
+from .start_failure import failure_lines, first_errors, last_exception, root_cause
 
 Progress = Callable[[str], None]
 
@@ -49,8 +49,12 @@ class Service(Protocol):
     def log_tail(self, lines: int = 20) -> list[str]: ...
 
     def start_log(self) -> list[str]:
-        """The whole log of the current start, oldest first (the settings it ran with are read
-        from it: record/engine_settings.py); [] where it cannot be read."""
+        """Every log line of the latest start, oldest first (redacted)."""
+        ...
+
+    def settings_log(self) -> list[str]:
+        """The lines of the current start that tell the settings it ran with, oldest first
+        (record/engine_settings.py); [] where they cannot be read."""
         ...
 
 
@@ -143,13 +147,7 @@ def wait_until_ready(
             reason = service.failure()
             if reason:
                 clock.sleep(2)  # let the dying server finish writing its traceback
-                tail = service.log_tail(30)
-                cause = cause_in(tail)
-                raise ServiceError(
-                    f"{service.label} failed while starting, after {elapsed:.0f}s: "
-                    + (f"{cause} ({reason})" if cause else reason)
-                    + _tail_text(service.label, tail)
-                )
+                raise ServiceError(start_failure_text(service, reason, elapsed))
             if _serves(client, service):
                 progress(f"{service.label} ready after {elapsed:.0f}s")
                 return elapsed
@@ -192,16 +190,25 @@ def _serves(client: httpx.Client, service: Service) -> bool:
     return True
 
 
-_EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b: ")
-
-
-def cause_in(lines: Sequence[str]) -> str | None:
-    """The last exception line of a log tail, as Python prints it: what killed the server."""
-    found = [line.strip() for line in lines if _EXCEPTION_LINE.search(line)]
-    if not found:
-        return None
-    line = found[-1]
-    return line[_EXCEPTION_LINE.search(line).start() :][:300]  # type: ignore[union-attr]
+def start_failure_text(service: Service, reason: str, elapsed: float) -> str:
+    """Why a start failed: the root cause first, then the first error of every process of the
+    server (API server, engine core, workers) from the start's whole log, then its tail."""
+    tail = service.log_tail(30)
+    whole = service.start_log() if hasattr(service, "start_log") else tail  # a hook's own
+    errors = first_errors(whole)
+    root = root_cause(errors)
+    if root is not None:
+        head = f"{root.process}: {root.text} ({reason})"
+    else:
+        cause = last_exception(tail)
+        head = f"{cause} ({reason})" if cause else reason
+    text = f"{service.label} failed while starting, after {elapsed:.0f}s: {head}"
+    if len(errors) > 1:
+        text += (
+            f"\nfirst error of each server process, from the {len(whole)} log lines of this "
+            "start:\n" + "\n".join(failure_lines(errors))
+        )
+    return text + _tail_text(service.label, tail)
 
 
 def _tail_text(label: str, tail: Sequence[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from .hosts import LocalHost
 from .vllm_facts import ask_vllm
 
 # Variables of the plugin's own venv that must not leak into the server's.
+_IMPORT_FAILED = re.compile(r"\b(?:ModuleNotFoundError|ImportError): ")
+_START_LOG_BYTES = 16 * 1024 * 1024  # a start's log read whole, up to this
 _PLUGIN_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
 
 
@@ -49,6 +52,7 @@ class LocalProcessService:
         self._log_path = log_path
         self._stop_timeout_s = stop_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where the latest start's lines begin in the (appended) log
 
     def is_active(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -59,6 +63,7 @@ class LocalProcessService:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         env = server_env(self._env)
         with self._log_path.open("ab") as log:
+            self._log_offset = log.tell()
             log.write(f"$ {shlex.join(self.argv)}\n".encode())
             log.flush()
             try:
@@ -91,6 +96,7 @@ class LocalProcessService:
 
     def stop(self) -> None:
         proc = self._proc
+        self.label = f"local vLLM process '{self.name}'"  # the next start names its own pid
         if proc is None or proc.poll() is not None:
             return
         _signal_group(proc.pid, signal.SIGTERM)
@@ -117,7 +123,21 @@ class LocalProcessService:
         if self._proc is None:
             return "never started"
         code = self._proc.poll()
-        return None if code is None else f"the process exited with status {code}"
+        if code is None:
+            return None
+        return f"the process exited with status {code}" + self._held_back_hint()
+
+    def _held_back_hint(self) -> str:
+        """A failed import, where this process's PYTHONPATH was held back from the server."""
+        held = os.environ.get("PYTHONPATH")
+        if not held or "PYTHONPATH" in self._env:
+            return ""
+        if not any(_IMPORT_FAILED.search(line) for line in self.start_log()):
+            return ""
+        return (
+            f"; the server could not import a module, and this run's PYTHONPATH ({held}) is not "
+            "passed to it: set PYTHONPATH in [target.env] if the server needs it"
+        )
 
     def log_tail(self, lines: int = 20) -> list[str]:
         try:
@@ -130,14 +150,19 @@ class LocalProcessService:
         return [redact_text(line) for line in text.splitlines() if line.strip()][-lines:]
 
     def start_log(self) -> list[str]:
-        """The log file from this start's `$ command` line on (a restart appends to it)."""
+        """The latest start's lines, from the line this run wrote before it (its command) on."""
         try:
-            text = self._log_path.read_text(errors="replace")
+            with self._log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                text = f.read(_START_LOG_BYTES).decode(errors="replace")
         except OSError:
             return []
-        lines = text.splitlines()
-        first = max((i for i, line in enumerate(lines) if line.startswith("$ ")), default=-1)
-        return [redact_text(line) for line in lines[first + 1 :] if line.strip()]
+        lines = [line for line in text.splitlines() if line.strip()]
+        first = max((i for i, line in enumerate(lines) if line.startswith("$ ")), default=0)
+        return [redact_text(line) for line in lines[first:]]
+
+    def settings_log(self) -> list[str]:
+        return self.start_log()
 
 
 class LocalProcessTarget:

@@ -64,6 +64,7 @@ SETTINGS_LINES = (
     "Asynchronous scheduling|"
     "Model Runner|model runner"
 )
+_START_LOG_LINES = 20000  # a failed start's journal, read whole up to this
 
 
 class SystemdUnit:
@@ -151,6 +152,10 @@ class SystemdUnit:
         return self._journal(lines, since_start=self._started_at is not None)
 
     def start_log(self) -> list[str]:
+        """The journal of the unit since this run started it (its restarts too), oldest first."""
+        return self._journal(_START_LOG_LINES, since_start=self._started_at is not None)
+
+    def settings_log(self) -> list[str]:
         """The lines of the unit's current run that tell its settings (journalctl --grep), so
         a unit that has served for weeks is not read whole; else its newest 5000 lines."""
         invocation = self.host.run(

@@ -391,7 +391,11 @@ def test_the_search_ends_with_the_one_paragraph_answer(search: Run) -> None:
     assert found is not None
     paragraph = search.data["analysis"]["search"]["paragraph"]
     print(f"\nAnswer: {paragraph}")
-    assert paragraph.startswith(("Turn on ngram ", "Leave speculation off: "))
+    assert paragraph.startswith(("Turn on ngram ", "Not shown faster: ", "Leave speculation off: "))
+    if paragraph.startswith("Turn on"):  # only on an improved verdict
+        arm = search.data["analysis"]["search"]["recommended"]
+        verdicts = search.data["analysis"]["verdicts"][arm]
+        assert any(v["verdict"] == "improved" for v in verdicts.values()), verdicts
     assert f"Reloads: {len(found.reloads)} of 2." in paragraph
     summary = search.stdout[search.stdout.index("speculative decoding: baseline vs candidates") :]
     assert next(line for line in summary.splitlines()[1:] if line) == f"Answer: {paragraph}"

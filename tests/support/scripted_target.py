@@ -55,6 +55,7 @@ class Script:
     speeds: dict[str, Speed] = field(default_factory=dict)  # by prompt text
     restarted: dict[str, Speed] | None = None  # from its second start on, if it drifts
     crash_at_start: str | None = None  # the process exits with this in its log
+    crash_log: list[str] | None = None  # the whole log of a crashed start (a captured one)
     ready_after_s: float = 0.0  # math.inf: never ready
     restore_s: float = 0.0  # the original takes this long to come back at the restore
     token_ids: bool = False  # answers untimed requests with vLLM 0.32's return_token_ids
@@ -106,11 +107,18 @@ class ScriptedService:
         return None
 
     def log_tail(self, lines: int = 20) -> list[str]:
-        tail = ["INFO starting", "Traceback (most recent call last):"]
-        return [*tail, self.script.crash_at_start] if self.script.crash_at_start else tail[:1]
+        return self.start_log()[-lines:]
 
     def start_log(self) -> list[str]:
-        return list(self.script.start_log)
+        if self.script.crash_log is not None:
+            return list(self.script.crash_log)
+        tail = ["INFO starting", "Traceback (most recent call last):"]
+        if self.script.crash_at_start:
+            return [*tail, self.script.crash_at_start]
+        return [*tail[:1], *self.script.start_log]
+
+    def settings_log(self) -> list[str]:
+        return self.start_log()
 
 
 class ScriptedTarget:

@@ -47,6 +47,9 @@ class StandInService:
     def start_log(self) -> list[str]:
         return []
 
+    def settings_log(self) -> list[str]:
+        return []
+
 
 class StandInTarget:
     """A stand-in for a systemd target. The next `away` calls fail as if the host rebooted (its

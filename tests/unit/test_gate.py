@@ -78,8 +78,8 @@ def test_a_throughput_regression_fails_its_verdict_test(pytester: pytest.Pyteste
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
-    assert "speculation ngram regressed: coding:" in out
-    assert re.search(r"^math\s+ngram\s.*improved$", out, re.M), out
+    assert "speculation ngram regressed on coding, by throughput -" in out, out
+    assert re.search(r"^math\s+ngram\s.*improved \(throughput \+[\d.]+% \[\+", out, re.M), out
 
 
 def test_a_tpot_only_regression_fails_its_verdict_test(pytester: pytest.Pytester) -> None:
@@ -91,7 +91,10 @@ def test_a_tpot_only_regression_fails_its_verdict_test(pytester: pytest.Pytester
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
-    assert "speculation ngram regressed: coding:" in out, out  # by TPOT, not "no verdict"
+    # by TPOT, not "no verdict": named, with TPOT's interval, wholly above zero
+    decided = r"TPOT \+[\d.]+% \[\+[\d.]+%, \+[\d.]+%\]"
+    assert re.search(rf"speculation ngram regressed on coding, by {decided}:", out), out
+    assert re.search(rf"^coding\s+ngram\s.*regressed \({decided}\)$", out, re.M), out
     assert re.search(r"TPOT [\d.]+ → [\d.]+ ms \(\+\d+\.\d%", out), out
 
 
@@ -136,7 +139,7 @@ def test_no_verdict_is_not_green(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
-    assert "no verdict for ngram (inconclusive)" in out
+    assert "no verdict for ngram (inconclusive, throughput " in out
     assert "restart noise unmeasured: assumed 5%" in out
 
 

@@ -19,7 +19,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report import html, markdown, plan, terminal, write_reports
-from pytest_specdecode.report.prediction import HEADER
+from pytest_specdecode.report.prediction import HEADER, notes
 
 from ..support.synthetic import RECORDED_TYPES, add_phase, record, recorded_run, settings
 from .test_report_options import CONFIG
@@ -177,3 +177,14 @@ def test_dry_run_through_pytest_shows_the_prediction(pytester: pytest.Pytester) 
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert "prediction from the stored baseline of 20260101T000000Z-ngram" in out
     assert "  ngram (effective k=5 n=4..4): coding 1.07 tokens/step" in out
+
+
+def test_a_search_run_names_no_best_of_its_own_in_the_prediction_section(tmp_path: Path) -> None:
+    rec = recorded_run(tmp_path)
+    prediction = analyze(rec).prediction
+    assert prediction is not None and prediction.recommendation is not None
+    own = notes(prediction)
+    assert f"Next: {prediction.recommendation.reason}" in own
+    searched = notes(prediction, searched=True)
+    assert prediction.recommendation.reason not in "\n".join(searched)
+    assert "Next: as the search's answer says" in "\n".join(searched)

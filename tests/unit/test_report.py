@@ -48,7 +48,7 @@ def test_table_rows_are_the_seed_table(run) -> None:
     assert re.fullmatch(r"\+\d+\.\d% \[\+\d+\.\d%, \+\d+\.\d%\]", cells[3]), cells[3]
     assert re.fullmatch(r"[\d.]+ → [\d.]+ ms \(-\d+\.\d%, p [\d.e-]+\)", cells[4]), cells[4]
     assert float(cells[5]) < 0.05
-    assert cells[6] == "improved"
+    assert re.fullmatch(r"improved \(throughput \+\d+\.\d% \[\+\d+\.\d%, \+\d+\.\d%\]\)", cells[6])
     assert analyze(run).outcome == "regressed"
 
 
@@ -66,8 +66,9 @@ def test_summary_markdown_is_a_pr_comment(run) -> None:
     start = lines.index(header)
     table = lines[start : start + 4]
     assert all(line.count("|") == 8 for line in table), table  # 7 columns, escaped cells
-    assert table[2].startswith("| coding | ") and table[2].endswith("| **improved** |")
-    assert table[3].startswith("| math | ") and table[3].endswith("| **regressed** |")
+    assert table[2].startswith("| coding | ") and "| **improved (throughput +" in table[2]
+    assert table[3].startswith("| math | ") and "| **regressed (throughput -" in table[3]
+    assert table[2].endswith("])** |") and table[3].endswith("])** |")
     assert "**Result: Regression." in md
     assert "**Failed tests (1):** `test_x[ngram-math]`" in md
     assert "Acceptance: mean length 2.50, draft acceptance 30.0%" in md
@@ -179,8 +180,9 @@ def test_summary_html_has_table_verdicts_and_embedded_plots(run, tmp_path: Path)
     page = html.summary(run, analysis, write_plots(run, analysis, tmp_path))
     assert page.startswith("<section class='specdecode' id='specdecode-summary'>")
     assert "".join(f"<th>{h}</th>" for h in TABLE_HEADER) in page
-    assert re.search(r"<td class='verdict v-improved' title='[^']+'>improved</td>", page)
-    assert re.search(r"<td class='verdict v-regressed' title='[^']+'>regressed</td>", page)
+    named = r" \(throughput [+-][\d.]+% \[[+-][\d.]+%, [+-][\d.]+%\]\)"
+    assert re.search(rf"<td class='verdict v-improved' title='[^']+'>improved{named}</td>", page)
+    assert re.search(rf"<td class='verdict v-regressed' title='[^']+'>regressed{named}</td>", page)
     for name in ("throughput", "tpot", "acceptance"):
         assert (
             f"<img id='specdecode-plot-{name}' alt='{name} plot' src='data:image/png;base64,"

@@ -190,7 +190,7 @@ def test_a_local_start_log_is_the_lines_after_its_own_command(tmp_path: Path) ->
     (tmp_path / "server-original.log").write_text(
         "$ python -m old\nUsing V2 Model Runner\n$ python -m new\nfirst\n\nsecond\n"
     )
-    assert service.start_log() == ["first", "second"]
+    assert service.start_log() == ["$ python -m new", "first", "second"]
 
 
 class JournalHost:
@@ -225,12 +225,12 @@ def systemd_unit(host: JournalHost) -> SystemdUnit:
 def test_a_systemd_start_log_is_its_invocations_journal_lines_that_tell_settings() -> None:
     lines = gpu_lines("ngram")
     host = JournalHost(lines)
-    found = systemd_unit(host).start_log()
+    found = systemd_unit(host).settings_log()
     journal = host.calls[-1]
     assert "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef" in journal
     assert journal[journal.index("--grep") + 1] == SETTINGS_LINES
     assert found == [lines[0]]
     # a journalctl without --grep: the newest lines, oldest first
     host = JournalHost(lines, grep=False)
-    assert systemd_unit(host).start_log() == lines
+    assert systemd_unit(host).settings_log() == lines
     assert parse_engine_log(lines).model_runner == "V1"

@@ -131,7 +131,10 @@ def test_specdecode_compare_console_script(
     assert compare.main([str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "no differences in model, host, vLLM, GPU" in out
-    assert re.search(r"^baseline\s+math\s+16\.\d\s+12\.\d\s+-2\d\.\d%.*regressed$", out, re.M), out
+    regressed = r"regressed \(throughput -2\d\.\d% \[-\d+\.\d%, -\d+\.\d%\]\)"
+    assert re.search(rf"^baseline\s+math\s+16\.\d\s+12\.\d\s+-2\d\.\d%.*{regressed}$", out, re.M), (
+        out
+    )
     assert compare.main([str(a), str(b), "--fail-on-regression", "--markdown"]) == 1
     md = capsys.readouterr().out
     assert "| phase | prompt | A tok/s | B tok/s | change | TPOT A → B ms | p | verdict |" in md
