@@ -33,6 +33,7 @@ from .errors import ConfigError, HostError, SpecDecodeError
 from .measure.environment import environment, machine
 from .measure.experiment import Experiment
 from .measure.search import SearchRun
+from .measure.served_speed import served_speed
 from .measure.traffic import quiet, rate_text
 from .options import settings_from_options
 from .progress import ProgressLog, write_line
@@ -106,6 +107,7 @@ class SpecDecodeSession:
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
         self._machine: dict[str, Any] | None = None  # the serving host's GPUs and CPU, once read
+        self._served: tuple[float | None] | None = None  # a running server's speed, once read
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
@@ -192,12 +194,24 @@ class SpecDecodeSession:
     def _timing(self, target: Target) -> Timing:
         """From this host's stored runs of its accelerator, else its profile's engine speed."""
         key = self._plan_key(target)
+        if self._served is None:  # read once: a server already answering (nothing changes)
+            try:
+                headers = api_headers(self.settings)
+            except ConfigError:
+                headers = None  # the run refuses it elsewhere; the dry run says so
+            found = (
+                served_speed(target.api_base, headers, target.transports().sync)
+                if headers is not None
+                else None
+            )
+            self._served = (found,)
         return previous_timing(
             self.settings,
             host=target.host_name,
             default_start_s=target.typical_start_s,
             accelerator=key.accelerator,
             profile=lookup(self.profiles, key),
+            served=self._served[0],
         )
 
     def _design_lines(self, target: Target) -> list[str]:

@@ -44,10 +44,12 @@ def previous_timing(
     default_start_s: float,
     accelerator: Accelerator | None = None,
     profile: ProfileLookup | None = None,
+    served: float | None = None,
 ) -> Timing:
     """The engine's speed on this host and accelerator: the newest stored run of the model
-    there, else the newest speed its host profile holds; else, on a CPU, a stated assumption,
-    and elsewhere none (the requests' time is then not estimated)."""
+    there, else the newest speed its host profile holds, else `served` (the running server's
+    own /metrics: s per output token); else, on a CPU, a stated assumption, and elsewhere none
+    (the requests' time is then not estimated)."""
     for folder, record in stored_runs(settings.reports_dir, host=host, model=settings.target.model):
         if recorded_accelerator(record.environment) != accelerator:
             continue
@@ -69,6 +71,12 @@ def previous_timing(
             s_per_token=entry.speed.s_per_token,
             source=f"from the host profile {profile.path} (the A/A run {entry.run}, "
             f"vLLM {entry.vllm_version})",
+        )
+    if served is not None:
+        return Timing(
+            default_start_s,
+            served,
+            "from the running server's /metrics (its requests' time per output token)",
         )
     where = accelerator.describe() if accelerator else "an unknown accelerator"
     none = f"no stored run or host profile of this model on {host} ({where})"

@@ -20,6 +20,7 @@ from pytest_specdecode.analysis.restarts import RestartNoise
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import AA_ARM, BASELINE
 from pytest_specdecode.measure.environment import machine, parse_cpu_model
+from pytest_specdecode.measure.served_speed import seconds_per_output_token
 from pytest_specdecode.record.profile import (
     Accelerator,
     EngineSpeed,
@@ -316,3 +317,16 @@ def test_on_a_cpu_with_nothing_stored_the_assumption_says_it_is_for_a_cpu(tmp_pa
     found = plan.previous_timing(s, host="localhost", default_start_s=60.0, accelerator=CPU)
     assert found.s_per_token == plan.CPU_S_PER_TOKEN
     assert found.source.startswith("assumed for a CPU: no stored run or host profile")
+
+
+def test_a_running_servers_metrics_give_the_engines_speed(tmp_path: Path) -> None:
+    text = (REPO / "tests/data/vllm-0.32-cpu-baseline.metrics.txt").read_text()
+    # The captured server finished one request: 8 tokens in 1.789 s end to end.
+    per_token = seconds_per_output_token(text)
+    assert per_token == pytest.approx(1.789334774017334 / 8.0)
+    assert seconds_per_output_token("not prometheus {") is None
+    s = settings(tmp_path)
+    found = plan.previous_timing(
+        s, host="localhost", default_start_s=60.0, accelerator=H200, served=per_token
+    )
+    assert found.s_per_token == per_token and "/metrics" in found.source
