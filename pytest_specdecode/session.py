@@ -434,12 +434,18 @@ class SpecDecodeSession:
         known = self._known(key)
         prior = {m: n.to_dict() for m, n in known.items()}
         unused = noise.not_used(lookup(self.profiles, key), self._stored(key))
+        sd = record.run.assumed_restart_noise
         for metric in METRICS:
-            found = known.get(metric) or noise.assumed(
-                record.run.assumed_restart_noise, note=unused
+            if metric in known:
+                self.progress(f"restart noise of {metric}: {noise_text(known[metric])}")
+                continue
+            prior[metric] = noise.assumed(sd, note=unused).to_dict()
+            own = "; this A/A run's starts measure it" if noise.is_aa_run(record) else ""
+            self.progress(
+                f"restart noise of {metric} before this run: none measured for "
+                f"{key.describe()}; the prior is assumed {sd:.0%}{own}"
+                + (f"; {unused}" if unused else "")
             )
-            prior.setdefault(metric, found.to_dict())
-            self.progress(f"restart noise of {metric}: {noise_text(found)}")
         record.restart_noise_prior = prior
         self.experiment.store.flush()  # type: ignore[union-attr]
 

@@ -206,11 +206,13 @@ CONFTEST = """
 from tests.support.scripted_target import Script, ScriptedTarget
 
 def pytest_specdecode_open_target(config, settings, log_dir):
-    return ScriptedTarget(Script(), {"ngram": Script()})
+    return ScriptedTarget(Script(), {"ngram": Script(), "baseline-again": Script()})
 """
 
 
-def scripted_run(pytester: pytest.Pytester, profiles: Path) -> tuple[str, dict]:
+def scripted_run(
+    pytester: pytest.Pytester, profiles: Path, *args: str, spec: str = "ngram"
+) -> tuple[str, dict]:
     """The suite over a scripted service (its /version: 0.32.0) on this machine, with these
     host profiles; pytest's output and the run's results.json."""
     shutil.copytree(
@@ -220,8 +222,8 @@ def scripted_run(pytester: pytest.Pytester, profiles: Path) -> tuple[str, dict]:
     config = pytester.path / "experiment.toml"
     config.write_text(CONFIG.format(reports=pytester.path / "reports"))
     result = pytester.runpytest_subprocess(
-        str(pytester.path / "suites"), "--spec-file", str(config), "--spec-config", "ngram",
-        "--spec-host-profiles", str(profiles), "-p", "no:cacheprovider",
+        str(pytester.path / "suites"), "--spec-file", str(config), "--spec-config", spec,
+        "--spec-host-profiles", str(profiles), "-p", "no:cacheprovider", *args,
     )  # fmt: skip
     out = result.stdout.str() + result.stderr.str()
     (run,) = (pytester.path / "reports").iterdir()
@@ -330,3 +332,16 @@ def test_a_running_servers_metrics_give_the_engines_speed(tmp_path: Path) -> Non
         s, host="localhost", default_start_s=60.0, accelerator=H200, served=per_token
     )
     assert found.s_per_token == per_token and "/metrics" in found.source
+
+
+@pytest.mark.usefixtures("_importable_support")
+def test_a_scripted_aa_run_says_what_it_measured(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    out, results = scripted_run(
+        pytester, tmp_path / "profiles", "--spec-repeats", "2", spec="baseline"
+    )
+    assert results["analysis"]["measured_restart_noise"]["throughput"]["df"] == 3, out
+    assert "Restart noise measured by this run, throughput: " in out, out
+    assert "warning: restart noise unmeasured" not in out, out
+    assert "restart noise of throughput before this run: none measured for " in out, out
+    assert "this A/A run's starts measure it" in out, out
+    assert "an A/A run (--spec-config baseline" not in out, out
