@@ -15,12 +15,13 @@ import traceback
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from . import __version__
 from .analysis import noise
-from .analysis.compare import PromptTypeVerdict
+from .analysis.compare import METRICS, PromptTypeVerdict
 from .analysis.design import check_design
 from .analysis.restarts import RestartNoise
 from .analysis.reuse import stored_baseline
@@ -29,14 +30,22 @@ from .config.arms import BASELINE, BASELINE_AFTER
 from .config.settings import Settings
 from .config.specconfig import SpecConfig, VllmFacts, validate_spec_values
 from .errors import ConfigError, HostError, SpecDecodeError
-from .measure.environment import environment
+from .measure.environment import environment, machine
 from .measure.experiment import Experiment
 from .measure.search import SearchRun
+from .measure.served_speed import served_speed
 from .measure.traffic import quiet, rate_text
 from .options import settings_from_options
 from .progress import ProgressLog, write_line
 from .record.counters import TrafficWatch
-from .record.profile import add_entry, profile_path, profiles_dir, read_profile
+from .record.profile import (
+    ProfileKey,
+    accelerator_of,
+    add_entry,
+    lookup,
+    profiles_dir,
+    with_held_version,
+)
 from .record.schema import Phase, RunRecord, TargetInfo
 from .record.search import SEARCH_PREFIX
 from .record.store import RunStore, stored_runs
@@ -100,6 +109,8 @@ class SpecDecodeSession:
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
         self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
+        self._machine: dict[str, Any] | None = None  # the serving host's GPUs and CPU, once read
+        self._served: tuple[float | None] | None = None  # a running server's speed, once read
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
@@ -172,7 +183,7 @@ class SpecDecodeSession:
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
-            noise=self._noise_plan(target.host_name),
+            noise=self._noise_plan(target),
             predicted=(
                 stored_search_plan(settings, host=target.host_name)
                 if settings.run.search
@@ -190,15 +201,33 @@ class SpecDecodeSession:
         return facts.version if facts is not None and not facts.offline else None
 
     def _timing(self, target: Target) -> Timing:
+        """From this host's stored runs of its accelerator, else its profile's engine speed."""
+        key = self._plan_key(target)
+        if self._served is None:  # read once: a server already answering (nothing changes)
+            try:
+                headers = api_headers(self.settings)
+            except ConfigError:
+                headers = None  # the run refuses it elsewhere; the dry run says so
+            found = (
+                served_speed(target.api_base, headers, target.transports().sync)
+                if headers is not None
+                else None
+            )
+            self._served = (found,)
         return previous_timing(
-            self.settings, host=target.host_name, default_start_s=target.typical_start_s
+            self.settings,
+            host=target.host_name,
+            default_start_s=target.typical_start_s,
+            accelerator=key.accelerator,
+            profile=lookup(self.profiles, key),
+            served=self._served[0],
         )
 
     def _design_lines(self, target: Target) -> list[str]:
         """What the design can call on this host, and what would call --spec-detect's change."""
         return design_lines(
             self.settings,
-            self._known(target.host_name, version=None),
+            self._known(self._plan_key(target)),
             detect=self.config.getoption("spec_detect"),
             timing=self._timing(target),
             baseline=self.config.getoption("spec_baseline_from") is None,
@@ -220,7 +249,7 @@ class SpecDecodeSession:
                 self.progress(f"plan: {step}")
             if settings.run.search:
                 self.progress(f"plan: candidates {search_text(settings.run)}")
-            self.progress(f"plan: restart noise: {self._noise_plan(target.host_name)}")
+            self.progress(f"plan: restart noise: {self._noise_plan(target)}")
             for line in self._design_lines(target):
                 self.progress(f"plan: {line}")
             for line in side_change_plan(settings, self._target_version()):
@@ -261,7 +290,7 @@ class SpecDecodeSession:
                     progress=self.progress,
                     headers=headers,
                     transports=transports,
-                    outside=self._known(target.host_name, version=None),
+                    outside=self._known(self._plan_key(target)),
                     request_metrics_note=self.request_metrics_note,
                     probe=HostProbe(target.host),
                 )
@@ -404,7 +433,7 @@ class SpecDecodeSession:
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
             environment={
-                **environment(target, settings.source),
+                **environment(target, settings.source, self._machine_of(target)),
                 "vllm": self.vllm_facts.record() if self.vllm_facts else None,
             },
         )
@@ -442,40 +471,82 @@ class SpecDecodeSession:
         return self._analysis
 
     def _known_noise(self) -> None:
-        """Once the baseline's vLLM version is known: the restart noise the host's profile and
-        stored runs measured, recorded in the run."""
+        """Once the baseline's vLLM version is known: the restart noise the profile and stored
+        runs of this key (host, accelerator, model, version) measured, recorded in the run."""
         record = self._record()
         baseline = record.arm_phases(BASELINE)
         if record.restart_noise_prior is not None or not baseline:
             return
-        known = self._known(record.target.host, version=baseline[0].server_version)
-        record.restart_noise_prior = {m: n.to_dict() for m, n in known.items()}
-        for metric, found in known.items():
-            self.progress(f"restart noise of {metric}: {noise_text(found)}")
+        key = noise.key_of(record)
+        known = self._known(key)
+        prior = {m: n.to_dict() for m, n in known.items()}
+        unused = noise.not_used(lookup(self.profiles, key), self._stored(key))
+        sd = record.run.assumed_restart_noise
+        for metric in METRICS:
+            if metric in known:
+                self.progress(f"restart noise of {metric}: {noise_text(known[metric])}")
+                continue
+            prior[metric] = noise.assumed(sd, note=unused).to_dict()
+            own = "; this A/A run's starts measure it" if noise.is_aa_run(record) else ""
+            self.progress(
+                f"restart noise of {metric} before this run: none measured for "
+                f"{key.describe()}; the prior is assumed {sd:.0%}{own}"
+                + (f"; {unused}" if unused else "")
+            )
+        record.restart_noise_prior = prior
         self.experiment.store.flush()  # type: ignore[union-attr]
 
-    def _known(self, host: str, *, version: str | None) -> dict[str, RestartNoise]:
-        """What the host's profile and this host's stored runs (those the profile does not
-        already hold) measured of restart noise, per metric."""
-        model = self.settings.target.model
-        stored = [
-            (folder.name, r)
-            for folder, r in stored_runs(self.settings.reports_dir, host=host, model=model)
-            if folder != self.run_dir
-        ]
-        return noise.known(
-            read_profile(self.profiles, host, model),
-            stored,
-            version=version,
-            where=str(profile_path(self.profiles, host, model)),
-        )
+    def _stored(self, key: ProfileKey) -> list[tuple[str, RunRecord]]:
+        """This host's stored runs of the model, but this run (the key is checked later)."""
+        found = stored_runs(self.settings.reports_dir, host=key.host, model=key.model)
+        return [(folder.name, r) for folder, r in found if folder != self.run_dir]
 
-    def _noise_plan(self, host: str) -> str:
-        """What the verdicts will know of restart noise, as far as it can be told beforehand."""
-        found = self._known(host, version=None).get("throughput")
-        if found is None:
-            return noise.assumed(self.settings.run.assumed_restart_noise).source
-        return f"{noise_text(found)} (any vLLM version; the run uses its own version's)"
+    def _known(self, key: ProfileKey) -> dict[str, RestartNoise]:
+        """What this key's profile and stored runs (those the profile does not already hold)
+        measured of restart noise, per metric."""
+        return noise.known(lookup(self.profiles, key), self._stored(key))
+
+    def _machine_of(self, target: Target) -> dict[str, Any]:
+        """The serving host's GPUs, CPU and accelerator: read once, on the host."""
+        if self._machine is None:
+            self._machine = machine(target.host)
+        return self._machine
+
+    def _plan_key(self, target: Target) -> ProfileKey:
+        """The key this run's restart noise will have, as far as known before it starts: the
+        vLLM version the candidates were validated against on the host; where none was asked
+        (or only the offline list answered), the one version this key's profile holds."""
+        facts = self.vllm_facts
+        found = self._machine_of(target)
+        key = ProfileKey(
+            target.host_name,
+            accelerator_of(found.get("gpus"), found.get("cpu")),
+            self.settings.target.model,
+            facts.version if facts is not None and not facts.offline else None,
+        )
+        return with_held_version(self.profiles, key)
+
+    def _noise_plan(self, target: Target) -> str:
+        """What the verdicts will know of restart noise, as far as it can be told beforehand:
+        the same key's profile and stored runs they will read, named with the key."""
+        key = self._plan_key(target)
+        found = lookup(self.profiles, key)
+        measured = noise.known(found, self._stored(key)).get("throughput")
+        facts = self.vllm_facts
+        asked = facts is not None and not facts.offline and facts.version == key.vllm_version
+        told = (
+            ""
+            if asked or key.vllm_version is None
+            else (
+                f"; if the server runs vLLM {key.vllm_version}, as this profile's runs did (its "
+                "version is read when it starts)"
+            )
+        )
+        if measured is not None:
+            return f"{noise_text(measured)} for {key.describe()}{told}"
+        text = noise.assumed(self.settings.run.assumed_restart_noise).source
+        unused = noise.not_used(found, self._stored(key))
+        return f"{text}, for {key.describe()}" + (f"; {unused}" if unused else "")
 
     def _update_profile(self) -> None:
         """An A/A run adds the restart noise it measured to its host's profile."""
@@ -488,9 +559,9 @@ class SpecDecodeSession:
         if entry is None:
             self.progress("host profile: this A/A run measured no restart noise (one start)")
             return
-        t = record.target
+        key = noise.key_of(record)
         try:
-            path = add_entry(self.profiles, t.host, t.model, entry)
+            path = add_entry(self.profiles, key.host, key.accelerator, key.model, entry)
         except (OSError, ConfigError) as exc:
             self.progress(f"host profile: not written ({exc})")
             return
@@ -500,7 +571,7 @@ class SpecDecodeSession:
         )
         self.progress(
             f"host profile {path}: this run's restart noise added ({measured}); later runs of "
-            f"{t.model} on {t.host} use it. Inside a repository, commit it"
+            f"{key.describe()} use it. Inside a repository, commit it"
         )
 
     def _record(self) -> RunRecord:

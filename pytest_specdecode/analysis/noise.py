@@ -3,8 +3,9 @@
 What a run measured (`of_run`): every configuration it started more than once (the original's
 arms are one configuration: the baseline, an A/A arm, the drift check's baseline; each candidate
 is another), per metric, `starts - 1` degrees of freedom per configuration. Stored, it is
-outside knowledge for the next runs of this host, model and vLLM version (`from_stored`), and an
-A/A run writes it into the host's profile (record/profile.py).
+outside knowledge for the next runs of the same key (`key_of`: host, accelerator, model and
+vLLM version; `from_stored`), and an A/A run writes it into the profile of that key
+(record/profile.py). Runs and profiles of another key are named, never used as measured.
 
 What a comparison uses as outside knowledge (`outside`): what stored runs and the host's profile
 measured, recorded in the run as `restart_noise_prior`; where nothing was, the documented
@@ -20,7 +21,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..config.arms import AA_ARM, BASELINE, ORIGINAL_ARMS
-from ..record.profile import HostProfile, ProfileEntry
+from ..record.profile import (
+    HostProfile,
+    ProfileEntry,
+    ProfileKey,
+    ProfileLookup,
+    recorded_accelerator,
+    speed_of,
+)
 from ..record.schema import RunRecord
 from .compare import METRICS, start_prompts, starts
 from .restarts import RestartNoise, StartFit, fit_starts, pooled, restart_noise_of
@@ -68,10 +76,11 @@ def outside(record: RunRecord) -> dict[str, RestartNoise]:
         metric: RestartNoise.from_dict(data)
         for metric, data in (record.restart_noise_prior or {}).items()
     }
+    sd = record.run.assumed_restart_noise
     return {
         metric: prior[metric]
-        if metric in prior and prior[metric].measured
-        else assumed(record.run.assumed_restart_noise)
+        if metric in prior and (prior[metric].measured or prior[metric].sd == sd)
+        else assumed(sd)
         for metric in METRICS
     }
 
@@ -88,27 +97,37 @@ def best_estimate(record: RunRecord) -> dict[str, RestartNoise]:
     return out
 
 
-def assumed(sd: float) -> RestartNoise:
-    return RestartNoise.assumed(sd)
+def assumed(sd: float, *, note: str | None = None) -> RestartNoise:
+    """The stated assumption; `note` names what was measured of another key and not used."""
+    return RestartNoise.assumed(sd, note=note)
+
+
+def key_of(record: RunRecord) -> ProfileKey:
+    """What a run's restart noise belongs to: its host, accelerator, model and the vLLM version
+    its baseline ran (None before the baseline started)."""
+    t = record.target
+    return ProfileKey(t.host, recorded_accelerator(record.environment), t.model, _version(record))
 
 
 def from_stored(
     records: Sequence[RunRecord],
     *,
-    version: str | None,
+    key: ProfileKey,
     extra: Mapping[str, RestartNoise] | None = None,
 ) -> dict[str, RestartNoise]:
-    """The restart noise stored runs measured, pooled per metric by degrees of freedom (this
-    vLLM version only, when it is known), with `extra` (a host profile's) beside them."""
-    chosen = [r for r in records if version is None or _version(r) == version]
+    """The restart noise stored runs of this key measured (its accelerator and vLLM version;
+    none while the version is unknown), pooled per metric by degrees of freedom, with `extra`
+    (a host profile's) beside them."""
+    chosen = [r for r in records if same_key(r, key)]
     found = [of_run(r) for r in chosen]
     out = {}
     for metric in METRICS:
         estimates = [f[metric] for f in found if metric in f]
         runs = len(estimates)
-        text = f"{runs} stored run{'s' if runs != 1 else ''} of this host and model"
-        if version:
-            text += f" (vLLM {version})"
+        text = (
+            f"{runs} stored run{'s' if runs != 1 else ''} of this host, accelerator and model "
+            f"(vLLM {key.vllm_version})"
+        )
         sources = [text] if runs else []
         if extra and metric in extra:
             estimates.append(extra[metric])
@@ -119,30 +138,55 @@ def from_stored(
     return out
 
 
+def same_key(record: RunRecord, key: ProfileKey) -> bool:
+    """A stored run of this key: its accelerator and its baseline's vLLM version (known)."""
+    return (
+        key.vllm_version is not None
+        and _version(record) == key.vllm_version
+        and recorded_accelerator(record.environment) == key.accelerator
+    )
+
+
 def known(
-    profile: HostProfile | None,
+    found: ProfileLookup,
     stored: Sequence[tuple[str, RunRecord]],
-    *,
-    version: str | None,
-    where: str,
 ) -> dict[str, RestartNoise]:
-    """The outside knowledge for a run of this host and model, per metric: its profile, and
-    its stored runs (by folder name) that the profile does not already hold."""
+    """The outside knowledge for a run of this key, per metric: its profile's entries of this
+    vLLM version, and the stored runs of this key (by folder name) that the profile does not
+    already hold."""
+    profile = found.profile
     in_profile = profile.runs if profile else set()
     records = [r for name, r in stored if name not in in_profile]
-    extra = from_profile(profile, version=version, where=where) if profile else None
-    return from_stored(records, version=version, extra=extra)
+    version = found.key.vllm_version
+    extra = from_profile(profile, version=version, where=str(found.path)) if profile else None
+    return from_stored(records, key=found.key, extra=extra)
+
+
+def not_used(found: ProfileLookup, stored: Sequence[tuple[str, RunRecord]]) -> str | None:
+    """What was measured of this host and model and is not used, being of another key: one
+    sentence naming it, or None."""
+    named = found.not_used()
+    others = [name for name, r in stored if of_run(r) and not same_key(r, found.key)]
+    if others:
+        named.append(
+            f"{len(others)} stored run{'s' if len(others) != 1 else ''} of another accelerator "
+            "or vLLM version"
+        )
+    if not named:
+        return None
+    key = found.key.describe()
+    return f"not used, being of another accelerator or vLLM version than {key}: " + "; ".join(named)
 
 
 def from_profile(
     profile: HostProfile, *, version: str | None, where: str
 ) -> dict[str, RestartNoise]:
-    """What a host's profile holds, pooled per metric (this vLLM version only, when known)."""
+    """What a host's profile holds of this vLLM version, pooled per metric."""
     entries = profile.matching(version)
     starts = sum(e.starts for e in entries)
     text = (
         f"host profile {where}: {len(entries)} A/A run{'s' if len(entries) != 1 else ''}, "
-        f"{starts} starts"
+        f"{starts} starts, vLLM {version}"
     )
     out = {}
     for metric in METRICS:
@@ -156,18 +200,21 @@ def from_profile(
 
 
 def profile_entry(record: RunRecord, *, run: str, date: str) -> ProfileEntry | None:
-    """What an A/A run adds to its host's profile; None where it measured nothing."""
+    """What an A/A run adds to its key's profile; None where it measured nothing."""
     measured = of_run(record)
     if not measured:
         return None
     gpus = record.environment.get("gpus")
+    cpu = record.environment.get("cpu")
     return ProfileEntry(
         run=run,
         date=date,
         vllm_version=_version(record),
-        gpus=None if gpus is None else str(gpus),
+        gpus=tuple(str(g) for g in gpus) if isinstance(gpus, list | tuple) else None,
+        cpu=str(cpu) if cpu else None,
         starts=sum(1 for p in record.phases.values() if not p.reused_from),
         noise={metric: n.to_dict() for metric, n in measured.items()},
+        speed=speed_of(record),
     )
 
 

@@ -84,12 +84,16 @@ class RestartNoise:
         return math.sqrt(max(0.0, low)), math.sqrt(max(0.0, high))
 
     @classmethod
-    def assumed(cls, sd: float, *, weight: float = ASSUMED_WEIGHT) -> RestartNoise:
+    def assumed(
+        cls, sd: float, *, weight: float = ASSUMED_WEIGHT, note: str | None = None
+    ) -> RestartNoise:
+        """The documented assumption; `note`: what was found and not used, if anything."""
         return cls(
             sd,
             weight,
             f"unmeasured: assumed {sd:.0%}, weighted as {weight:g} degrees of freedom "
-            "(measure it with --spec-config baseline --spec-repeats 4)",
+            "(measure it with --spec-config baseline --spec-repeats 4)"
+            + (f"; {note}" if note else ""),
             measured=False,
         )
 

@@ -292,6 +292,29 @@ def max_num_seqs(record: RunRecord) -> int | None:
     return int(value) if value and value.isdigit() and int(value) > 0 else None
 
 
+def _assumed_noise_warning(record: RunRecord, prior: RestartNoise) -> str:
+    """The restart noise outside this run is assumed: said so, and what this run's own starts
+    measured of it (an A/A run measures it; it is not "unmeasured" there)."""
+    own = noise.of_run(record)
+    if not own:
+        return "restart noise " + prior.source
+    starts = sum(1 for p in record.phases.values() if not p.reused_from)
+    _, unused, note = prior.source.partition("; not used")
+    before = (
+        f"no restart noise was measured before this run (its prior: assumed {prior.sd:.0%}, "
+        f"weighted as {prior.df:g} degrees of freedom{'; not used' + note if unused else ''})"
+    )
+    if noise.is_aa_run(record):
+        return (
+            f"{before}; this A/A run's {starts} starts measured it (below), and the intervals "
+            "pool the two"
+        )
+    return (
+        f"{before}; this run's own repeated starts measured it too (below), pooled with the "
+        "prior; an A/A run (--spec-config baseline --spec-repeats 4) measures it for the host"
+    )
+
+
 def _warnings(
     record: RunRecord,
     verdicts: dict[str, dict[str, PromptTypeVerdict]],
@@ -327,8 +350,9 @@ def _warnings(
                     f"{where}: measured again after other clients' traffic "
                     f"({len(m.discarded)} requests set aside)"
                 )
-    if verdicts and any(not n.measured for n in assumed.values()):
-        out.append("restart noise " + next(n.source for n in assumed.values() if not n.measured))
+    unmeasured = [n for n in assumed.values() if not n.measured]
+    if verdicts and unmeasured:
+        out.append(_assumed_noise_warning(record, unmeasured[0]))
     if record.baseline_from:
         stored = record.baseline_from.facts
         out += [

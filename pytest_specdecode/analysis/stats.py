@@ -313,10 +313,12 @@ def decide(
     noise: RestartNoise,
     family: int = 1,
     starts: tuple[int, int] = (1, 1),
+    same_configuration: bool = False,
 ) -> tuple[Verdict, str]:
     """Where a verdict is decided: the interval of the change against the ±min_effect margin.
 
-    `family` (the comparisons the interval is adjusted for) and `starts` (per arm) only shape
+    `family` (the comparisons the interval is adjusted for), `starts` (per arm) and
+    `same_configuration` (an A/A comparison: its starts measure the restart noise) only shape
     what an undecided verdict says it would take."""
     low, high = (math.expm1(min(x, 700.0)) for x in (interval.low, interval.high))
     where = f"the {interval.confidence:.2%} interval of the change [{_pct(low)}, {_pct(high)}]"
@@ -340,7 +342,13 @@ def decide(
     if -min_effect < low and high < min_effect:
         return Verdict.EQUIVALENT, f"{where} lies inside the {margin}"
     return Verdict.INCONCLUSIVE, f"{where} straddles the {margin}; " + _what_it_needs(
-        interval, min_effect=min_effect, noise=noise, family=family, starts=starts, alpha=alpha
+        interval,
+        min_effect=min_effect,
+        noise=noise,
+        family=family,
+        starts=starts,
+        alpha=alpha,
+        same_configuration=same_configuration,
     )
 
 
@@ -352,6 +360,7 @@ def _what_it_needs(
     family: int,
     starts: tuple[int, int],
     alpha: float,
+    same_configuration: bool = False,
 ) -> str:
     """What would decide it: starts per arm, were the change to stay where it is now."""
     needed = starts_to_decide(
@@ -374,7 +383,12 @@ def _what_it_needs(
             f"it would take about {needed} starts per arm (--spec-repeats {needed}; {now}), "
             f"were the change to stay near {_pct(interval.ratio - 1)}"
         )
-    if not noise.measured:
+    if not noise.measured and same_configuration:
+        text += (
+            "; the restart noise is assumed outside this run, and its own starts of the "
+            "original measure it"
+        )
+    elif not noise.measured:
         text += (
             "; the restart noise is assumed: an A/A run (--spec-config baseline --spec-repeats "
             "4) measures it"
@@ -416,6 +430,7 @@ def compare_family(
             noise=n_noise,
             family=m,
             starts=(len(q.baseline), len(q.candidate)),
+            same_configuration=q.same_configuration,
         )
         out.append(
             Comparison(

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..record.profile import accelerator_of
 from ..targets.base import Target
 from ..targets.gpu import GpuOutputError, parse_gpus
 from ..targets.hosts import Host
@@ -31,6 +32,39 @@ def gpu_list(host: Host) -> list[str] | None:
     except GpuOutputError:
         gpus = [line.strip() for line in result.stdout.splitlines() if line.strip()]
     return gpus or None
+
+
+_CPU_QUERY = (
+    "grep -m1 -i '^model name' /proc/cpuinfo 2>/dev/null || "
+    "LC_ALL=C lscpu 2>/dev/null | grep -m1 -i '^model name'"
+)
+
+
+def cpu_model(host: Host) -> str | None:
+    """The serving host's CPU model (`/proc/cpuinfo`, else `lscpu`); None where unreadable."""
+    try:
+        result = host.run(["sh", "-c", _CPU_QUERY], timeout=30, privileged=False)
+    except Exception:  # a fact, not a precondition: never stop a run over it
+        return None
+    return parse_cpu_model(result.stdout) if result.ok else None
+
+
+def parse_cpu_model(text: str) -> str | None:
+    """`model name\t: AMD EPYC` (cpuinfo) or `Model name:  AMD EPYC` (lscpu) -> `AMD EPYC`."""
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() == "model name" and value.strip():
+            return " ".join(value.split())
+    return None
+
+
+def machine(host: Host) -> dict[str, Any]:
+    """What runs the model on the serving host: its GPUs, its CPU, and the accelerator that
+    keys its host profile (record/profile.py)."""
+    gpus = gpu_list(host)
+    cpu = cpu_model(host)
+    found = accelerator_of(gpus, cpu)
+    return {"gpus": gpus, "cpu": cpu, "accelerator": found.to_json() if found else None}
 
 
 def git_commit(path: Path) -> str | None:
@@ -83,10 +117,12 @@ def suite_content(path: Path) -> str | None:
     return f"{where}, content {digest.hexdigest()[:12]} ({count} files)"
 
 
-def environment(target: Target, config_file: Path) -> dict[str, Any]:
-    """Recorded in the run record before anything is measured."""
+def environment(
+    target: Target, config_file: Path, facts: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Recorded in the run record before anything is measured; `facts`: `machine`'s, if read."""
     commit = git_commit(config_file)
-    found: dict[str, Any] = {"gpus": gpu_list(target.host), "git_commit": commit}
+    found: dict[str, Any] = {**(facts or machine(target.host)), "git_commit": commit}
     if commit is None:
         found["suite_content"] = suite_content(config_file)
     return found

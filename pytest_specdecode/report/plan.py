@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -15,6 +14,7 @@ from ..analysis.side_changes import control_name, foreseen, foreseen_text, from_
 from ..config.arms import BASELINE, BASELINE_AFTER, design_order
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
+from ..record.profile import Accelerator, ProfileLookup, recorded_accelerator, speed_of
 from ..record.search import slot_name
 from ..record.store import stored_runs
 from . import prediction
@@ -24,38 +24,66 @@ from .text import fmt_duration
 RUN_LOG = "run.log"
 
 
+# A request's time per output token on a CPU where nothing of this host was measured (the
+# embedded CPU vLLM's order); on a GPU or an unknown accelerator, no such guess is made.
+CPU_S_PER_TOKEN = 0.05
+
+
 @dataclass(frozen=True)
 class Timing:
-    """How long things took before: per server start and per output token."""
+    """How long things took before: per server start and per output token (None: unknown)."""
 
     start_s: float
-    s_per_token: float
+    s_per_token: float | None
     source: str  # where these numbers come from
 
 
-def previous_timing(settings: Settings, *, host: str, default_start_s: float) -> Timing:
-    """Timings of the newest stored run of the same model and host, or stated assumptions."""
+def previous_timing(
+    settings: Settings,
+    *,
+    host: str,
+    default_start_s: float,
+    accelerator: Accelerator | None = None,
+    profile: ProfileLookup | None = None,
+    served: float | None = None,
+) -> Timing:
+    """The engine's speed on this host and accelerator: the newest stored run of the model
+    there, else the newest speed its host profile holds, else `served` (the running server's
+    own /metrics: s per output token); else, on a CPU, a stated assumption, and elsewhere none
+    (the requests' time is then not estimated)."""
     for folder, record in stored_runs(settings.reports_dir, host=host, model=settings.target.model):
-        per_token = [
-            s.e2e_s / s.output_tokens
-            for p in record.phases.values()
-            for m in p.measurements.values()
-            for s in m.samples
-            if s.output_tokens and s.e2e_s > 0
-        ]
-        if not per_token:
+        if recorded_accelerator(record.environment) != accelerator:
             continue
-        starts = [p.startup_s for p in record.phases.values() if p.startup_s is not None]
+        speed = speed_of(record)
+        if speed is None:
+            continue
         return Timing(
-            start_s=statistics.median(starts) if starts else default_start_s,
-            s_per_token=statistics.median(per_token),
+            start_s=speed.start_s if speed.start_s is not None else default_start_s,
+            s_per_token=speed.s_per_token,
             source=f"from the stored run {folder.name}",
         )
-    return Timing(
-        start_s=default_start_s,
-        s_per_token=0.05,
-        source=f"assumed: no stored run of this model on this host in {settings.reports_dir}",
-    )
+    found = profile.profile if profile else None
+    timed = [e for e in found.entries if e.speed is not None] if found else []
+    if profile is not None and timed:
+        entry = max(timed, key=lambda e: e.date)
+        assert entry.speed is not None
+        return Timing(
+            start_s=entry.speed.start_s or default_start_s,
+            s_per_token=entry.speed.s_per_token,
+            source=f"from the host profile {profile.path} (the A/A run {entry.run}, "
+            f"vLLM {entry.vllm_version})",
+        )
+    if served is not None:
+        return Timing(
+            default_start_s,
+            served,
+            "from the running server's /metrics (its requests' time per output token)",
+        )
+    where = accelerator.describe() if accelerator else "an unknown accelerator"
+    none = f"no stored run or host profile of this model on {host} ({where})"
+    if accelerator is not None and accelerator.kind == "cpu":
+        return Timing(default_start_s, CPU_S_PER_TOKEN, f"assumed for a CPU: {none}")
+    return Timing(default_start_s, None, f"{none} measured the engine's speed")
 
 
 def stored_prediction(settings: Settings, *, host: str) -> list[str]:
@@ -159,8 +187,11 @@ def count_starts(settings: Settings, *, baseline: bool, aba: bool, adopts_origin
 def estimate_seconds(
     settings: Settings, timing: Timing, *, baseline: bool, aba: bool, adopts_original: bool
 ) -> tuple[float, int]:
-    """(seconds, server starts): starts, plus the most requests at their full max_tokens."""
+    """(seconds, server starts): starts, plus the most requests at their full max_tokens (none
+    where the engine's speed is unknown: then the starts alone)."""
     starts = count_starts(settings, baseline=baseline, aba=aba, adopts_original=adopts_original)
+    if timing.s_per_token is None:
+        return starts * timing.start_s, starts
     run = settings.run
     phases = len(phase_order(settings, baseline=baseline, aba=aba))
     tokens = sum(t.max_tokens for t in settings.prompt_types.values())
@@ -267,12 +298,24 @@ def dry_run_lines(
         f"requests: {'up to ' if run.search else ''}{counted} = {phases} phases x "
         f"{len(settings.prompt_types)} prompt types x "
         f"({' + '.join(per_level)} measured + {run.warmup} warm-up)",
-        f"estimated duration: {'at most ' if run.search else ''}about "
-        f"{fmt_duration(seconds)} ({starts} server "
-        f"start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s, requests at up to "
-        f"~{timing.s_per_token * 1000:.0f} ms per output token; {timing.source})",
+        duration_line(seconds, starts, timing, search=bool(run.search)),
     ]
     return lines + list(predicted)
+
+
+def duration_line(seconds: float, starts: int, timing: Timing, *, search: bool) -> str:
+    """The estimate, and what it rests on; the starts alone where the speed is unknown."""
+    at = f"{starts} server start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s"
+    if timing.s_per_token is None:
+        return (
+            f"estimated duration: the starts alone take about {fmt_duration(seconds)} ({at}); "
+            f"the requests' time is not estimated: {timing.source}"
+        )
+    return (
+        f"estimated duration: {'at most ' if search else ''}about {fmt_duration(seconds)} "
+        f"({at}, requests at up to ~{timing.s_per_token * 1000:.0f} ms per output token; "
+        f"{timing.source})"
+    )
 
 
 def design_lines(
@@ -331,8 +374,12 @@ def design_lines(
             f"to call a {detect:.0%} change with 80% power: --spec-repeats {power.starts} "
             f"--spec-samples {power.requests} --spec-max-samples {power.requests} "
             f"({power.starts} start{'s' if power.starts != 1 else ''} per arm, "
-            f"{power.requests} requests per prompt type and start; about "
-            f"{fmt_duration(cost)} on this host, {timing.source})"
+            f"{power.requests} requests per prompt type and start; "
+            + (
+                f"about {fmt_duration(cost)} on this host, {timing.source})"
+                if timing.s_per_token is not None
+                else f"its starts alone about {fmt_duration(cost)}; {timing.source})"
+            )
         )
     return lines
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +52,15 @@ def test_aa_with_two_starts_per_arm_reports_the_noise_and_calls_nothing(
     )
     line = re.search(pattern, out)
     assert line, out
-    assert re.search(r"host profile \S+: this run's restart noise added \(throughput ", err), err
+    written = re.search(r"host profile (\S+): this run's restart noise added \(throughput ", err)
+    assert written, err
+    # It says what it measured, never "unmeasured" (issue 28), and its profile is keyed by
+    # this machine's CPU, with its typed facts and the engine's speed for the next dry run.
+    assert "unmeasured" not in out, out
+    profile = json.loads(Path(written.group(1)).read_text())
+    assert profile["accelerator"]["kind"] == "cpu", profile
+    (entry,) = profile["entries"]
+    assert entry["gpus"] is None and entry["vllm_version"] and entry["speed"]["s_per_token"] > 0
     t = verdict["throughput"]
     print(  # the figures for docs/statistics.md
         "A/A figures:",

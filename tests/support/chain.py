@@ -202,7 +202,7 @@ def aa_estimates(
         stop = chain_rules.stop_rule_for(reports, profiles, record, reports / "aa-0")
         _measure_run(record, host, levels, 0.0, rng, stop)
         chain_rules.finish(record, reports, profiles, reports / "aa-0")
-        profile = read_profile(profiles, HOST, MODEL)
+        profile = read_profile(profiles, HOST, None, MODEL)
         assert profile is not None
         (entry,) = profile.entries
         found.append({m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()})

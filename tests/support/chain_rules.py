@@ -3,13 +3,14 @@ same functions, in the same order, on the same files."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from pytest_specdecode.analysis import noise
 from pytest_specdecode.analysis.adaptive import pinned, target_se
 from pytest_specdecode.config.arms import BASELINE
-from pytest_specdecode.record.profile import add_entry, profile_path, read_profile
+from pytest_specdecode.record.profile import add_entry, lookup, with_held_version
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord
 from pytest_specdecode.record.store import RunStore, stored_runs
 
@@ -18,18 +19,14 @@ def known(
     reports: Path, profiles: Path, record: RunRecord, *, version: str | None, run_dir: Path
 ) -> dict[str, noise.RestartNoise]:
     """As the session's `_known`: the host profile, and stored runs but this one."""
-    t = record.target
+    key = dataclasses.replace(noise.key_of(record), vllm_version=version)
+    key = with_held_version(profiles, key)
     stored = [
         (folder.name, r)
-        for folder, r in stored_runs(reports, host=t.host, model=t.model)
+        for folder, r in stored_runs(reports, host=key.host, model=key.model)
         if folder != run_dir
     ]
-    return noise.known(
-        read_profile(profiles, t.host, t.model),
-        stored,
-        version=version,
-        where=str(profile_path(profiles, t.host, t.model)),
-    )
+    return noise.known(lookup(profiles, key), stored)
 
 
 def stop_rule_for(
@@ -63,4 +60,5 @@ def finish(record: RunRecord, reports: Path, profiles: Path, run_dir: Path) -> N
     if noise.is_aa_run(record):
         entry = noise.profile_entry(record, run=run_dir.name, date="2026-12-01")
         if entry is not None:
-            add_entry(profiles, record.target.host, record.target.model, entry)
+            key = noise.key_of(record)
+            add_entry(profiles, key.host, key.accelerator, key.model, entry)

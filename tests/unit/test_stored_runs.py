@@ -191,7 +191,8 @@ def test_compare_names_what_differs(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_previous_timing_from_a_stored_run(tmp_path: Path) -> None:
     s = settings(tmp_path)
     kwargs = {"host": "localhost", "default_start_s": 60.0}
-    assert plan.previous_timing(s, **kwargs).source.startswith("assumed: no stored run")
+    unknown = plan.previous_timing(s, **kwargs)  # nothing stored, the accelerator unknown
+    assert unknown.s_per_token is None and unknown.source.startswith("no stored run")
     run = s.reports_dir / "20260101T000000Z-ngram"
     run.mkdir(parents=True)
     st = store(run.parent / "x", s)
