@@ -47,8 +47,10 @@ def summarise(samples: Sequence[HostSample]) -> WindowEnvironment:
                 server = last.server_s - first.server_s + last.own_s - first.own_s
                 other = (busy - steal) * last.tick_s - server
                 env.other_cpu_share = min(1.0, max(0.0, other / (total * last.tick_s)))
-    readings = [g for s in samples for g in s.server_gpus()]
+    readings = [g for s in samples for g in s.clock_gpus()]
     if readings:
+        told = all(s.server_gpus() for s in samples if s.gpus)
+        env.gpus = "the server's" if told else "every GPU of the host (none listed the server)"
         env.sm_mhz = _least([g.sm_mhz for g in readings])
         env.memory_mhz = _least([g.memory_mhz for g in readings])
         env.temperature_c = _most([g.temperature_c for g in readings])

@@ -21,7 +21,8 @@ class WindowEnvironment:
     cpus: int | None = None
     other_cpu_share: float | None = None  # of the machine's CPU time, not the server's
     steal_share: float | None = None  # taken by the hypervisor, where the host is a VM
-    sm_mhz: float | None = None  # the lowest seen on the server's GPUs
+    gpus: str | None = None  # whose clocks these are: the server's GPUs, or every GPU's
+    sm_mhz: float | None = None  # the lowest seen on those GPUs
     memory_mhz: float | None = None
     throttle: list[str] = field(default_factory=list)  # reasons active in any sample
     temperature_c: float | None = None  # the highest
@@ -42,7 +43,8 @@ class WindowEnvironment:
         if self.steal_share:
             parts.append(f"steal {self.steal_share:.0%}")
         if self.sm_mhz is not None:
-            parts.append(f"SM {self.sm_mhz:.0f} MHz, memory {self.memory_mhz or 0:.0f} MHz")
+            whose = "" if self.gpus == "the server's" else f" ({self.gpus or 'GPUs'})"
+            parts.append(f"SM {self.sm_mhz:.0f} MHz, memory {self.memory_mhz or 0:.0f} MHz{whose}")
         if self.temperature_c is not None:
             parts.append(f"{self.temperature_c:.0f} °C")
         if self.power_w is not None:

@@ -130,6 +130,11 @@ class HostSample:
         uuids = {a.gpu_uuid for a in self.apps if a.pid in self.server_pids}
         return tuple(g for g in self.gpus if g.uuid in uuids)
 
+    def clock_gpus(self) -> tuple[GpuReading, ...]:
+        """The GPUs whose clocks stand for the server's: its own, else (nvidia-smi lists none
+        of its processes, as in a VM or container that hides them) every GPU of the host."""
+        return self.server_gpus() or self.gpus
+
     def others_on_server_gpus(self) -> list[GpuProcess]:
         uuids = {g.uuid for g in self.server_gpus()}
         return [a for a in self.apps if a.gpu_uuid in uuids and a.pid not in self.server_pids]

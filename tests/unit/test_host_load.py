@@ -101,6 +101,12 @@ def test_real_h200_rows_give_clocks_throttle_reasons_and_the_other_process() -> 
     # A GPU the server does not hold is not the server's: its processes are not judged.
     alone = parse_host_sample(f"smi 0\ngpu {LOADED_ROW}\napp {OTHER_APP}\npid {SERVER_PID}")
     assert alone.server_gpus() == () and alone.others_on_server_gpus() == []
+    # Where nvidia-smi lists none of the server's processes, the host's GPUs' clocks stand in
+    hidden = summarise([alone, alone])
+    assert hidden.sm_mhz == 1650 and hidden.throttle == ["sw_power_cap"]
+    assert hidden.other_gpu_processes == [] and "every GPU" in hidden.describe()
+    told = summarise([sample, sample])
+    assert told.gpus == "the server's" and "every GPU" not in told.describe()
 
 
 def test_other_work_is_the_hosts_total_less_the_units_cgroup() -> None:
