@@ -47,7 +47,7 @@ THROTTLE_REASONS = {
 _SCRIPT = r"""
 echo "cpus $(getconf _NPROCESSORS_ONLN)"; echo "tck $(getconf CLK_TCK)"
 head -n1 /proc/stat | sed 's/^/stat /'
-unit=$1; group=$2; own=$3
+unit=$1; group=$2; own=$3; gpu_query=$4; apps_query=$5  # the loops below reuse $@
 if [ -n "$unit" ]; then
   cg=$(systemctl show -p ControlGroup --value "$unit")
   if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cpu.stat" ]; then
@@ -76,9 +76,9 @@ if [ -n "$own" ] && read -r line < "/proc/$own/stat" 2>/dev/null; then
   rest=${line##*) }; set -- $rest; echo "own $((${12} + ${13}))"
 fi
 command -v nvidia-smi >/dev/null 2>&1 || exit 0
-out=$(nvidia-smi "$4" --format=csv,noheader,nounits 2>&1); echo "smi $?"
+out=$(nvidia-smi "$gpu_query" --format=csv,noheader,nounits 2>&1); echo "smi $?"
 printf '%s\n' "$out" | sed 's/^/gpu /'
-nvidia-smi "$5" --format=csv,noheader 2>/dev/null | sed 's/^/app /'
+nvidia-smi "$apps_query" --format=csv,noheader 2>/dev/null | sed 's/^/app /'
 exit 0
 """
 

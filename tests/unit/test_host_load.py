@@ -8,6 +8,7 @@ prints them); the experiment runs on the scripted target, so every window is det
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ from pytest_specdecode.measure.host_load import Bounds, judge, summarise
 from pytest_specdecode.record.host_env import WindowEnvironment
 from pytest_specdecode.record.schema import Measurement
 from pytest_specdecode.record.store import load_run
-from pytest_specdecode.targets.host_env import HostSample, parse_host_sample
+from pytest_specdecode.targets.host_env import HostProbe, HostSample, Scope, parse_host_sample
+from pytest_specdecode.targets.hosts import LocalHost
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import settings
@@ -199,3 +201,29 @@ def test_a_local_servers_process_group_and_this_controller_are_not_other_work() 
     # nvidia-smi present but failing: said, never raised
     broken = parse_host_sample("smi 9\ngpu NVIDIA-SMI has failed")
     assert broken.gpus == () and broken.note is not None and "exited 9" in broken.note
+
+
+def test_the_sampling_script_run_here_reads_this_process_group_and_the_gpu_queries(
+    tmp_path: Path,
+) -> None:
+    """The real script on this machine, an nvidia-smi of the test's own on PATH: the loop
+    over /proc must not lose the queries it was given (it once did, and no GPU was read)."""
+    calls = tmp_path / "calls"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"  # answers as an idle H200 did; this test process holds the GPU
+        f'echo "$@" >> {calls}\n'
+        'case "$1" in\n'
+        f'  --query-gpu=*) echo "{IDLE_ROW}" ;;\n'
+        f'  --query-compute-apps=*) echo "{os.getpid()}, 674 MiB, {UUID}, python3" ;;\n'
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    host = LocalHost(env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    sample = HostProbe(host).sample(Scope(group=os.getpgid(0), own=os.getpid()))
+    asked = calls.read_text().splitlines()
+    assert asked[0].startswith("--query-gpu=index,uuid,clocks.sm")
+    assert asked[1].startswith("--query-compute-apps=pid,")
+    assert os.getpid() in sample.server_pids and sample.note is None
+    (gpu,) = sample.server_gpus()
+    assert gpu.sm_mhz is not None and sample.others_on_server_gpus() == []
