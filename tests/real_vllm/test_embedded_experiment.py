@@ -199,7 +199,9 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
     assert analysis["drift"]["unreliable"] is (analysis["drift"]["status"] == "drifted")
     equivalence = analysis["equivalence"]["ngram"]["coding"]
     assert equivalence["n"] == 6 and equivalence["status"] in {"identical", "differs"}
-    assert set(data["environment"]) == {"gpus", "git_commit", "vllm"}
+    environment = {"gpus", "cpu", "accelerator", "git_commit", "vllm", "host_before_run"}
+    assert set(data["environment"]) - {"suite_content"} == environment  # content: outside git
+    assert data["environment"]["accelerator"]["kind"] == "cpu"
     assert data["environment"]["vllm"]["version"] == "0.32.0"  # what the candidates were checked by
     assert data["environment"]["gpus"] is None  # no nvidia-smi on this machine
 
@@ -211,7 +213,8 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
         assert f"<th>{column}</th>" in summary
     assert "<th>TPOT baseline → candidate</th>" in summary
     verdict = analysis["verdicts"]["ngram"]["coding"]["verdict"]
-    assert re.search(rf"<td class='verdict [^']*'[^>]*>{verdict}</td>", summary)
+    # the verdict names the metric that decided it, with its interval (none: contaminated)
+    assert re.search(rf"<td class='verdict [^']*'[^>]*>{verdict}(?: \([^<]*\))?</td>", summary)
     assert verdict in {"improved", "regressed", "equivalent", "inconclusive"}
     for plot in PLOTS:
         assert (
