@@ -37,6 +37,7 @@ def settings(
     prompts: dict[str, str] | None = None,
     extra: str = "",
     run_extra: str = "",  # more lines of [run]
+    warmup: int = 1,
 ) -> Settings:
     prompts = prompts or {}
     tables = "\n".join(
@@ -52,7 +53,7 @@ command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"
 [run]
 samples = {samples}
 max_samples = {max_samples or samples}
-warmup = 1
+warmup = {warmup}
 max_tokens = 64
 {run_extra}
 [presets]

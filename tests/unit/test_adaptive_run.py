@@ -12,9 +12,9 @@ import numpy as np
 
 from pytest_specdecode.analysis.adaptive import target_se
 from pytest_specdecode.config.arms import BASELINE
-from pytest_specdecode.config.settings import load_settings
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ..support.synthetic import settings
 
 LEAST, MOST = 4, 24
 PROMPTS = [f"prompt number {i}" for i in range(40)]  # more than MOST: no prompt sent twice
@@ -22,26 +22,16 @@ SPREAD = 0.1  # each prompt 10% faster or slower than the middle, in turn (log s
 
 
 def test_a_start_stops_once_its_spread_pins_it_down_to_the_larger_target(tmp_path: Path) -> None:
-    path = tmp_path / "experiment.toml"
-    path.write_text(f"""
-reports_dir = "{tmp_path / "reports"}"
-[target]
-api_base = "http://127.0.0.1:18011"
-model = "smollm2-135m-instruct"
-command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
-[run]
-samples = {LEAST}
-max_samples = {MOST}
-warmup = 0
-max_tokens = 64
-min_effect = 0.03
-assumed_restart_noise = 0.05
+    tables = f"""
 [prompt_types.spread]
 prompts = {json.dumps(PROMPTS)}
 [prompt_types.steady]
 prompts = ["the same prompt every time"]
-""")
-    s = load_settings(path, spec_configs=[])
+"""
+    s = settings(
+        tmp_path, prompt_types=(), candidates=(), samples=LEAST, max_samples=MOST, warmup=0,
+        run_extra="min_effect = 0.03\nassumed_restart_noise = 0.05", extra=tables,
+    )  # fmt: skip
     # The restart noise (0.05) is the larger target; half the margin (0.0148) the smaller.
     assert target_se(0.05, 0.03) == 0.05
     speeds = {
