@@ -231,6 +231,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "speculation itself and the side changes (docs/options.md)",
     )
     add(
+        "--spec-order",
+        choices=("interleaved", "blocked"),
+        default=None,
+        help="a start's requests: interleaved over its prompt types and levels in a seeded "
+        "shuffled order, round by round (default), or blocked, one prompt type after another",
+    )
+    add(
+        "--spec-arms",
+        choices=("one-at-a-time", "together"),
+        default=None,
+        help="serve one arm at a time (default), or the baseline and each candidate together, "
+        "as two servers, each request sent to both in turn (docs/options.md)",
+    )
+    add(
         "--spec-baseline-from",
         metavar="PATH",
         default=None,

@@ -33,6 +33,19 @@ def design_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str
     return out
 
 
+def together_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str]]:
+    """`--spec-arms together`: each candidate's start beside a baseline start of its own, as
+    consecutive (phase name, arm) entries, baseline first; candidates A B C, C B A, ..."""
+    seen: dict[str, int] = {}
+    out = []
+    for block in range(repeats):
+        for arm in candidates if block % 2 == 0 else candidates[::-1]:
+            for name in (BASELINE, arm):
+                seen[name] = seen.get(name, 0) + 1
+                out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", name))
+    return out
+
+
 def cell_key(prompt_type: str, level: LoadLevel, *, several: bool) -> str:
     """A measurement's name in a phase: the prompt type, and `@level` when a run measures
     several levels ("coding", or "coding@c4"). Verdicts and tests are keyed by it."""

@@ -92,6 +92,9 @@ class RunConfig:
     search: str | None = None  # "ngram": the search chooses the candidates (analysis/search.py)
     max_reloads: int = 3  # the search's budget: candidates it may start
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
+    order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
+    arms: Literal["one-at-a-time", "together"] = "one-at-a-time"  # together: two servers at once
+    seed: int = 0  # the interleaved order's, with each start's name (measure/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):
@@ -149,6 +152,8 @@ _TOP_KEYS = {
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 SEARCH_METHODS = ("ngram",)  # what --spec-search can search
+ORDERS = ("interleaved", "blocked")  # [run] order: a start's requests
+ARMS_MODES = ("one-at-a-time", "together")  # [run] arms: --spec-arms
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
 _PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 
@@ -314,6 +319,13 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
             f"{where}: search must be one of {', '.join(SEARCH_METHODS)}, got {run.search!r}"
         )
     positive_int(run.max_reloads, "max_reloads", where, minimum=1)
+    for key, allowed in (("order", ORDERS), ("arms", ARMS_MODES)):
+        if getattr(run, key) not in allowed:
+            raise ConfigError(
+                f"{where}: {key} must be one of {', '.join(allowed)}, got {getattr(run, key)!r}"
+            )
+    if isinstance(run.seed, bool) or not isinstance(run.seed, int):
+        raise ConfigError(f"{where}: seed must be an integer, got {run.seed!r}")
     return run
 
 

@@ -4,29 +4,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import httpx
 
 from ..analysis.adaptive import pinned, target_se
 from ..analysis.restarts import RestartNoise
 from ..analysis.side_changes import control_name, control_plan
-from ..config.arms import BASELINE, BASELINE_AFTER, cell_key, design_order
-from ..config.prompts import request_plan
+from ..config.arms import BASELINE, BASELINE_AFTER, cell_key, design_order, together_order
+from ..config.prompts import RequestPlan, request_plan
 from ..config.settings import PromptType, Settings
 from ..config.specconfig import SpecConfig
 from ..config.vllm_argv import REQUEST_METRICS_FLAG
 from ..errors import ServiceError
-from ..record.counters import Acceptance, Traffic, combine
+from ..record.counters import Acceptance, Traffic, add_traffic, combine
 from ..record.engine_settings import EngineSettings, from_server_info, parse_engine_log
 from ..record.host_env import WindowEnvironment
+from ..record.level_stats import LevelStats
 from ..record.samples import RequestSample
 from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
 from .host_load import Bounds, Probe, Watch, judge
-from .loadgen import RequestSpec, planned_specs, run_level
+from .loadgen import LevelResult, RequestSpec, planned_specs, run_level
+from .order import CellPlan, RoundOrder, order_seed, slot_size
 from .server_metrics import ServerCounters, acceptance_between, parse_counters, traffic_between
 from .token_ids import TokenIds, record_token_ids
 from .traffic import foreign, quiet, rate_text
@@ -44,6 +46,41 @@ class _Window:
     @property
     def where(self) -> str:
         return f"[{self.phase.name}] {self.m.key}"
+
+
+@dataclass
+class _Slot:
+    """One slot as sent: its cell's requests, their aggregates, the server's counts over it."""
+
+    cell: _Cell
+    samples: list[RequestSample]
+    stats: LevelStats
+    traffic: Traffic
+    acceptance: Acceptance
+
+
+@dataclass
+class _Cell:
+    """One window of the interleaved order, measured slot by slot (measure/order.py)."""
+
+    window: _Window
+    plan: CellPlan
+    service: Service
+    kept: list[_Slot] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)  # why rounds of it were sent again
+
+
+@dataclass
+class _Start:
+    """One server start measured in rounds: its cells, and per prompt type its plan."""
+
+    phase: Phase
+    service: Service
+    cells: dict[str, _Cell] = field(default_factory=dict)
+    prompt_types: list[tuple[PromptType, RequestPlan, list[_Window]]] = field(default_factory=list)
+
+
+ROUNDS_PER_LINE = 5  # a progress line every this many rounds
 
 
 class Experiment:
@@ -91,9 +128,20 @@ class Experiment:
         arms = [c.name for c in settings.candidates]
         for name, spec in self.controls.items():
             arms.insert(arms.index(spec.name) + 1, name)
-        self.order = [
-            entry for entry in design_order(arms, settings.run.repeats) if entry[1] not in reused
-        ]
+        self.together = settings.run.arms == "together" and BASELINE not in reused
+        design = together_order if self.together else design_order
+        planned = design(arms, settings.run.repeats)
+        self.order = [entry for entry in planned if entry[1] not in reused]
+        # --spec-arms together: each baseline start's entry, then its candidate's, served at once
+        self._partners = (
+            {
+                self.order[i][0]: self.order[i + 1]
+                for i in range(0, len(self.order) - 1, 2)
+                if self.order[i][1] == BASELINE
+            }
+            if self.together
+            else {}
+        )
         self._next = 0
         self._errors: dict[str, Exception] = {}
         self._chosen: dict[str, SpecConfig] = {}  # candidates chosen during the run (a search)
@@ -153,7 +201,12 @@ class Experiment:
         while self._next <= last:
             phase, arm = self.order[self._next]
             self._next += 1
-            if arm not in self._errors:
+            partner = self._partners.get(phase)
+            if partner is not None and self.order[self._next] == partner:
+                self._next += 1
+                if partner[1] not in self._errors and arm not in self._errors:
+                    self._start_pair(phase, *partner)
+            elif arm not in self._errors:
                 self._start_and_measure(phase, arm)
         if name in self._errors:
             raise self._errors[name]
@@ -192,6 +245,60 @@ class Experiment:
 
     def _measure(self, name: str, arm: str, spec: SpecConfig | None, *, restart: bool) -> None:
         service = self.board.activate(spec, restart=restart)
+        phase = self._new_phase(name, arm, spec, service, startup_s=self.board.last_startup_s)
+        if self.settings.run.order == "blocked":
+            for prompt_type in self.settings.prompt_types.values():
+                self._measure_prompt_type(phase, prompt_type, service)
+        else:
+            self._measure_rounds([_Start(phase, service)], RoundOrder(phase.order_seed or 0))
+        self.store.flush()
+
+    def _start_pair(self, base_name: str, name: str, arm: str) -> None:
+        """`--spec-arms together`: a baseline start and a candidate's start served at once (the
+        Switchboard's `together`), each slot sent to both in turn, recorded as two phases."""
+        spec = self.candidate(arm)
+        together = getattr(self.board, "together", None)
+        # a repeat restarts a local original; a systemd original keeps serving as it is
+        restart = self.settings.target.backend == "local" and bool(self.record.arm_phases(BASELINE))
+        try:
+            if together is None:
+                raise ServiceError(
+                    f"--spec-arms together: the switchboard of {self.board.target.host_name} "
+                    "cannot serve two arms at once (no Switchboard.together)"
+                )
+            with together(spec, restart_original=restart) as (original, second):
+                base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
+                cand = self._new_phase(
+                    name, arm, spec, second, startup_s=getattr(self.board, "last_startup_s", None)
+                )
+                base.together_with, cand.together_with = cand.name, base.name
+                seed = order_seed(self.settings.run.seed, name)
+                base.order_seed = cand.order_seed = seed
+                self.progress(
+                    f"arms side by side: [{base.name}] on {original.label} and [{cand.name}] on "
+                    f"{second.label}, each slot sent to one, then the other, never both at once"
+                )
+                starts = [_Start(base, original), _Start(cand, second)]
+                self._measure_rounds(starts, RoundOrder(seed))
+                self.store.flush()
+        except Exception as exc:
+            self._errors[arm] = exc
+            self.record.failures[arm] = _first_line(exc)
+            self.store.flush()
+            if not self.record.arm_phases(BASELINE):  # nothing can be compared without it
+                for _, other in self.order:
+                    self._errors.setdefault(other, exc)
+
+    def _new_phase(
+        self,
+        name: str,
+        arm: str,
+        spec: SpecConfig | None,
+        service: Service,
+        *,
+        startup_s: float | None,
+    ) -> Phase:
+        run = self.settings.run
         phase = Phase(
             name=name,
             arm=arm,
@@ -200,17 +307,17 @@ class Experiment:
             server_version=self._version(service),
             extra_args=list(spec.extra_args) if spec else [],
             request_metrics=self._request_metrics(spec),
-            startup_s=self.board.last_startup_s,
+            startup_s=startup_s,
             control_of=spec.control_of if spec else None,
             env=dict(spec.env) if spec else {},
+            order=run.order,
+            order_seed=order_seed(run.seed, name) if run.order == "interleaved" else None,
         )
         phase.engine = self._engine(service)
         self.progress(f"[{name}] the engine ran with: {phase.engine.describe()}")
         self.record.phases[name] = phase
         self.store.flush()
-        for prompt_type in self.settings.prompt_types.values():
-            self._measure_prompt_type(phase, prompt_type, service)
-        self.store.flush()
+        return phase
 
     def _engine(self, service: Service) -> EngineSettings:
         """What this start ran with: its whole log, and /server_info where vLLM's dev mode
@@ -247,6 +354,17 @@ class Experiment:
         plan = request_plan(
             len(prompt_type.prompts), samples=most, warmup=run.warmup, levels=len(levels)
         )
+        self.progress(f"[{phase.name}] {prompt_type.name}: {plan.describe()}")
+        windows = self._windows(phase, prompt_type, service)
+        if plan.warmup:
+            self._send(windows[0], plan.warmup, warmup=True)
+        for window, indices in zip(windows, plan.levels, strict=True):
+            self._measure_level(window, indices, service)
+        self._token_ids_after(phase, prompt_type, windows, plan)
+
+    def _windows(self, phase: Phase, prompt_type: PromptType, service: Service) -> list[_Window]:
+        """A prompt type's window at each load level, each a new measurement of the phase."""
+        run, levels = self.settings.run, self.settings.run.levels
         base = RequestSpec(
             api_base=service.api_base,
             model=service.model,
@@ -258,10 +376,8 @@ class Experiment:
             read_timeout_s=run.read_timeout_s,
             return_token_ids=True,  # every request's own ids, for the replay at every level
         )
-        self.progress(f"[{phase.name}] {prompt_type.name}: {plan.describe()}")
-        first: _Window | None = None
-        windows: list[Measurement] = []
-        for level, indices in zip(levels, plan.levels, strict=True):
+        windows = []
+        for level in levels:
             key = cell_key(prompt_type.name, level, several=len(levels) > 1)
             m = Measurement(
                 prompt_type=prompt_type.name,
@@ -270,13 +386,14 @@ class Experiment:
                 slo=self.settings.slo.for_level(level),
             )
             phase.measurements[key] = m
-            windows.append(m)
-            window = _Window(phase, m, base, prompt_type)
-            if first is None:
-                first = window
-                if plan.warmup:
-                    self._send(window, plan.warmup, warmup=True)
-            self._measure_level(window, indices, service)
+            windows.append(_Window(phase, m, base, prompt_type))
+        return windows
+
+    def _token_ids_after(
+        self, phase: Phase, prompt_type: PromptType, windows: Sequence[_Window], plan: RequestPlan
+    ) -> None:
+        """A prompt type's token ids, after the start's timed requests (none for a control)."""
+        first = windows[0] if windows else None
         if first is None or phase.arm == BASELINE_AFTER or phase.control_of:
             return  # a control's outputs are the original's: nothing to replay
         if not self.settings.run.record_token_ids:
@@ -290,7 +407,8 @@ class Experiment:
         # The first baseline start also records every prompt a longer window may send: an
         # adaptive candidate can be timed on prompts this start stopped short of.
         whole_plan = phase.arm == BASELINE and prompt_type.name not in self._plan_ids_recorded
-        self._record_token_ids(first, windows[1:], plan.levels if whole_plan else ())
+        later = [w.m for w in windows[1:]]
+        self._record_token_ids(first, later, plan.levels if whole_plan else ())
         self._ids_recorded.add(prompt_type.name)
         if whole_plan:
             self._plan_ids_recorded.add(prompt_type.name)
@@ -308,11 +426,11 @@ class Experiment:
         for attempt in range(1, run.traffic_attempts + 1):
             with self._watch(service) as watch:
                 before = self._counters(service)
-                wall = self._send(window, indices[:least])
+                wall = self._send(window, indices[:least]).stats.wall_s
                 while len(m.samples) < most and not self._pinned(window):
                     # adaptive: only the spread decides, never the values themselves
                     sent = len(m.samples)
-                    wall += self._send(window, indices[sent : sent + step])
+                    wall += self._send(window, indices[sent : sent + step]).stats.wall_s
                 after = self._counters(service)
                 m.environment = watch.environment() if watch else None
             if m.environment is not None:
@@ -354,6 +472,11 @@ class Experiment:
             if busy is not None:
                 set_aside.append(busy)
                 self.wait_for_quiet_host(service)
+        self._cell_summary(window)
+
+    def _cell_summary(self, window: _Window) -> None:
+        """A measured window's lines: its median, its acceptance, its warnings."""
+        m, where = window.m, window.where
         stats = m.stats
         self.progress(
             f"{where}: median {m.median_tokens_per_s:.1f} tok/s per request, "
@@ -372,7 +495,14 @@ class Experiment:
         for warning in stats.warnings():
             self.progress(f"{where}: warning: {warning}")
 
-    def _send(self, window: _Window, indices: Sequence[int], *, warmup: bool = False) -> float:
+    def _send(
+        self,
+        window: _Window,
+        indices: Sequence[int],
+        *,
+        warmup: bool = False,
+        slot: int | None = None,
+    ) -> LevelResult:
         """Requests for these prompts at the window's level; each journalled as it ends."""
         phase, m, prompt_type = window.phase, window.m, window.prompt_type
         kept = m.warmup if warmup else m.samples
@@ -380,6 +510,7 @@ class Experiment:
 
         def keep(sample: RequestSample) -> None:
             sample.index += offset  # the request's place in the window, over top-ups too
+            sample.slot = slot
             kept.append(sample)
             self.store.add_sample(phase.name, sample)
 
@@ -400,7 +531,7 @@ class Experiment:
         )
         if not warmup:
             m.client.add(result.stats)
-        return result.stats.wall_s
+        return result
 
     def _record_token_ids(
         self,
@@ -473,20 +604,222 @@ class Experiment:
         env = window.m.environment
         if env is None:
             return None
-        other = None
-        for phase in self.record.phases.values():
-            m = phase.measurements.get(window.m.key)
-            if phase.arm != window.phase.arm and m is not None and m.environment is not None:
-                other = (phase.name, m.environment)
-                break
+        return self._judge_env(env, window.phase, window.m.key, current=window.m)
+
+    def _judge_env(
+        self,
+        env: WindowEnvironment,
+        phase: Phase,
+        key: str,
+        *,
+        current: Measurement | None = None,
+        beside: tuple[str, WindowEnvironment] | None = None,
+    ) -> str | None:
+        """`env` judged against the host's usual and another arm's window of `key` (`beside`:
+        the arm served together with this one, through the same round)."""
+        other = beside
+        for earlier in self.record.phases.values():
+            m = earlier.measurements.get(key)
+            if other is None and earlier.arm != phase.arm and m is not None and m.environment:
+                other = (earlier.name, m.environment)
         env.off = judge(
             env,
-            usual_share=self._usual(window.m),
+            usual_share=self._usual(current),
             other_arm=other[1] if other else None,
             other_label=f"{other[0] if other else 'the other arm'}'s window",
             bounds=self._bounds,
         )
         return env.off
+
+    # -- the interleaved order (measure/order.py) -----------------------------------------------
+
+    def _measure_rounds(self, starts: list[_Start], order: RoundOrder) -> None:
+        """Warm-up, then round after round of slots, each to every start in turn; then each
+        cell's figures and the token ids. `[run] order = "blocked"`: one cell after another."""
+        run = self.settings.run
+        for start in starts:
+            self._prepare(start)
+        for start in starts:  # warm-up first, one prompt type after another
+            for _, plan, windows in start.prompt_types:
+                if plan.warmup:
+                    self._send(windows[0], plan.warmup, warmup=True)
+        lead = starts[0]
+        names = " and ".join(f"[{s.phase.name}]" for s in starts)
+        kind = "shuffled" if run.order == "interleaved" else "one cell after another"
+        self.progress(
+            f"{names}: {len(lead.cells)} cells in rounds, one slot each ({kind}, seed "
+            f"{order.seed}): a request at c1, a burst of N requests at cN"
+        )
+        slot = rounds = 0
+        while keys := [k for k in lead.cells if any(self._wants(s.cells[k]) for s in starts)]:
+            if run.order == "blocked":
+                keys = keys[:1]
+            rounds += 1
+            sequence = order.round(keys)
+            self._send_round(starts, sequence, slot, order, rounds)
+            slot += len(sequence)
+            if rounds % ROUNDS_PER_LINE == 0:
+                self.progress(
+                    f"{names}: {rounds} rounds, {slot} slots sent; {len(keys)} of "
+                    f"{len(lead.cells)} cells still measuring"
+                )
+        for start in starts:
+            for cell in start.cells.values():
+                self._close_cell(cell)
+                self._cell_summary(cell.window)
+            self.store.flush()
+        for start in starts:
+            for prompt_type, plan, windows in start.prompt_types:
+                self._token_ids_after(start.phase, prompt_type, windows, plan)
+
+    def _prepare(self, start: _Start) -> None:
+        """A start's windows and cells, prompt type by prompt type, on the request plan."""
+        run = self.settings.run
+        for prompt_type in self.settings.prompt_types.values():
+            most = max(run.requests_at(level)[1] for level in run.levels)
+            plan = request_plan(
+                len(prompt_type.prompts), samples=most, warmup=run.warmup, levels=len(run.levels)
+            )
+            self.progress(f"[{start.phase.name}] {prompt_type.name}: {plan.describe()}")
+            windows = self._windows(start.phase, prompt_type, start.service)
+            start.prompt_types.append((prompt_type, plan, windows))
+            for window, indices in zip(windows, plan.levels, strict=True):
+                least, most = run.requests_at(window.m.level, fixed=self.settings.aa_only)
+                cell = CellPlan(
+                    window.m.key, tuple(indices), least, most, slot_size(window.m.level, least)
+                )
+                start.cells[window.m.key] = _Cell(window, cell, start.service)
+
+    def _wants(self, cell: _Cell) -> bool:
+        sent, plan = len(cell.window.m.samples), cell.plan
+        # adaptive: only the spread decides, never the values themselves
+        pinned = plan.least <= sent < plan.most and self._pinned(cell.window)
+        return plan.wants(sent, pinned=pinned)
+
+    def _send_round(
+        self,
+        starts: list[_Start],
+        sequence: Sequence[str],
+        first_slot: int,
+        order: RoundOrder,
+        number: int,
+    ) -> None:
+        """One round, sent again once quiet where other clients or other work contaminated it."""
+        run = self.settings.run
+        where = f"[{' + '.join(s.phase.name for s in starts)}] round {number}"
+        set_aside: list[str] = []  # why each earlier try was set aside (the host)
+        for attempt in range(1, run.traffic_attempts + 1):
+            sent: list[_Slot] = []
+            firsts: list[str] = []
+            with contextlib.ExitStack() as stack:
+                watches = [stack.enter_context(self._watch(s.service)) for s in starts]
+                for j, key in enumerate(sequence):
+                    turn = starts if len(starts) == 1 or order.a_first() else starts[::-1]
+                    firsts.append(turn[0].phase.name)
+                    for start in turn:  # one after the other, never both at once
+                        sent.append(self._send_slot(start.cells[key], first_slot + j))
+                envs = [w.environment() if w else None for w in watches]
+            other = _round_foreign(starts, sent)
+            busy = self._judge_round(starts, envs, sequence[0])
+            if other is None and busy is None:
+                self._keep(starts, sequence, sent, envs, firsts, set_aside)
+                return
+            if other is not None:
+                self.progress(f"{where}: other clients used the server during the window ({other})")
+            if busy is not None:
+                self.progress(f"{where}: the host was not quiet during the window ({busy})")
+            keep_busy = busy is None or run.allow_busy_host
+            keep_foreign = other is None or run.on_traffic == "mark"
+            if (keep_busy and keep_foreign) or attempt == run.traffic_attempts:
+                if busy is not None and not run.allow_busy_host:
+                    for env in envs:
+                        if env is not None:
+                            env.contaminated = busy
+                if other is not None or not run.allow_busy_host:
+                    self.progress(f"{where}: kept, marked contaminated")
+                else:
+                    self.progress(f"{where}: kept (--spec-allow-busy-host)")
+                self._keep(starts, sequence, sent, envs, firsts, set_aside)
+                return
+            for slot in sent:  # kept in the record, not analysed
+                m, gone = slot.cell.window.m, {id(x) for x in slot.samples}
+                m.discarded += slot.samples
+                m.samples = [x for x in m.samples if id(x) not in gone]
+            self.store.flush()
+            self.progress(
+                f"{where}: measuring again (attempt {attempt + 1} of {run.traffic_attempts}) "
+                f"once the {'server' if busy is None else 'host'} is quiet"
+            )
+            for start in starts:
+                if other is not None:
+                    self.wait_for_quiet(start.service)
+                if busy is not None:
+                    self.wait_for_quiet_host(start.service)
+            if busy is not None:
+                set_aside.append(busy)
+
+    def _send_slot(self, cell: _Cell, slot: int) -> _Slot:
+        """One slot, between two reads of its server's counters (untimed)."""
+        before = self._counters(cell.service)
+        indices = cell.plan.next_slot(len(cell.window.m.samples))
+        result = self._send(cell.window, indices, slot=slot)
+        after = self._counters(cell.service)
+        return _Slot(
+            cell,
+            result.samples,
+            result.stats,
+            traffic_between(before, after),
+            acceptance_between(before, after),
+        )
+
+    def _judge_round(
+        self, starts: list[_Start], envs: Sequence[WindowEnvironment | None], key: str
+    ) -> str | None:
+        """What moved beyond the bounds on any start's host through the round (None: clean)."""
+        notes = []
+        pairs = list(zip(starts, envs, strict=True))
+        for start, env in pairs:
+            if env is None:
+                continue
+            beside = next(((s.phase.name, e) for s, e in pairs if s is not start and e), None)
+            off = self._judge_env(env, start.phase, key, beside=beside)
+            if off:
+                notes.append(off if len(starts) == 1 else f"{start.phase.name}: {off}")
+        return "; ".join(notes) or None
+
+    def _keep(
+        self,
+        starts: list[_Start],
+        sequence: Sequence[str],
+        sent: Sequence[_Slot],
+        envs: Sequence[WindowEnvironment | None],
+        firsts: Sequence[str],
+        set_aside: Sequence[str],
+    ) -> None:
+        for slot in sent:
+            slot.cell.kept.append(slot)
+        for start, env in zip(starts, envs, strict=True):
+            for key in sequence:
+                cell = start.cells[key]
+                cell.set_aside += set_aside
+                if env is not None:
+                    cell.window.m.environment = _worse(cell.window.m.environment, replace(env))
+            if len(starts) > 1:
+                start.phase.sent_first += firsts
+        self.store.flush()
+
+    def _close_cell(self, cell: _Cell) -> None:
+        """A cell's figures over its kept slots: wall time, counters, the client's load."""
+        m = cell.window.m
+        m.wall_s = sum(s.stats.wall_s for s in cell.kept)
+        m.acceptance = combine([s.acceptance for s in cell.kept])
+        m.traffic = add_traffic([s.traffic for s in cell.kept])
+        m.foreign = foreign(m.traffic, m.samples)
+        m.client = ClientLoad()
+        for slot in cell.kept:
+            m.client.add(slot.stats)
+        if m.environment is not None:
+            m.environment.remeasured = list(cell.set_aside)
 
     def _usual(self, current: Measurement | None = None) -> float:
         """The host's usual other work: the least of the run's clean windows so far and of the
@@ -595,6 +928,28 @@ def merged(phases: Sequence[Phase]) -> Phase:
             acceptance=combine([m.acceptance for m in parts]),
         )
     return out
+
+
+def _round_foreign(starts: Sequence[_Start], sent: Sequence[_Slot]) -> str | None:
+    """Other clients' traffic on any start's server through a round (None: only ours)."""
+    notes = []
+    for start in starts:
+        own = [s for s in sent if s.cell.service is start.service]
+        found = foreign(add_traffic([s.traffic for s in own]), [x for s in own for x in s.samples])
+        if found:
+            notes.append(found if len(starts) == 1 else f"{start.phase.name}: {found}")
+    return "; ".join(notes) or None
+
+
+def _worse(a: WindowEnvironment | None, b: WindowEnvironment) -> WindowEnvironment:
+    """Of a cell's rounds' environments, the one to keep: the off one, else the busiest."""
+    if a is None:
+        return b
+
+    def rank(env: WindowEnvironment) -> tuple[bool, float]:
+        return (bool(env.off or env.contaminated), env.other_cpu_share or 0.0)
+
+    return b if rank(b) > rank(a) else a
 
 
 def _first_line(exc: Exception) -> str:

@@ -83,6 +83,23 @@ def combine(parts: Sequence[Acceptance]) -> Acceptance:
     return from_counts(drafts, draft_tokens, accepted, per_pos_counts)
 
 
+def add_traffic(parts: Sequence[Traffic]) -> Traffic:
+    """Traffic over several intervals taken together: counts summed, the busiest in flight."""
+
+    def total(name: str, pick: Any = sum) -> float | None:
+        known = [getattr(t, name) for t in parts if getattr(t, name) is not None]
+        return pick(known) if known else None
+
+    return Traffic(
+        requests=total("requests"),
+        prompt_tokens=total("prompt_tokens"),
+        generation_tokens=total("generation_tokens"),
+        decode_steps=total("decode_steps"),
+        busy_before=total("busy_before", max),
+        busy_after=total("busy_after", max),
+    )
+
+
 def from_counts(
     drafts: float, draft_tokens: float, accepted: float, accepted_per_position: Sequence[float]
 ) -> Acceptance:

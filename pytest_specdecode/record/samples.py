@@ -37,6 +37,7 @@ class RequestSample:
     prompt_ids: list[int] | None = None  # with return_token_ids: the prompt after its template
     output_ids: list[int] | None = None  # with return_token_ids: every output token's id
     finish_reason: str | None = None  # the last choice's: "length" (max_tokens), "stop" (EOS)
+    slot: int | None = None  # its slot in the start's interleaved order (measure/order.py)
 
     @property
     def tpot_s(self) -> float | None:

@@ -219,6 +219,10 @@ class Phase:
     engine: EngineSettings | None = None  # what the start ran with (record/engine_settings.py)
     control_of: str | None = None  # --spec-control: the candidate whose side changes it has
     env: dict[str, str] = field(default_factory=dict)  # set for this start (a control's)
+    order: str | None = None  # "interleaved" or "blocked": how its requests were sent
+    order_seed: int | None = None  # the interleaved order's seed (measure/order.py)
+    together_with: str | None = None  # --spec-arms together: the phase served beside it
+    sent_first: list[str] = field(default_factory=list)  # together: per slot, whose went first
 
     @property
     def acceptance(self) -> Acceptance:
@@ -238,6 +242,10 @@ class Phase:
             "engine": _optional(self.engine),
             "control_of": self.control_of,
             "env": self.env,
+            "order": self.order,
+            "order_seed": self.order_seed,
+            "together_with": self.together_with,
+            "sent_first": self.sent_first,
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
         }
@@ -257,6 +265,10 @@ class Phase:
             engine=_read(EngineSettings, data.get("engine")),
             control_of=data.get("control_of"),
             env=dict(data.get("env") or {}),
+            order=data.get("order"),
+            order_seed=data.get("order_seed"),
+            together_with=data.get("together_with"),
+            sent_first=list(data.get("sent_first") or []),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
             },

@@ -209,21 +209,21 @@ def test_other_clients_in_every_window_give_no_verdict(pytester: pytest.Pytester
         "test_speculation_does_not_regress[ngram-math]",
     }, out
     assert "no verdict for ngram (contaminated)" in out
-    assert "other clients used the server during the window (5 other requests finished" in err
+    assert re.search(r"during the window \(\d+ other requests finished", err), err
     assert "measuring again (attempt 2 of 2) once the server is quiet" in err
     assert "kept, marked contaminated" in err
     assert re.search(r"^coding\s+ngram\s.*contaminated$", out, re.M), out
 
 
 def test_a_window_with_other_clients_is_measured_again(pytester: pytest.Pytester) -> None:
-    result = traffic_gate(pytester, neighbour=2)  # two foreign requests: one in the warm-up,
-    # one in the baseline's first window
+    result = traffic_gate(pytester, neighbour=3)  # three foreign requests: two in the warm-ups
+    # (one a prompt type), one in the baseline's first round
     out, err = result.stdout.str(), result.stderr.str()
     assert result.ret == pytest.ExitCode.OK, out
     assert "measuring again (attempt 2 of 2) once the server is quiet" in err
     assert "contaminated" not in out
     assert re.search(
-        r"baseline/coding: measured again after other clients' traffic \(\d+ requests", out
+        r"baseline/(coding|math): measured again after other clients' traffic \(\d+ requests", out
     )
 
 

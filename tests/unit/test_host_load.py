@@ -126,7 +126,7 @@ def test_other_work_is_the_hosts_total_less_the_units_cgroup() -> None:
 
 def test_another_process_on_the_servers_gpu_sends_the_window_again(tmp_path: Path) -> None:
     def moment(service: str, k: int) -> Moment:
-        # the candidate's first window (its first two samples) shares the GPU with pid 517
+        # the candidate's first round (its first two samples) shares the GPU with pid 517
         return Moment(apps=(OTHER_APP,) if service == "ngram" and k < 2 else ())
 
     rec, analysis = run(tmp_path, ScriptedHost(moment))
@@ -134,7 +134,9 @@ def test_another_process_on_the_servers_gpu_sends_the_window_again(tmp_path: Pat
     assert m.environment is not None and m.environment.contaminated is None
     (why,) = m.environment.remeasured
     assert "another process used the server's GPUs: pid 517 (python3) 964 MiB" in why
-    assert len(m.discarded) == 6 and len(m.samples) == 6  # the first window set aside
+    # the first round (one request at c1) set aside, sent again once the GPU was the server's
+    assert len(m.discarded) == 1 and len(m.samples) == 6
+    assert m.discarded[0].prompt_index == m.samples[0].prompt_index  # the same slot again
     verdict = analysis.verdicts["ngram"]["coding"]
     assert verdict.verdict is Verdict.IMPROVED  # from the clean window
     (note,) = [w for w in analysis.warnings if "measured again after the host was busy" in w]
@@ -154,7 +156,8 @@ def test_a_throttle_in_one_arm_only_contaminates_its_windows(tmp_path: Path) -> 
     assert env.contaminated == (
         "clocks throttled (hw_thermal_slowdown) where baseline's window's did not"
     )
-    assert len(env.remeasured) == 1  # tried twice, never clean
+    rounds = {x.slot for x in rec.phases["ngram"].measurements["coding"].samples}
+    assert len(env.remeasured) == len(rounds) == 6  # each round tried twice, never clean
     verdict = analysis.verdicts["ngram"]["coding"]
     assert verdict.verdict is Verdict.CONTAMINATED  # nothing is called from that window
     assert verdict.reason.startswith("the host was not quiet while it was measured")
