@@ -35,6 +35,7 @@ from .synthetic import record
 from .virtual_clock import VirtualTime
 
 API = "http://scripted.invalid:8000"
+BESIDE = "http://scripted.invalid:8001"  # a second server, beside the original (--spec-arms)
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,14 @@ class Script:
 
 
 class ScriptedService:
-    def __init__(self, target: ScriptedTarget, name: str, script: Script) -> None:
+    def __init__(
+        self, target: ScriptedTarget, name: str, script: Script, api_base: str = API
+    ) -> None:
         self.target = target
         self.name = name
         self.script = script
         self.label = f"scripted service '{name}'"
-        self.api_base = API
+        self.api_base = api_base
         self.model = target.model
         self.active = False
         self.started_at = 0.0
@@ -147,6 +150,8 @@ class ScriptedTarget:
         self.events: list[str] = []
         self.token_id_requests = 0  # untimed requests for token ids, over all starts
         self.serving: ScriptedService | None = None
+        self.beside: ScriptedService | None = None  # a second server on BESIDE
+        self.streams: list[tuple[str, float, float]] = []  # (service, start, end) of each stream
         self.counters: dict[str, float] = {}
         self.in_flight = 0
         self._refuse = refuse
@@ -209,9 +214,29 @@ class ScriptedTarget:
     def close(self) -> None:
         self.events.append("close")
 
+    def start_beside(self, spec: SpecConfig) -> ScriptedService:
+        """A candidate's server beside the serving original, on its own port (BESIDE)."""
+        script = self._scripts.get(spec.name) or Script()
+        service = ScriptedService(self, spec.name, script, api_base=BESIDE)
+        self.events.append(f"start {spec.name} beside")
+        service.starts, service.started_at, service.active = 1, self.time.now, True
+        self.beside = service
+        return service
+
+    def stop_beside(self) -> None:
+        if self.beside is not None:
+            self.events.append(f"stop {self.beside.name} beside")
+            self.beside.active = False
+            self.beside = None
+
     # -- the API ------------------------------------------------------------------------------
+    def _route(self, request: httpx.Request) -> ScriptedService | None:
+        if self.beside is not None and str(request.url).startswith(BESIDE):
+            return self.beside
+        return self.serving
+
     def _answer(self, request: httpx.Request) -> httpx.Response:
-        service = self.serving
+        service = self._route(request)
         if service is None or not service.ready():
             raise httpx.ConnectError("connection refused", request=request)
         path = request.url.path
@@ -248,7 +273,7 @@ class ScriptedTarget:
         return httpx.Response(200, json={"choices": [choice], "prompt_token_ids": prompt_ids})
 
     async def _stream(self, request: httpx.Request) -> httpx.Response:
-        service = self.serving
+        service = self._route(request)
         if service is None or not service.ready():
             raise httpx.ConnectError("connection refused", request=request)
         body = json.loads(request.content)
@@ -270,6 +295,7 @@ class ScriptedTarget:
             return f"data: {json.dumps(data)}\n\n".encode()
 
         self.in_flight += 1
+        start = self.time.now
         try:
             await asyncio.sleep(speed.ttft_s)  # vLLM sends the role with the first token's step
             yield event([{"index": 0, "delta": {"role": "assistant"}}], 0)
@@ -285,6 +311,7 @@ class ScriptedTarget:
                 yield event([{"index": 0, "delta": {"content": text}}], done)
         finally:
             self.in_flight -= 1
+            self.streams.append((service.name, start, self.time.now))
         self._add("requests", 1)
         self._add("prompt_tokens", prompt_tokens)
         self._add("generation_tokens", done)
