@@ -34,6 +34,8 @@ CAPTIONS = {
     "accepted (from vLLM's spec-decode counters).",
     "prediction": HEATMAP_CAPTION,  # written by report.prediction.write_heatmap
     "prompt-acceptance": PLOT_CAPTION,  # written by report.acceptance.write_plot
+    "time": "Throughput against time, one panel per server start: each request's tok/s at the "
+    "moment it was sent, coloured by prompt type (an interleaved order spreads drift over them).",
     "speedup": "Speedup against load, per prompt type: the candidate's per-request tok/s over "
     "the baseline's at each level, with the verdict's interval; the band and diamond on 1.0 mark "
     "where the speedup crosses it (interpolated in log-log) and its uncertainty.",
@@ -54,6 +56,9 @@ _CANDIDATE_COLORS = ("#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da
 def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict[str, Path]:
     drawers = {"throughput": _throughput, "tpot": _tpot, "acceptance": _acceptance}
     out = {name: drawers[name](record, analysis, run_dir / file) for name, file in FILES.items()}
+    over_time = throughput_over_time(record, run_dir / "time.png")
+    if over_time is not None:
+        out["time"] = over_time
     for candidate, per in analysis.crossovers.items():  # several load levels
         series = {x.prompt_type: list(x.points) for x in per.values()}
         name = f"speedup-{candidate}"
@@ -66,6 +71,45 @@ def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict
         if drawn is not None:
             out[name] = drawn
     return out
+
+
+def throughput_over_time(record: RunRecord, path: Path) -> Path | None:
+    """Each start's requests, tok/s against the seconds since its first was sent (None: no
+    measured request)."""
+    starts = {
+        name: [x for m in phase.measurements.values() for x in m.samples]
+        for name, phase in record.phases.items()
+        if not phase.reused_from
+    }
+    starts = {name: samples for name, samples in starts.items() if samples}
+    if not starts:
+        return None
+    types = list(dict.fromkeys(x.prompt_type for samples in starts.values() for x in samples))
+    colors = {t: _CANDIDATE_COLORS[i % len(_CANDIDATE_COLORS)] for i, t in enumerate(types)}
+    fig = _figure(8.0, 1.0 + 2.0 * len(starts))
+    axes = fig.subplots(len(starts), 1, squeeze=False)[:, 0]
+    for ax, (name, samples) in zip(axes, starts.items(), strict=True):
+        t0 = min(x.started_at for x in samples)
+        for prompt_type in types:
+            own = [x for x in samples if x.prompt_type == prompt_type]
+            if own:
+                ax.scatter(
+                    [x.started_at - t0 for x in own],
+                    [x.tokens_per_s for x in own],
+                    s=12,
+                    color=colors[prompt_type],
+                    label=prompt_type,
+                )
+        phase = record.phases[name]
+        order = f", {phase.order}" if phase.order else ""
+        beside = f", beside {phase.together_with}" if phase.together_with else ""
+        ax.set_title(f"{name}{order}{beside}", fontsize=9, loc="left")
+        ax.set_ylabel("tok/s")
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("seconds since the start's first measured request")
+    _legend(axes[0], fontsize=8)
+    fig.savefig(path)
+    return path
 
 
 def _figure(width: float, height: float) -> Figure:

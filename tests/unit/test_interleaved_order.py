@@ -286,3 +286,26 @@ def _slot_samples(phase: Phase, k: int) -> list:
 
 def _slot(sample) -> int:
     return sample.slot
+
+
+def test_throughput_against_time_draws_a_panel_per_start(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    from pytest_specdecode.report.plots import throughput_over_time
+
+    s = three_types(tmp_path)
+    target = ScriptedTarget(Script(), {"ngram": Script()})
+    rec = measure_arms(target, s, tmp_path, BASELINE, "ngram").record
+    one = throughput_over_time(_only(rec, BASELINE), tmp_path / "one.png")
+    two = throughput_over_time(rec, tmp_path / "two.png")
+    assert one is not None and two is not None
+    small, tall = matplotlib.image.imread(one), matplotlib.image.imread(two)
+    assert tall.shape[0] > small.shape[0] and tall.shape[1] == small.shape[1]  # a panel a start
+    assert tall[..., :3].std() > 0.05  # something was drawn
+    assert throughput_over_time(_only(rec), tmp_path / "none.png") is None
+
+
+def _only(rec: RunRecord, *names: str) -> RunRecord:
+    out = RunRecord.from_json(rec.to_json())
+    out.phases = {n: p for n, p in out.phases.items() if n in names}
+    return out

@@ -157,7 +157,7 @@ def test_plots_are_valid_png_files(run, tmp_path: Path) -> None:
     out = tmp_path / "plots"
     out.mkdir()
     plots = write_plots(run, analyze(run), out)
-    assert set(plots) == {"throughput", "tpot", "acceptance"}
+    assert set(plots) == {"throughput", "tpot", "acceptance", "time"}
     for name, path in plots.items():
         assert path == out / f"{name}.png"
         assert path.read_bytes().startswith(PNG_MAGIC)
