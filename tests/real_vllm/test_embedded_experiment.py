@@ -33,7 +33,7 @@ from ..support.embedded import (
 )
 
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
-PLOTS = ("throughput", "tpot", "acceptance")
+PLOTS = ("throughput", "tpot", "acceptance", "time")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,21 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
     samples = all_samples(data)
     assert len(samples) == 4 * 4 * (6 + 1)
     assert sum(not s["warmup"] for s in samples) == 4 * 4 * 6
+
+    # The interleaved order: each start's requests in rounds, every prompt type once a round,
+    # sent one after another in the recorded slot order.
+    assert err.count("4 cells in rounds, one slot each (shuffled, seed ") == 4, err
+    for name, phase in data["phases"].items():
+        assert phase["order"] == "interleaved" and phase["order_seed"] is not None, name
+        timed = sorted(
+            (s for m in phase["measurements"].values() for s in m["samples"]),
+            key=lambda s: s["slot"],
+        )
+        assert [s["slot"] for s in timed] == list(range(4 * 6)), name
+        kinds = [s["prompt_type"] for s in timed]
+        rounds = [kinds[i : i + 4] for i in range(0, len(kinds), 4)]
+        assert all(sorted(r) == sorted(PROMPT_TYPES) for r in rounds), (name, rounds)
+        assert [s["started_at"] for s in timed] == sorted(s["started_at"] for s in timed)
     assert all(s["output_tokens"] > 1 and s["tpot_s"] > 0 for s in samples)
     assert data["candidates"]["ngram"] == {
         "method": "ngram",
