@@ -11,7 +11,7 @@ from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
 from ..analysis.search import plan_search
 from ..analysis.side_changes import control_name, foreseen, foreseen_text, from_rules, reproduce
-from ..config.arms import BASELINE, BASELINE_AFTER, design_order
+from ..config.arms import BASELINE, BASELINE_AFTER, design_order, together_order
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
 from ..record.profile import Accelerator, ProfileLookup, recorded_accelerator, speed_of
@@ -145,6 +145,22 @@ def search_text(run: RunConfig) -> str:
     )
 
 
+def order_lines(run: RunConfig) -> list[str]:
+    """How each start sends its requests, and whether the arms are served side by side."""
+    lines = [
+        "within a start: interleaved, rounds of one slot per prompt type and level in a "
+        f"seeded shuffled order (seed {run.seed} with the start's name)"
+        if run.order == "interleaved"
+        else "within a start: blocked, one prompt type's window after another"
+    ]
+    if run.arms == "together":
+        lines.append(
+            "arms side by side: each candidate's start beside a baseline start, every slot sent "
+            "to one server, then the other, never both at once"
+        )
+    return lines
+
+
 def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:
     """The phases the design measures, in order (ABA last); a search's at most."""
     names = []
@@ -152,7 +168,9 @@ def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:
         names += [spec.name, *([control_name(spec.name)] if _controlled(settings, spec) else [])]
     if settings.run.search:
         names += [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
-    order = [name for name, arm in design_order(names, settings.run.repeats)]
+    together = settings.run.arms == "together" and baseline
+    design = together_order if together else design_order
+    order = [name for name, arm in design(names, settings.run.repeats)]
     if not baseline:
         order = [n for n in order if n.split("#")[0] != BASELINE]
     return order + ([BASELINE_AFTER] if aba and names else [])
@@ -278,6 +296,7 @@ def dry_run_lines(
     if order:
         first = order[0] + (" (as it runs)" if adopts_original and order[0] == BASELINE else "")
         lines.append(f"server starts, in order: {', '.join([first, *order[1:]])}")
+    lines += order_lines(run)
     if noise:
         lines.append(f"restart noise: {noise}")
     lines += design

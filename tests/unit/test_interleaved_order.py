@@ -309,3 +309,24 @@ def _only(rec: RunRecord, *names: str) -> RunRecord:
     out = RunRecord.from_json(rec.to_json())
     out.phases = {n: p for n, p in out.phases.items() if n in names}
     return out
+
+
+def test_the_order_and_the_arms_are_validated_and_planned(tmp_path: Path) -> None:
+    import pytest
+
+    from pytest_specdecode.config.settings import RunConfig
+    from pytest_specdecode.errors import ConfigError
+    from pytest_specdecode.report.plan import order_lines, phase_order
+
+    assert RunConfig().order == "interleaved" and RunConfig().arms == "one-at-a-time"
+    for bad in ('order = "random"', 'arms = "both"', 'seed = "x"'):
+        with pytest.raises(ConfigError, match=bad.split(" ")[0]):
+            settings(tmp_path, run_extra=bad)
+    (line,) = order_lines(RunConfig())
+    assert line.startswith("within a start: interleaved") and "seed 0" in line
+    s = settings(tmp_path, run_extra='order = "blocked"\narms = "together"\nrepeats = 2')
+    blocked, beside = order_lines(s.run)
+    assert "blocked" in blocked and beside.startswith("arms side by side")
+    assert phase_order(s, baseline=True, aba=False) == [
+        "baseline", "ngram", "baseline#2", "ngram#2"
+    ]  # fmt: skip
