@@ -337,15 +337,24 @@ def _warnings(
                 out.append(f"{where} contaminated, the host was busy: {env.contaminated}")
             elif env is not None and env.off:
                 out.append(f"{where}: the host was not quiet, kept: {env.off}")
+            elif env is not None and host_again and phase.order == "interleaved":
+                out.append(
+                    f"{where}: measured again after the host was busy ("
+                    + "; then ".join(dict.fromkeys(env.remeasured))
+                    + f"); {host_again} round(s) of it sent again, each kept once clean"
+                )
             elif env is not None and host_again:
                 out.append(
                     f"{where}: measured again after the host was busy ("
                     + "; then ".join(env.remeasured)
                     + f"); its figures are from window {host_again + 1}, which was clean"
                 )
+            # a round set aside holds one slot of the cell: the host's rounds are counted above
+            slot = (m.level.concurrency or 1) if phase.order == "interleaved" else len(m.samples)
+            by_host = host_again * slot
             if m.foreign:
                 out.append(f"{where} contaminated by other clients: {m.foreign}")
-            elif m.discarded and len(m.discarded) > host_again * len(m.samples):
+            elif m.discarded and len(m.discarded) > by_host:
                 out.append(
                     f"{where}: measured again after other clients' traffic "
                     f"({len(m.discarded)} requests set aside)"
