@@ -285,9 +285,9 @@ class Experiment:
             self._errors[arm] = exc
             self.record.failures[arm] = _first_line(exc)
             self.store.flush()
-            if not self.record.arm_phases(BASELINE):  # nothing can be compared without it
-                for _, other in self.order:
-                    self._errors.setdefault(other, exc)
+            if not self.record.arm_phases(BASELINE):  # the baseline alone, as one at a time
+                self.progress(f"[{base_name}] measured alone: {arm} could not be served beside it")
+                self._start_and_measure(base_name, BASELINE)
 
     def _new_phase(
         self,

@@ -18,6 +18,7 @@ from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import request_plan
 from pytest_specdecode.config.settings import Settings
 from pytest_specdecode.config.specconfig import SpecConfig
+from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.measure.experiment import Experiment
 from pytest_specdecode.measure.order import CellPlan, RoundOrder, order_seed, slot_size
 from pytest_specdecode.record.schema import Phase, RunRecord
@@ -209,6 +210,9 @@ class TogetherBoard(Switchboard):
         self.calls.append((spec.name, restart_original))
         original = self.activate(None, restart=restart_original)
         target: ScriptedTarget = self.target  # type: ignore[assignment]
+        crash = target._scripts.get(spec.name, Script()).crash_at_start
+        if crash:
+            raise ServiceError(f"scripted service {spec.name!r} beside the original: {crash}")
         try:
             yield original, target.start_beside(spec)  # type: ignore[misc]
         finally:
@@ -274,6 +278,27 @@ def test_repeats_together_restart_a_local_original_for_the_second_pair(tmp_path:
         ("baseline#2", "ngram#2"),
         ("ngram#2", "baseline#2"),
     ]
+
+
+def test_a_candidate_that_cannot_start_beside_leaves_the_baseline_measured_alone(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "run").mkdir()
+    s = settings(tmp_path, samples=2, run_extra='arms = "together"')
+    target = ScriptedTarget(Script(), {"ngram": Script(crash_at_start="CUDA out of memory")})
+    store = RunStore(tmp_path / "run", record(s))
+    board = TogetherBoard(
+        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
+        transport=target.transports().sync, clock=target.time.clock,
+    )  # fmt: skip
+    board.calls = []
+    exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    base = exp.arm(BASELINE)
+    assert board.calls == [("ngram", False)]
+    assert "CUDA out of memory" in store.record.failures["ngram"]
+    assert base.measurements["coding"].samples
+    assert store.record.phases[BASELINE].together_with is None
+    board.restore()
 
 
 def _slots(phase: Phase) -> list[int]:
