@@ -32,6 +32,7 @@ class Placement:
     where: str  # e.g. "GPU 1 (no compute process)", "core 1 (the original's OMP threads: 0)"
     env: Mapping[str, str] = field(default_factory=dict)  # set for the server process itself
     properties: tuple[str, ...] = ()  # systemd-run --property= values, e.g. CPUAffinity=1
+    cores: tuple[int, ...] = ()  # on a CPU host, the cores it is pinned to
 
 
 # ------------------------------------------------------------------------------------- ports
@@ -163,8 +164,10 @@ def cpu_placement(
     server_argv: Sequence[str],
     *,
     where: str,
+    taken: Collection[int] = (),
 ) -> Placement | str:
-    """Cores the original's compute threads leave free; else why not (with the figures)."""
+    """Cores the original's compute threads leave free, less `taken` (given to this run's other
+    transient units); else why not (with the figures)."""
     allowed = sorted(set(affinity) & set(online)) if affinity else sorted(online)
     bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto").strip() or "auto"
     if affinity:
@@ -185,16 +188,18 @@ def cpu_placement(
         except ValueError:
             return f"no room beside {where}: VLLM_CPU_OMP_THREADS_BIND={bind!r} is not a core list"
         how = f"VLLM_CPU_OMP_THREADS_BIND={bind}"
-    free = [c for c in online if c not in set(used)]
+    free = [c for c in online if c not in set(used) | set(taken)]
     if not free:
+        others = f"; this run's other candidates hold {format_cpu_list(taken)}" if taken else ""
         return (
             f"no room beside {where}: its threads use every core of the host ({how}; "
-            f"{len(online)} online: {format_cpu_list(online)}), so a second copy has none of "
-            "its own"
+            f"{len(online)} online: {format_cpu_list(online)}{others}), so a second copy has "
+            "none of its own"
         )
     cores = format_cpu_list(free)
     return Placement(
         f"{'core' if len(free) == 1 else 'cores'} {cores} (the original: {how})",
         env={"VLLM_CPU_OMP_THREADS_BIND": cores},
         properties=(f"CPUAffinity={' '.join(map(str, free))}",),
+        cores=tuple(free),
     )

@@ -448,6 +448,10 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
         self._beside_units.append(service)
         return service
 
+    def live_beside(self) -> list[BesideLaunch]:
+        """This run's transient units that systemd still has (they hold a port and cores)."""
+        return [u.launch for u in self._beside_units if u.loaded()]
+
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         steps = [
             f"on {self.host_name}: lock {LOCK_DIR}; arm the watchdog: systemd-run --unit "

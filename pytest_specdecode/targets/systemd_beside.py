@@ -155,6 +155,8 @@ class BesideHost:
 
         def unit_environment(self) -> UnitEnvironment: ...
 
+        def live_beside(self) -> list[BesideLaunch]: ...  # SystemdTarget's
+
     def room_beside(self, spec: SpecConfig) -> str | None:
         """None where a second copy fits beside the original; else why not (host, unit,
         figures). Reads only."""
@@ -231,13 +233,15 @@ class BesideHost:
             ["systemctl", "show", self.unit, "--property=CPUAffinity", "--value"], timeout=30
         ).stdout
         env = self.unit_environment().values
+        taken = [core for live in self.live_beside() for core in live.placement.cores]
         return cpu_placement(
-            parse_cpu_list(online), parse_cpu_list(affinity), env, argv, where=where
+            parse_cpu_list(online), parse_cpu_list(affinity), env, argv, where=where, taken=taken
         )
 
     def _free_port(self, after: int) -> int:
         listening = self.host.check(["ss", "-Htln"], timeout=30).stdout
-        port = first_free_port(listening_ports(listening), after)
+        starting = {live.port for live in self.live_beside()}  # may not listen yet
+        port = first_free_port(listening_ports(listening) | starting, after)
         if port is None:
             raise ConfigError(
                 f"no free port on {self.host_name} within 100 above {after} (the port of unit "

@@ -458,6 +458,16 @@ def test_a_transient_unit_that_vanished_after_its_start_is_a_failure(locked):
     )
 
 
+def test_a_second_candidate_does_not_take_the_first_ones_core_or_port(locked):
+    host, t = locked
+    t.beside(NGRAM).start()  # core 1, port 8102 (it does not listen yet)
+    why = t.room_beside(NGRAM)
+    assert why is not None and "this run's other candidates hold 1" in why
+    host.cpus = "0-3"
+    second = t.beside(SpecConfig("suffix", {"method": "suffix"}))
+    assert second.launch.port == 8103 and second.launch.placement.cores == (3,)
+
+
 def test_the_watchdogs_restore_stops_this_runs_transient_units(locked):
     host, t = locked
     service = t.beside(NGRAM)
