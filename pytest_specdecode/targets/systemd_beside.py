@@ -19,6 +19,7 @@ this run's transient units (systemd_watchdog.py).
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -213,7 +214,7 @@ class BesideHost:
             steps.append(
                 f"candidate {spec.name} beside it: transient unit {launch.name} on port "
                 f"{launch.port}, {launch.placement.where}:\n    "
-                + redact_text(" ".join(launch.run_argv))
+                + redact_text(shlex.join(launch.run_argv))
             )
         steps.append(
             "restore: systemctl stop of each transient unit (it vanishes; --collect removes a "
