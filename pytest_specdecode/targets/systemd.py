@@ -8,7 +8,9 @@ writes on the host, and where:
   and restore.sh, the host-side restore;
 - transient units pytest-specdecode-watchdog.{timer,service} (systemd-run). The timer runs
   restore.sh when the controller stops renewing; an interrupted controller starts the service
-  at once. Nothing is ever written to /etc/systemd/system.
+  at once. Nothing is ever written to /etc/systemd/system;
+- with `--spec-arms together`, each candidate as a transient unit beside the running unit,
+  specdecode-beside-<run>-<candidate>.service (systemd_beside.py); the unit itself is untouched.
 
 It runs only the programs in HOST_PROGRAMS (systemd_inspection.py; no shell), so that a
 non-root user can be given exactly those in a sudo rule; the Host wraps each command in
@@ -32,6 +34,7 @@ from ..redaction import redact_text
 from . import gpu
 from .base import Progress, Transports
 from .hosts import Host
+from .systemd_beside import BesideHost, BesideLaunch, beside_unit_prefix
 from .systemd_inspection import UnitInspection
 from .systemd_watchdog import LOCK_DIR, RESTORE_SCRIPT, WATCHDOG, HostWatchdog
 from .unitfile import (
@@ -235,11 +238,87 @@ class SystemdUnit:
             self.progress(f"GPU: {note}")  # reported, never fatal (not a warning: -W error)
 
 
-class SystemdTarget(UnitInspection, HostWatchdog):
+class BesideUnit(SystemdUnit):
+    """The candidate, as a transient unit beside the production unit (which it never touches).
+
+    Its facts are SystemdUnit's, read of the transient unit: is_active, failure, log_tail,
+    start_log and settings_log from `systemctl show` and its journal.
+    """
+
+    def __init__(
+        self,
+        target: SystemdTarget,
+        spec: SpecConfig,
+        launch: BesideLaunch,
+        *,
+        api_base: str,
+        tunnel: ApiTunnel | None = None,
+    ) -> None:
+        super().__init__(target, spec)
+        self.unit = launch.name
+        self.original_unit = target.unit
+        self.launch = launch
+        self.api_base = api_base
+        self.tunnel = tunnel
+        self.label = (
+            f"candidate {spec.name}: transient unit {launch.name} beside {target.unit} on "
+            f"{target.host_name}"
+        )
+
+    def loaded(self) -> bool:
+        """Whether systemd knows the unit now (a transient unit is gone once it stopped)."""
+        result = self.host.run(
+            ["systemctl", "show", self.unit, "--property=LoadState", "--value"], timeout=30
+        )
+        return result.ok and result.stdout.strip() == "loaded"
+
+    def is_active(self) -> bool:
+        return self.show().get("ActiveState") in ("active", "activating", "reloading")
+
+    def start(self) -> None:
+        if self.loaded():
+            raise ServiceError(
+                f"{self.label}: a unit of that name is already loaded ({self.state()}); "
+                "nothing was started"
+            )
+        self._started_at = time.time()
+        result = self.host.run(self.launch.run_argv, timeout=60)
+        if not result.ok:
+            raise ServiceError(
+                f"{self.label}: systemd-run failed: {redact_text(result.describe())}; the unit "
+                f"is now {self.state()}. The original {self.original_unit} was not touched"
+            )
+
+    def stop(self) -> None:
+        """Stop it (if systemd still has it) and check nothing of it lingers; close its tunnel."""
+        try:
+            if self.loaded():
+                before = gpu.snapshot_unit(self.host, self.unit)
+                self._systemctl("stop", timeout=180)
+                self._check_stopped(before)
+        finally:
+            if self.tunnel is not None:
+                self.tunnel.close()
+                self.tunnel = None
+
+    def state(self) -> str:
+        s = self.show()
+        return (
+            f"{s.get('ActiveState')}/{s.get('SubState')} (MainPID={s.get('MainPID')}, "
+            f"Result={s.get('Result')})"
+        )
+
+    def failure(self) -> str | None:
+        if self._started_at is not None and not self.loaded():
+            return "the transient unit is gone: its process exited (--collect removed it)"
+        return super().failure()
+
+
+class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
     """A production unit on a host, and candidates as runtime drop-ins of that same unit.
 
     What it reads on the host is UnitInspection's; the lock, the watchdog and the handover are
-    HostWatchdog's.
+    HostWatchdog's; candidates beside the running unit (`--spec-arms together`), BesideHost's.
     """
 
     adopts_running_original = True  # the running unit is the baseline, measured as it runs
@@ -284,6 +363,7 @@ class SystemdTarget(UnitInspection, HostWatchdog):
         self._handed_over = False
         self._closing = False
         self._wrote_dropin = False
+        self._beside_units: list[BesideUnit] = []
         self.tunnel: ApiTunnel | None = None
 
     def use_tunnel(self, tunnel: ApiTunnel) -> None:
@@ -354,6 +434,23 @@ class SystemdTarget(UnitInspection, HostWatchdog):
         self.host.check(["systemctl", "daemon-reload"], timeout=60)
         self._check_dropin_took_effect(spec)
         return SystemdUnit(self, spec)
+
+    def beside(self, spec: SpecConfig) -> BesideUnit:
+        """The candidate as a transient unit beside the running original, not yet started.
+
+        Refused (ConfigError) where room_beside says there is no room; the original is never
+        touched. The watchdog is armed first: its restore.sh stops this run's transient units.
+        """
+        launch = self.beside_launch(spec)
+        self._arm_watchdog()
+        api_base, tunnel = self.beside_api(launch)
+        service = BesideUnit(self, spec, launch, api_base=api_base, tunnel=tunnel)
+        self._beside_units.append(service)
+        return service
+
+    def live_beside(self) -> list[BesideLaunch]:
+        """This run's transient units that systemd still has (they hold a port and cores)."""
+        return [u.launch for u in self._beside_units if u.loaded()]
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
         steps = [
@@ -464,14 +561,25 @@ class SystemdTarget(UnitInspection, HostWatchdog):
                 self._locked = self._armed = False
             else:
                 self._remove_dropin_if_written()
+                self._stop_beside_units()
                 self._disarm_watchdog()
                 self._unlock()
         finally:
+            for service in self._beside_units:
+                if service.tunnel is not None:
+                    service.tunnel.close()
             self.host.close()
             if self._heartbeat_host is not None:
                 self._heartbeat_host.close()
             if self.tunnel is not None:
                 self.tunnel.close()
+
+    def _stop_beside_units(self) -> None:
+        """Stop whatever transient unit of this run is still there (the restore stops each one
+        it started; this is for one it could not)."""
+        if self._beside_units:
+            pattern = f"{beside_unit_prefix(self.run_id)}*.service"
+            self.host.run(["systemctl", "stop", pattern], timeout=180)
 
     # -- host files: every write and every removal goes through these two -------------------
     def write_file(

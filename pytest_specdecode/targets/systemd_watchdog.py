@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, HostError
 from ..redaction import redact_text
 from .hosts import Host
+from .systemd_beside import beside_unit_prefix
 
 STATE_DIR = "/run/pytest-specdecode"
 LOCK_DIR = f"{STATE_DIR}/lock"
@@ -145,6 +146,8 @@ class HostWatchdog:
             f'watchdog fired (run {self.run_id} was silent for {self.watchdog_s:.0f}s)" > '
             f"{q(RESTORING)}",
             f"systemctl stop {q(WATCHDOG + '.timer')}",
+            "# candidates beside the unit (--spec-arms together): transient, gone once stopped",
+            f"systemctl stop {q(beside_unit_prefix(self.run_id) + '*.service')}",
             f"if [ -e {dropin} ]; then",
             f"  systemctl stop {unit}",
             f"  rm -f {dropin}",
