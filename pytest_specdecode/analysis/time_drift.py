@@ -44,7 +44,8 @@ __all__ = [
 
 MAX_LAG = 5  # autocovariance lags fitted
 MIN_REQUESTS = 8  # a start with fewer timed requests tells nothing of drift
-_PHIS = np.linspace(0.01, 0.98, 98)
+MIN_PHI = 0.3  # below, drift has no memory to tell it from a request's own noise
+_PHIS = np.linspace(MIN_PHI, 0.98, 69)
 
 
 @dataclass(frozen=True)
@@ -185,26 +186,34 @@ def _fit_ar1(gamma: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
 def start_residuals(
     phases: Sequence[Phase], values: str = "tokens_per_s"
 ) -> tuple[list[np.ndarray], float | None]:
-    """Each start's residuals in time order (log scale), the start's and the prompts' effects
-    removed per key (prompt type and level); and the median gap between requests (s).
+    """Each start's residuals in time order (log scale) and the median gap between requests
+    (s): `log value = start + prompt`, backfitted over every key (prompt type and level) of
+    these phases at once, so that one start's shift is shared by its keys and what one key
+    of one start has of its own (a block's drift) stays in its residuals.
 
     A prompt's own level is removed where it was measured in more than one start of these
-    phases; with one start, only its prompt type's mean (the prompts' spread then counts as
-    request noise, not as drift: it has no order in time)."""
+    phases; otherwise its key's mean (the prompts' spread then counts as request noise, not as
+    drift: it has no order in time)."""
+    rows = [
+        (s_index, sample.started_at, math.log(v), key, sample.prompt_index)
+        for s_index, phase in enumerate(phases)
+        for key, m in phase.measurements.items()
+        for sample in m.samples
+        if not sample.warmup
+        for v in [_value(sample, values)]
+        if v is not None
+    ]
+    seen: dict[tuple[str, int | None], set[int]] = {}
+    for s_index, _, _, key, prompt in rows:
+        seen.setdefault((key, prompt), set()).add(s_index)
+    labels = [
+        (key, prompt if prompt is not None and len(seen[(key, prompt)]) > 1 else None)
+        for _, _, _, key, prompt in rows
+    ]
+    residuals = _two_way([r[0] for r in rows], labels, np.array([r[2] for r in rows]))
     cells: list[list[tuple[float, float]]] = [[] for _ in phases]
-    keys = {k for p in phases for k in p.measurements}
-    for key in sorted(keys):
-        rows = [
-            (s_index, sample.started_at, math.log(v), sample.prompt_index)
-            for s_index, phase in enumerate(phases)
-            if key in phase.measurements
-            for sample in phase.measurements[key].samples
-            if not sample.warmup
-            for v in [_value(sample, values)]
-            if v is not None
-        ]
-        for s_index, at, residual in _two_way(rows):
-            cells[s_index].append((at, residual))
+    for (s_index, at, *_), residual in zip(rows, residuals, strict=True):
+        cells[s_index].append((at, float(residual)))
     series, gaps = [], []
     for cell in cells:
         cell.sort()
@@ -225,36 +234,23 @@ def _value(sample: Any, values: str) -> float | None:
     return v if math.isfinite(v) and v > 0 else None
 
 
-def _two_way(
-    rows: Sequence[tuple[int, float, float, int | None]],
-) -> list[tuple[int, float, float]]:
-    """Residuals of `log value = start + prompt` (backfitted), prompts of more than one start."""
-    if not rows:
-        return []
-    start = np.array([r[0] for r in rows])
-    y = np.array([r[2] for r in rows])
-    labels = [r[3] for r in rows]
-    seen: dict[int, set[int]] = {}
-    for s, label in zip(start, labels, strict=True):
-        if label is not None:
-            seen.setdefault(label, set()).add(int(s))
-    shared = np.array([lab is not None and len(seen[lab]) > 1 for lab in labels])
-    prompt = np.array([lab if lab is not None else -1 for lab in labels])
+def _two_way(starts: Sequence[int], labels: Sequence[object], y: np.ndarray) -> np.ndarray:
+    """Residuals of `y = start + label`, backfitted (unbalanced designs included)."""
+    if not len(y):
+        return y
+    start = np.asarray(starts)
+    index = {label: i for i, label in enumerate(dict.fromkeys(labels))}
+    label = np.array([index[x] for x in labels])
     effect = np.zeros_like(y)
-    fitted_start = np.zeros_like(y)
-    for _ in range(20):
-        for s in np.unique(start):
-            mask = start == s
-            fitted_start[mask] = np.mean(y[mask] - effect[mask])
-        new = np.zeros_like(y)
-        for label in np.unique(prompt[shared]):
-            mask = shared & (prompt == label)
-            new[mask] = np.mean(y[mask] - fitted_start[mask])
-        if np.allclose(new, effect, atol=1e-12):
+    shift = np.zeros_like(y)
+    for _ in range(50):
+        shift = (np.bincount(start, y - effect) / np.bincount(start))[start]
+        new = (np.bincount(label, y - shift) / np.bincount(label))[label]
+        if np.allclose(new, effect, atol=1e-10):
+            effect = new
             break
         effect = new
-    residual = y - fitted_start - effect
-    return [(int(s), r[1], float(e)) for s, r, e in zip(start, rows, residual, strict=True)]
+    return y - shift - effect
 
 
 def sent_in_blocks(phases: Sequence[Phase]) -> bool | None:

@@ -44,7 +44,7 @@ from pytest_specdecode.analysis.stats import Verdict
 from pytest_specdecode.config.arms import AA_ARM, BASELINE, design_order
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.config.settings import PromptType, RunConfig
-from pytest_specdecode.record.profile import read_profile
+from pytest_specdecode.record.profile import ProfileEntry, read_profile
 from pytest_specdecode.record.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 
@@ -259,6 +259,17 @@ def aa_estimates(
 ) -> list[dict[str, RestartNoise]]:
     """The restart noise each of `runs` A/A runs (the route's first) wrote into its host's
     profile, read back from the file, per metric."""
+    return [
+        {m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()}
+        for entry in aa_entries(host, route, runs=runs, seed=seed, tmp=tmp)
+    ]
+
+
+def aa_entries(
+    host: SimHost, route: Route, *, runs: int, seed: int, tmp: Path
+) -> list[ProfileEntry]:
+    """The host profile entry each of `runs` A/A runs (the route's first) wrote, read back
+    from the file."""
     rng = np.random.default_rng(seed)
     found = []
     for i in range(runs):
@@ -275,7 +286,7 @@ def aa_estimates(
         profile = read_profile(profiles, HOST, None, MODEL)
         assert profile is not None
         (entry,) = profile.entries
-        found.append({m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()})
+        found.append(entry)
         shutil.rmtree(reports, ignore_errors=True)
     return found
 
