@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_specdecode.analysis import noise
+from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.analysis.time_drift import (
     TimeDrift,
     block_sd,
@@ -26,6 +27,7 @@ from pytest_specdecode.record.profile import (
     read_profile,
 )
 from pytest_specdecode.record.schema import RunRecord
+from pytest_specdecode.report.rows import checks
 
 from ..support.chain import Route, SimHost, aa_entries
 
@@ -167,3 +169,20 @@ def test_a_profile_entry_keeps_its_drift_and_an_older_one_reads_without(tmp_path
     assert old is not None and old.entries[0].drift is None
     assert old.entries[0].noise == written.noise
     assert noise.drift_from_profile(old, version="0.26.0") == {}
+
+
+def test_the_reports_check_states_restart_noise_and_drift_apart() -> None:
+    """The H200 A/A run's report: its restart noise (start effects), then its drift within a
+    start, and that the blocked order counted drift as restart noise."""
+    record = RunRecord.from_json(json.loads(H200_AA.read_text()))
+    analysis = analyze(record)
+    assert set(analysis.time_drift) == {"throughput", "tpot"}
+    (line,) = [
+        c.text for c in checks(record, analysis) if c.text.startswith("Restart noise measured "
+        "by this run, throughput")
+    ]  # fmt: skip
+    assert "(start effects); drift " in line and "lag-1 r = 0.6" in line
+    assert "counted as restart noise" in line
+    assert (
+        analysis.to_json()["time_drift"]["throughput"]["sd"] == analysis.time_drift["throughput"].sd
+    )
