@@ -154,8 +154,10 @@ class Lever:
 def drift_variance(drift: TimeDrift, requests: int, *, order: str, keys: int) -> float:
     """What the drift adds to the variance of one key's start effect at `requests` per start:
     blocked, the mean of that many consecutive requests; interleaved over `keys` prompt types,
-    of that many requests `keys` apart; side by side, none (both arms see the same drift)."""
-    if order == "together" or drift.sd <= 0:
+    of that many requests `keys` apart. Side by side ("together") the two arms see the same
+    drift at each slot, but the analysis does not take it out yet (the A/A run's restart noise
+    is not measured within its pairs, docs/statistics.md): as interleaved."""
+    if drift.sd <= 0:
         return 0.0
     phi = drift.phi if order == "blocked" else drift.phi ** max(1, keys)
     return block_sd(drift.sd, phi, requests) ** 2

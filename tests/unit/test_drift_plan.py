@@ -47,18 +47,24 @@ def test_a_blocked_aa_runs_restart_noise_loses_the_drift_it_counted() -> None:
     )
     # interleaved, a key's requests are 4 apart: far less of the drift stays in its mean
     assert drift_variance(drift, 12, order="interleaved", keys=4) < 0.5 * counted
-    assert drift_variance(drift, 12, order="together", keys=4) == 0.0
+    # side by side: as interleaved until the analysis takes the pairs' shared drift out
+    assert drift_variance(drift, 12, order="together", keys=4) == drift_variance(
+        drift, 12, order="interleaved", keys=4
+    )
 
 
 def test_where_drift_dominates_the_lever_is_not_more_starts(tmp_path: Path) -> None:
     """Restart noise 1% beside a 10% drift (phi 0.75), blocked: interleaving or arms side by
-    side call a 20% change at fewer starts than more starts of the blocked order."""
+    side call a 20% change at fewer starts than more starts of the blocked order; side by side
+    at no more starts than interleaved, and cheaper (a pair's servers start at once)."""
     s = settings(tmp_path, prompt_types=TYPES, samples=12)
     noise = _measured((0.01**2 + block_sd(0.10, 0.75, 12) ** 2) ** 0.5)
     found = {lever.what: lever for lever in levers(s, noise, _drift(0.10), 0.2, seconds=_seconds)}
     cheapest = min(found.values(), key=lambda lever: lever.seconds)
     assert cheapest.what in ("the prompt types interleaved", SIDE)
     assert found[SIDE].starts < found["more starts"].starts
+    interleaved = found["the prompt types interleaved"]
+    assert found[SIDE].starts <= interleaved.starts and found[SIDE].seconds < interleaved.seconds
     assert all(lever.detectable <= 0.2 for lever in found.values())
 
 
