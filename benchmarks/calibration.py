@@ -6,7 +6,7 @@ would know (tests/support/chain.py). The host: four prompt types of twelve promp
 levels spread by 10%, a request's own noise 4%, and a shift per server start shared by its
 prompt types (the restart noise). Run from the repository root:
 
-    .venv/bin/python -m benchmarks.calibration [--runs 300] [--table routes|adaptive|pairing]
+    .venv/bin/python -m benchmarks.calibration [--runs 300] [--table routes|adaptive|pairing|drift]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytest_specdecode.config.settings import RunConfig
-from tests.support.chain import Route, SimHost, rates
+from tests.support.chain import DESIGNS, Route, SimHost, rates
 
 ROUTES = {
     "A/A of 8 starts, then 1 start per arm": Route(aa_runs=1, aa_repeats=4, repeats=1),
@@ -89,15 +89,48 @@ def pairing_table(runs: int, seed: int, tmp: Path) -> None:
                       flush=True)  # fmt: skip
 
 
+DRIFT_HOSTS = {
+    # restart noise 4.6% (the CPU host's), a request's own noise 4%, AR(1) drift at phi 0.75
+    "drift 1%": SimHost(start_sd=0.046, drift_sd=0.01),
+    "drift 5%": SimHost(start_sd=0.046, drift_sd=0.05),
+    "drift 10%": SimHost(start_sd=0.046, drift_sd=0.10),
+    # issue 29's H200 A/A: start effects 9%, cell SE 3.7% of 12 (a request ~8% beside the
+    # drift), lag-1 r 0.46-0.75, 3-s blocks swinging ±15%
+    "H200 figures": SimHost(start_sd=0.09, request_sd=0.08, drift_sd=0.10, drift_phi=0.75),
+}
+
+
+def drift_table(runs: int, seed: int, tmp: Path) -> None:
+    """False calls and power for -20% by how a start sends its requests, under drift; the
+    documented route (an A/A run of 8 starts in the same design, then 1 start per arm)."""
+    print("| host | design | false regressed | false improved | power, true -20% | "
+          "requests per start |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for name, host in DRIFT_HOSTS.items():
+        for design in DESIGNS:
+            route = Route(aa_runs=1, aa_repeats=4, repeats=1, design=design)
+            aa = rates(host, route, effect=0.0, runs=runs, seed=seed, tmp=tmp / "d")
+            power = rates(host, route, effect=-0.20, runs=runs, seed=seed + 1, tmp=tmp / "e")
+            print(f"| {name} | {design} | {aa.regressed:.1%} | {aa.improved:.1%} | "
+                  f"{power.regressed:.1%} | {aa.requests:.1f} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--table", choices=("routes", "adaptive", "pairing"), default="routes")
+    parser.add_argument(
+        "--table", choices=("routes", "adaptive", "pairing", "drift"), default="routes"
+    )
     args = parser.parse_args()
     print(f"{args.runs} runs per row, seed {args.seed}\n")
     with tempfile.TemporaryDirectory() as tmp:
-        table = {"routes": routes_table, "adaptive": adaptive_table, "pairing": pairing_table}
+        table = {
+            "routes": routes_table,
+            "adaptive": adaptive_table,
+            "pairing": pairing_table,
+            "drift": drift_table,
+        }
         table[args.table](args.runs, args.seed, Path(tmp))
 
 

@@ -26,6 +26,7 @@ from .analysis.design import check_design
 from .analysis.restarts import RestartNoise
 from .analysis.reuse import stored_baseline
 from .analysis.run import RunAnalysis, analyze, max_num_seqs
+from .analysis.time_drift import TimeDrift, drift_text
 from .config.arms import BASELINE, BASELINE_AFTER
 from .config.settings import Settings
 from .config.specconfig import SpecConfig, VllmFacts, validate_spec_values
@@ -233,7 +234,14 @@ class SpecDecodeSession:
             baseline=self.config.getoption("spec_baseline_from") is None,
             aba=self.config.getoption("spec_aba"),
             adopts_original=target.adopts_running_original,
+            drift=self._drift(self._plan_key(target)),
         )
+
+    def _drift(self, key: ProfileKey) -> TimeDrift | None:
+        """The drift within a start this key's profile measured (throughput), if any."""
+        profile = lookup(self.profiles, key).profile
+        found = noise.drift_from_profile(profile, version=key.vllm_version) if profile else {}
+        return found.get("throughput")
 
     # -- the run ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -567,6 +575,11 @@ class SpecDecodeSession:
             return
         measured = "; ".join(
             f"{metric} {noise_text(RestartNoise.from_dict(dict(d)))}"
+            + (
+                f", {drift_text(TimeDrift.from_dict(dict(entry.drift[metric])))}"
+                if entry.drift and metric in entry.drift
+                else ""
+            )
             for metric, d in entry.noise.items()
         )
         self.progress(

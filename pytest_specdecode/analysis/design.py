@@ -14,6 +14,7 @@ from .compare import METRICS
 from .power import ASSUMED_RESIDUAL_SD, MAX_STARTS, DesignPower, design_power
 from .restarts import RestartNoise
 from .stats import minimum_requests
+from .time_drift import TimeDrift, block_sd
 
 
 def family_size(settings: Settings) -> int:
@@ -130,3 +131,94 @@ def design_to_detect(
         if found:
             return min(found, key=lambda f: f[1])
     return None
+
+
+# --------------------------------------------------------------------------- drift and levers
+
+DECIDE_AT = 0.20  # the change the plan's lever is chosen for where --spec-detect names none
+LONGER = (2, 4)  # a longer window: this many times the configured requests per start
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One way to make a design decide: what it changes, the design, what it calls, its cost."""
+
+    what: str  # "more starts", "a longer window", "interleaved", "arms side by side"
+    options: str  # the options that run it
+    starts: int
+    requests: int
+    detectable: float
+    seconds: float
+
+
+def drift_variance(drift: TimeDrift, requests: int, *, order: str, keys: int) -> float:
+    """What the drift adds to the variance of one key's start effect at `requests` per start:
+    blocked, the mean of that many consecutive requests; interleaved over `keys` prompt types,
+    of that many requests `keys` apart. Side by side ("together") the two arms see the same
+    drift at each slot, but the analysis does not take it out yet (the A/A run's restart noise
+    is not measured within its pairs, docs/statistics.md): as interleaved."""
+    if drift.sd <= 0:
+        return 0.0
+    phi = drift.phi if order == "blocked" else drift.phi ** max(1, keys)
+    return block_sd(drift.sd, phi, requests) ** 2
+
+
+def start_only(noise: RestartNoise, drift: TimeDrift, *, keys: int) -> float:
+    """The restart noise's variance without the drift a blocked A/A run counted in it: the
+    drift's mean over one key's block of the A/A's requests (its requests per start and key)."""
+    per_key = max(1, round(drift.requests / max(1, drift.starts) / max(1, keys)))
+    counted = drift_variance(drift, per_key, order="blocked", keys=keys) if drift.blocked else 0.0
+    return max(0.0, noise.sd**2 - counted)
+
+
+def levers(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    drift: TimeDrift,
+    change: float,
+    *,
+    seconds: Callable[[int, int, bool], float],
+) -> list[Lever]:
+    """Each lever's cheapest design that calls a change of this size on throughput with 80%
+    power, where drift is known: more starts (the order as it is), a longer window, the
+    prompt types interleaved, the arms side by side. `seconds(starts, requests, together)`."""
+    run = settings.run
+    keys = len(settings.prompt_types) * len(run.levels)
+    noise, _, _ = _host(settings, outside, "throughput")
+    base = start_only(noise, drift, keys=keys)
+    residual = drift.noise_sd**2 or ASSUMED_RESIDUAL_SD**2
+    most = run.requests_at(run.levels[0])[1]
+    longer = [most * f for f in LONGER]
+    now = (
+        "together" if getattr(run, "arms", None) == "together" else getattr(run, "order", "blocked")
+    )
+    plans = {
+        "more starts": (now, [most], range(run.repeats, MAX_STARTS + 1), ""),
+        "a longer window": (now, longer, [run.repeats], ""),
+    }
+    if now == "blocked":
+        flag = ' ([run] order = "interleaved")'
+        plans["the prompt types interleaved"] = (
+            "interleaved", [most, *longer], range(1, MAX_STARTS + 1), flag
+        )  # fmt: skip
+    if now != "together":
+        plans["arms side by side (where the host holds both servers)"] = (
+            "together", [most, *longer], range(1, MAX_STARTS + 1), " --spec-arms together"
+        )  # fmt: skip
+    out = []
+    for what, (kind, counts, starts_range, flag) in plans.items():
+        found = []
+        for n in starts_range:
+            for k in counts:
+                sd = math.sqrt(base + drift_variance(drift, k, order=kind, keys=keys))
+                moved = RestartNoise(sd, noise.df, noise.source, noise.measured)
+                power = _power(settings, moved, residual, n, k)
+                if power.detectable <= change:
+                    found.append((seconds(n, k, kind == "together"), n, k, power.detectable))
+            if found:
+                break
+        if found:
+            cost, n, k, detectable = min(found)
+            options = f"--spec-repeats {n} --spec-samples {k} --spec-max-samples {k}{flag}"
+            out.append(Lever(what, options, n, k, detectable, cost))
+    return sorted(out, key=lambda lever: lever.seconds)

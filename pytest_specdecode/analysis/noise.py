@@ -32,6 +32,7 @@ from ..record.profile import (
 from ..record.schema import RunRecord
 from .compare import METRICS, start_prompts, starts
 from .restarts import RestartNoise, StartFit, fit_starts, pooled, restart_noise_of
+from .time_drift import TimeDrift, drift_of, sent_in_blocks, start_residuals
 
 
 def configurations(record: RunRecord) -> list[list[str]]:
@@ -67,6 +68,29 @@ def of_run(record: RunRecord) -> dict[str, RestartNoise]:
         if found is not None:
             out[metric] = found
     return out
+
+
+def drift_of_run(record: RunRecord, values: str = "tokens_per_s") -> TimeDrift | None:
+    """The drift within this run's starts (analysis/drift.py): each configuration's starts,
+    their effects and their prompts' levels removed, pooled; None with too few requests."""
+    series: list[np.ndarray] = []
+    gaps = []
+    every: list = []
+    for arms in configurations(record):
+        phases = [p for arm in arms for p in record.arm_phases(arm) if not p.reused_from]
+        found, gap = start_residuals(phases, values)
+        series += found
+        every += phases
+        if gap:
+            gaps.append(gap)
+    gap = float(np.median(gaps)) if gaps else None
+    return drift_of(series, seconds_per_request=gap, blocked=sent_in_blocks(every))
+
+
+def drifts_of_run(record: RunRecord) -> dict[str, TimeDrift]:
+    """The drift within this run's starts, per metric."""
+    found = {metric: drift_of_run(record, values) for metric, (values, _) in METRICS.items()}
+    return {metric: d for metric, d in found.items() if d is not None}
 
 
 def outside(record: RunRecord) -> dict[str, RestartNoise]:
@@ -178,6 +202,44 @@ def not_used(found: ProfileLookup, stored: Sequence[tuple[str, RunRecord]]) -> s
     return f"not used, being of another accelerator or vLLM version than {key}: " + "; ".join(named)
 
 
+def drift_from_profile(profile: HostProfile, *, version: str | None) -> dict[str, TimeDrift]:
+    """The drift a host's profile holds of this vLLM version, per metric: its entries' pooled
+    by their requests (the SD by variance); entries written before drift was measured add none."""
+    out = {}
+    for metric in METRICS:
+        found = [
+            TimeDrift.from_dict(dict(e.drift[metric]))
+            for e in profile.matching(version)
+            if e.drift and metric in e.drift
+        ]
+        if found:
+            out[metric] = pooled_drift(found)
+    return out
+
+
+def pooled_drift(found: Sequence[TimeDrift]) -> TimeDrift:
+    """Several drift estimates as one, weighted by their requests."""
+    weights = np.array([d.requests for d in found], dtype=float)
+    weights = weights / weights.sum()
+
+    def mean(values: Sequence[float]) -> float:
+        return float(np.dot(weights, values))
+
+    gaps = [d.seconds_per_request for d in found if d.seconds_per_request]
+    return TimeDrift(
+        sd=mean([d.sd**2 for d in found]) ** 0.5,
+        phi=mean([d.phi for d in found]),
+        lag1=mean([d.lag1 for d in found]),
+        residual_sd=mean([d.residual_sd**2 for d in found]) ** 0.5,
+        requests=sum(d.requests for d in found),
+        starts=sum(d.starts for d in found),
+        seconds_per_request=float(np.median(gaps)) if gaps else None,
+        blocked=any(d.blocked for d in found)
+        if any(d.blocked is not None for d in found)
+        else None,
+    )
+
+
 def from_profile(
     profile: HostProfile, *, version: str | None, where: str
 ) -> dict[str, RestartNoise]:
@@ -215,6 +277,7 @@ def profile_entry(record: RunRecord, *, run: str, date: str) -> ProfileEntry | N
         starts=sum(1 for p in record.phases.values() if not p.reused_from),
         noise={metric: n.to_dict() for metric, n in measured.items()},
         speed=speed_of(record),
+        drift={metric: d.to_dict() for metric, d in drifts_of_run(record).items()} or None,
     )
 
 

@@ -23,6 +23,7 @@ from .prediction import RunPrediction, predict_run
 from .search_answer import SearchAnswer, search_answer
 from .side_changes import CandidateSideChanges, run_side_changes
 from .stats import RestartNoise, Verdict
+from .time_drift import TimeDrift
 
 Figures = dict[str, dict[str, dict[str, float]]]  # arm -> key -> metric -> figure
 
@@ -105,6 +106,8 @@ class RunAnalysis:
     # what each candidate changed besides speculation; --spec-control: its change in three
     side_changes: dict[str, CandidateSideChanges] = field(default_factory=dict)
     splits: dict[str, ControlSplit] = field(default_factory=dict)
+    # per metric, the drift within this run's starts beside their restart noise (time_drift.py)
+    time_drift: dict[str, TimeDrift] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -134,6 +137,7 @@ class RunAnalysis:
             "drift": self.drift.to_json() if self.drift else None,
             "restart_noise": {m: n.to_dict() for m, n in self.noise.items()},
             "measured_restart_noise": {m: n.to_dict() for m, n in self.measured_noise.items()},
+            "time_drift": {m: d.to_dict() for m, d in self.time_drift.items()},
             "equivalence": {
                 c: {name: e.to_json() for name, e in per.items()}
                 for c, per in self.equivalence.items()
@@ -218,6 +222,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         splits=control_splits(
             record, verdicts, noise=assumed, kin=original_kin(record, (BASELINE,))
         ),
+        time_drift=noise.drifts_of_run(record),
     )
 
 

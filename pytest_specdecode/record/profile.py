@@ -17,8 +17,10 @@ The folder is `--spec-host-profiles`, else `$SPECDECODE_HOST_PROFILES`, else the
 
 Each entry is one A/A run: its folder's name, when, the vLLM version, the GPUs (a list) or the
 CPU, per metric the estimate with its degrees of freedom, and how fast the engine ran (for the
-dry run's estimate). The noise itself is pooled by the analysis. A profile of version 1 (keyed
-by host and model only) is read as unkeyed: named, never used as measured.
+dry run's estimate), and per metric the drift within a start (analysis/time_drift.py; absent in
+entries written before it was measured: such a file reads as it did). The noise itself is
+pooled by the analysis. A profile of version 1 (keyed by host and model only) is read as
+unkeyed: named, never used as measured.
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ class ProfileEntry:
     noise: Mapping[str, Mapping[str, Any]]  # per metric, RestartNoise.to_dict()
     cpu: str | None = None
     speed: EngineSpeed | None = None
+    # per metric, the drift within a start (analysis/time_drift.py TimeDrift.to_dict()); None in an
+    # entry written before drift was measured
+    drift: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,11 +166,13 @@ class ProfileEntry:
             "starts": self.starts,
             "speed": self.speed.to_json() if self.speed else None,
             "noise": {k: dict(v) for k, v in self.noise.items()},
+            "drift": None if self.drift is None else {k: dict(v) for k, v in self.drift.items()},
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProfileEntry:
         speed = data.get("speed")
+        drift = data.get("drift")
         return cls(
             run=str(data["run"]),
             date=str(data["date"]),
@@ -175,6 +182,7 @@ class ProfileEntry:
             noise={str(k): dict(v) for k, v in data["noise"].items()},
             cpu=data.get("cpu"),
             speed=EngineSpeed.from_json(speed) if speed else None,
+            drift={str(k): dict(v) for k, v in drift.items()} if drift else None,
         )
 
 

@@ -6,11 +6,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..analysis.design import design_to_detect, reach
+from ..analysis.design import DECIDE_AT, design_to_detect, levers, reach
 from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
 from ..analysis.search import plan_search
 from ..analysis.side_changes import control_name, foreseen, foreseen_text, from_rules, reproduce
+from ..analysis.time_drift import TimeDrift, drift_text
 from ..config.arms import BASELINE, BASELINE_AFTER, design_order, together_order
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
@@ -346,9 +347,10 @@ def design_lines(
     baseline: bool,
     aba: bool,
     adopts_original: bool,
+    drift: TimeDrift | None = None,
 ) -> list[str]:
     """What this design can call on this host, and (`--spec-detect`) what would call a change
-    of the size the user names."""
+    of the size the user names; where the host's drift is known, the cheapest lever."""
     if not settings.candidates and not settings.run.search:
         return []
     found = reach(settings, outside)
@@ -370,8 +372,6 @@ def design_lines(
         f"{first.power.requests} requests per prompt type and start; margin "
         f"±{run.min_effect:.0%})"
     ]
-    if detect is None:
-        return lines
 
     def seconds(starts: int, requests: int) -> float:
         trial = replace(
@@ -380,6 +380,11 @@ def design_lines(
         return estimate_seconds(
             trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
         )[0]
+
+    if drift is not None:
+        lines += lever_lines(settings, outside, drift, detect or DECIDE_AT, seconds, timing)
+    if detect is None:
+        return lines
 
     design = design_to_detect(settings, outside, detect, seconds=seconds)
     if design is None:
@@ -400,6 +405,42 @@ def design_lines(
                 else f"its starts alone about {fmt_duration(cost)}; {timing.source})"
             )
         )
+    return lines
+
+
+def lever_lines(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    drift: TimeDrift,
+    change: float,
+    seconds,
+    timing: Timing,
+) -> list[str]:
+    """The host's drift beside its restart noise, and the cheapest lever that would call a
+    change of this size: the sentence, then every lever's numbers."""
+    noise = outside.get("throughput") or RestartNoise.assumed(settings.run.assumed_restart_noise)
+    lines = [f"this host: restart noise {noise.sd:.1%} (start effects), {drift_text(drift)}"]
+
+    def cost(starts: int, requests: int, together: bool) -> float:
+        # side by side, the two servers of a pair start at once: one start's time per pair
+        return seconds(starts, requests) - (starts * timing.start_s if together else 0.0)
+
+    found = levers(settings, outside, drift, change, seconds=cost)
+    if not found:
+        return [
+            *lines,
+            f"to call a {change:.0%} change: no lever of up to {MAX_STARTS} starts per arm can",
+        ]
+    best = found[0]
+    lines.append(
+        f"cheapest lever to call a {change:.0%} change with 80% power: {best.what}, "
+        f"{best.options} (±{best.detectable:.1%}, about {fmt_duration(best.seconds)})"
+    )
+    lines += [
+        f"  {lever.what}: {lever.options}: ±{lever.detectable:.1%}, about "
+        f"{fmt_duration(lever.seconds)}"
+        for lever in found[1:]
+    ]
     return lines
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ..analysis.compare import PromptTypeVerdict
 from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
+from ..analysis.time_drift import drift_text
 from ..record.schema import RunRecord
 from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text
 
@@ -185,8 +186,13 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
     if analysis.drift is not None and not analysis.drift.unreliable:
         out.append(Check(f"Drift (ABA): {analysis.drift.text()}", False))
     for metric, noise in analysis.measured_noise.items():
+        drift = analysis.time_drift.get(metric)
+        beside = f" (start effects); {drift_text(drift)}" if drift else ""
         out.append(
-            Check(f"Restart noise measured by this run, {metric}: {noise_text(noise)}", False)
+            Check(
+                f"Restart noise measured by this run, {metric}: {noise_text(noise)}{beside}",
+                False,
+            )
         )
     if record.baseline_from:
         out.append(Check(f"Baseline reused from {record.baseline_from.path}", False))

@@ -7,6 +7,17 @@ A simulated host draws each request's throughput on the log scale:
 Every prompt type of one server start shares its shift (or, with `shared_shift=False`, each has
 its own); each prompt of a prompt type has its own level, the same in every start; each request
 has its own noise. TPOT follows from the same request (a fixed TTFT), as on a real server.
+With `drift_sd`, throughput also drifts within a start: an AR(1) over the requests in time order
+(`drift_phi` from one request to the next, stationary SD `drift_sd`), one request every
+`SECONDS_PER_REQUEST` (docs/statistics.md, "Drift within a start", has the mapping to the H200's
+figures).
+
+The route's design says how a start sends its requests (`Route.design`): "blocked", each
+prompt type's requests one block after another (as the experiment did before interleaving);
+"interleaved", in rounds of one request per prompt type, each round shuffled (seeded); or
+"together", the baseline's and the candidate's starts served side by side, their requests
+interleaved and sent A then B per slot, so both see the same drift (their start shifts stay
+their own).
 
 A route is what a user does: `aa_runs` A/A runs of `aa_repeats` starts per arm, each written to
 the reports folder as the plugin writes it, then the run itself (`repeats` starts per arm). The run
@@ -33,7 +44,7 @@ from pytest_specdecode.analysis.stats import Verdict
 from pytest_specdecode.config.arms import AA_ARM, BASELINE, design_order
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.config.settings import PromptType, RunConfig
-from pytest_specdecode.record.profile import read_profile
+from pytest_specdecode.record.profile import ProfileEntry, read_profile
 from pytest_specdecode.record.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 
@@ -44,6 +55,8 @@ TOKENS = 64
 TTFT_S = 0.05
 HOST, MODEL, VERSION = "sim-host", "sim-model", "0.32.0"
 CANDIDATE = "ngram"
+SECONDS_PER_REQUEST = 0.4  # a 256-token request on the H200: a 3-s block is ~8 requests
+DESIGNS = ("blocked", "interleaved", "together")
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,8 @@ class SimHost:
     # "ignored": the same requests, their prompts not recorded; "unpaired": every request a
     # new prompt from a large pool (nothing to pair)
     pairing: str = "paired"
+    drift_sd: float = 0.0  # stationary SD of the drift within a start (log scale)
+    drift_phi: float = 0.75  # its AR(1) coefficient from one request to the next
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,7 @@ class Route:
     aa_repeats: int = 1  # starts per arm of each A/A run
     repeats: int = 1  # starts per arm of the run
     run: RunConfig = field(default_factory=RunConfig)  # the design: samples, margin, alpha, ...
+    design: str = "blocked"  # how a start sends its requests: one of DESIGNS
 
 
 def _prompt_types(host: SimHost) -> dict[str, PromptType]:
@@ -99,14 +115,14 @@ def _record(route: Route, host: SimHost, candidate: str, repeats: int) -> RunRec
 
 
 def _sample(
-    prompt_type: str, phase: str, index: int, rate: float, prompt: int | None
+    prompt_type: str, phase: str, index: int, rate: float, prompt: int | None, at: float = 0.0
 ) -> RequestSample:
     return RequestSample(
         prompt_type=prompt_type,
         phase=phase,
         index=index,
         warmup=False,
-        started_at=0.0,
+        started_at=at,
         ttft_s=TTFT_S,
         e2e_s=TTFT_S + (TOKENS - 1) / rate,
         output_tokens=TOKENS,
@@ -116,6 +132,31 @@ def _sample(
     )
 
 
+def _drift(host: SimHost, n: int, rng: np.random.Generator) -> np.ndarray:
+    """One start's drift over its `n` request slots: a stationary AR(1); zeros without drift."""
+    out = np.zeros(n)
+    if host.drift_sd <= 0 or n == 0:
+        return out
+    innovation = host.drift_sd * math.sqrt(1.0 - host.drift_phi**2)
+    steps = rng.normal(0.0, innovation, n)
+    out[0] = rng.normal(0.0, host.drift_sd)
+    for i in range(1, n):
+        out[i] = host.drift_phi * out[i - 1] + steps[i]
+    return out
+
+
+def _slots(host: SimHost, plan: tuple[int, ...], design: str, rng: np.random.Generator):
+    """The (prompt type, prompt) of each request slot of a start, in time order."""
+    if design == "blocked":
+        return [(t, i) for t in host.prompt_types for i in plan]
+    out = []
+    for i in plan:
+        order = list(host.prompt_types)
+        rng.shuffle(order)
+        out += [(t, i) for t in order]
+    return out
+
+
 def _measure_run(
     record: RunRecord,
     host: SimHost,
@@ -123,36 +164,65 @@ def _measure_run(
     effect: float,
     rng: np.random.Generator,
     stop: Callable[[RunRecord, Phase, Measurement], bool],
+    design: str = "blocked",
 ) -> None:
-    """Every start of the run's design, in the experiment's order."""
+    """Every start of the run's design, in the experiment's order; side by side ("together"),
+    each block's baseline and candidate starts at once."""
     (candidate,) = record.candidates
     run = record.run
     least, most = run.requests_at(run.levels[0], fixed=candidate == AA_ARM)
     n = max(1, host.prompts)
     plan = request_plan(n, samples=most).levels[0]
-    for name, arm in design_order([candidate], run.repeats):
-        phase = Phase(name=name, arm=arm, spec=record.candidates.get(arm), server_version=VERSION)
-        record.phases[name] = phase
-        true = 0.0 if arm in (BASELINE, AA_ARM) else math.log1p(effect)
-        shared = rng.normal(0.0, host.start_sd)
-        for t in host.prompt_types:
-            shift = shared if host.shared_shift else rng.normal(0.0, host.start_sd)
-            m = Measurement(prompt_type=t)
-            phase.measurements[t] = m
-            for i in plan:
+    order = design_order([candidate], run.repeats)
+    groups = (
+        [order[i : i + 2] for i in range(0, len(order), 2)]
+        if design == "together"
+        else [[entry] for entry in order]
+    )
+    clock = 0.0
+    for group in groups:
+        slots = _slots(host, plan, design, rng)
+        drift = _drift(host, len(slots), rng)
+        started = []
+        for name, arm in group:
+            phase = Phase(
+                name=name, arm=arm, spec=record.candidates.get(arm), server_version=VERSION
+            )
+            record.phases[name] = phase
+            true = 0.0 if arm in (BASELINE, AA_ARM) else math.log1p(effect)
+            shared = rng.normal(0.0, host.start_sd)
+            shifts = {
+                t: shared if host.shared_shift else rng.normal(0.0, host.start_sd)
+                for t in host.prompt_types
+            }
+            for t in host.prompt_types:
+                phase.measurements[t] = Measurement(prompt_type=t)
+            started.append((phase, true, shifts))
+        position = 0  # the slot in time: a stopped prompt type's slots are not spent
+        for t, i in slots:
+            sent = False
+            for k, (phase, true, shifts) in enumerate(started):
+                m = phase.measurements[t]
                 if len(m.samples) >= least and (len(m.samples) >= most or stop(record, phase, m)):
-                    break
+                    continue
                 own = (
                     rng.normal(0.0, host.prompt_sd)
                     if host.pairing == "unpaired"
                     else float(levels[t][i])
                 )
                 rate = math.exp(
-                    math.log(30.0) + true + shift + own + rng.normal(0, host.request_sd)
-                )
+                    math.log(30.0) + true + shifts[t] + own + drift[position]
+                    + rng.normal(0, host.request_sd)
+                )  # fmt: skip
                 told = int(i) if host.pairing == "paired" else None
-                m.samples.append(_sample(t, name, len(m.samples), rate, told))
-            m.wall_s = sum(s.e2e_s for s in m.samples)
+                at = clock + (position * len(started) + k) * SECONDS_PER_REQUEST
+                m.samples.append(_sample(t, phase.name, len(m.samples), rate, told, at))
+                sent = True
+            position += sent
+        clock += (len(slots) * len(started) + 100) * SECONDS_PER_REQUEST
+        for phase, _, _ in started:
+            for m in phase.measurements.values():
+                m.wall_s = sum(s.e2e_s for s in m.samples)
 
 
 def simulate_route(
@@ -173,12 +243,12 @@ def simulate_route(
         record = _record(route, host, AA_ARM, route.aa_repeats)
         run_dir = reports / f"aa-{k}"
         stop = chain_rules.stop_rule_for(reports, profiles, record, run_dir)
-        _measure_run(record, host, levels, 0.0, rng, stop)
+        _measure_run(record, host, levels, 0.0, rng, stop, route.design)
         chain_rules.finish(record, reports, profiles, run_dir)
     record = _record(route, host, CANDIDATE, route.repeats)
     run_dir = reports / "run"
     stop = chain_rules.stop_rule_for(reports, profiles, record, run_dir)
-    _measure_run(record, host, levels, effect, rng, stop)
+    _measure_run(record, host, levels, effect, rng, stop, route.design)
     chain_rules.finish(record, reports, profiles, run_dir)
     written = RunRecord.from_json(json.loads((reports / "run" / "results.json").read_text()))
     return candidate_verdicts(written, CANDIDATE)
@@ -189,6 +259,17 @@ def aa_estimates(
 ) -> list[dict[str, RestartNoise]]:
     """The restart noise each of `runs` A/A runs (the route's first) wrote into its host's
     profile, read back from the file, per metric."""
+    return [
+        {m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()}
+        for entry in aa_entries(host, route, runs=runs, seed=seed, tmp=tmp)
+    ]
+
+
+def aa_entries(
+    host: SimHost, route: Route, *, runs: int, seed: int, tmp: Path
+) -> list[ProfileEntry]:
+    """The host profile entry each of `runs` A/A runs (the route's first) wrote, read back
+    from the file."""
     rng = np.random.default_rng(seed)
     found = []
     for i in range(runs):
@@ -200,12 +281,12 @@ def aa_estimates(
         record = _record(route, host, AA_ARM, route.aa_repeats)
         profiles = reports / "host-profiles"
         stop = chain_rules.stop_rule_for(reports, profiles, record, reports / "aa-0")
-        _measure_run(record, host, levels, 0.0, rng, stop)
+        _measure_run(record, host, levels, 0.0, rng, stop, route.design)
         chain_rules.finish(record, reports, profiles, reports / "aa-0")
         profile = read_profile(profiles, HOST, None, MODEL)
         assert profile is not None
         (entry,) = profile.entries
-        found.append({m: RestartNoise.from_dict(dict(d)) for m, d in entry.noise.items()})
+        found.append(entry)
         shutil.rmtree(reports, ignore_errors=True)
     return found
 
