@@ -51,6 +51,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "search": opt("spec_search"),
             "max_reloads": opt("spec_max_reloads"),
             "control": opt("spec_control") or None,
+            "arms": opt("spec_arms"),
         },
     )
 

@@ -231,6 +231,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "speculation itself and the side changes (docs/options.md)",
     )
     add(
+        "--spec-arms",
+        choices=("one-at-a-time", "together"),
+        default=None,
+        help="together: serve the baseline and the candidate at once, two servers on two ports "
+        "(their own cores, GPUs or GPU memory share), requests alternating between them; "
+        "refused before anything starts where the host has no room (docs/options.md)",
+    )
+    add(
         "--spec-baseline-from",
         metavar="PATH",
         default=None,

@@ -92,6 +92,7 @@ class RunConfig:
     search: str | None = None  # "ngram": the search chooses the candidates (analysis/search.py)
     max_reloads: int = 3  # the search's budget: candidates it may start
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
+    arms: Literal["one-at-a-time", "together"] = "one-at-a-time"  # together: two servers at once
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):
@@ -149,6 +150,7 @@ _TOP_KEYS = {
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 SEARCH_METHODS = ("ngram",)  # what --spec-search can search
+ARMS_MODES = ("one-at-a-time", "together")  # --spec-arms: one server at a time, or two at once
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
 _PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 
@@ -314,6 +316,9 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
             f"{where}: search must be one of {', '.join(SEARCH_METHODS)}, got {run.search!r}"
         )
     positive_int(run.max_reloads, "max_reloads", where, minimum=1)
+    if run.arms not in ARMS_MODES:
+        source = "--spec-arms" if "arms" in given else f"{where} [run] arms"
+        raise ConfigError(f"{source} must be one of {', '.join(ARMS_MODES)}, got {run.arms!r}")
     return run
 
 
