@@ -234,9 +234,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--spec-arms",
         choices=("one-at-a-time", "together"),
         default=None,
-        help="together: serve the baseline and the candidate at once, two servers on two ports "
-        "(their own cores, GPUs or GPU memory share), requests alternating between them; "
-        "refused before anything starts where the host has no room (docs/options.md)",
+        help="serve one arm at a time (default), or the baseline and each candidate together, "
+        "as two servers, each request sent to both in turn (docs/options.md)",
     )
     add(
         "--spec-baseline-from",

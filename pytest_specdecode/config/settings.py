@@ -150,7 +150,7 @@ _TOP_KEYS = {
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 SEARCH_METHODS = ("ngram",)  # what --spec-search can search
-ARMS_MODES = ("one-at-a-time", "together")  # --spec-arms: one server at a time, or two at once
+ARMS_MODES = ("one-at-a-time", "together")  # [run] arms: --spec-arms
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
 _PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 
@@ -317,8 +317,7 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
         )
     positive_int(run.max_reloads, "max_reloads", where, minimum=1)
     if run.arms not in ARMS_MODES:
-        source = "--spec-arms" if "arms" in given else f"{where} [run] arms"
-        raise ConfigError(f"{source} must be one of {', '.join(ARMS_MODES)}, got {run.arms!r}")
+        raise ConfigError(f"{where}: arms must be one of {', '.join(ARMS_MODES)}, got {run.arms!r}")
     return run
 
 

@@ -188,7 +188,7 @@ def settings_for(tmp_path: Path, arms: str):
 
 def test_the_setting_is_checked(tmp_path):
     assert settings_for(tmp_path, "together").run.arms == "together"
-    with pytest.raises(ConfigError, match="--spec-arms must be one of one-at-a-time, together"):
+    with pytest.raises(ConfigError, match="arms must be one of one-at-a-time, together"):
         settings_for(tmp_path, "both")
 
 
