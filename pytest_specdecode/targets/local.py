@@ -368,7 +368,8 @@ class LocalProcessTarget:
     def hand_over(self, reason: str) -> str | None:
         """The original was not running before the run: stop every server now, from the signal.
 
-        Should this controller then die, PR_SET_PDEATHSIG covers the server it started last.
+        Should this controller then die, PR_SET_PDEATHSIG covers each server it started (both,
+        side by side).
         """
         running = [s for s in self._services if s.is_active()]
         for service in running:
