@@ -68,7 +68,10 @@ def test_two_servers_side_by_side_then_ctrl_c_stops_both(pytester: pytest.Pytest
         if re.search(r"'beside-ngram' \(pid \d+\) ready after", line):
             break
         assert time.monotonic() < deadline, "".join(lines)
-    time.sleep(10)  # requests go to one, then the other
+    logs = exp.run_dir()
+    while min(requests_served(logs / f"server-{name}.log") for name in SERVERS) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(1)  # requests go to one, then the other
     proc.send_signal(signal.SIGINT)
     try:
         _, rest = proc.communicate(timeout=120)
@@ -91,7 +94,6 @@ def test_two_servers_side_by_side_then_ctrl_c_stops_both(pytester: pytest.Pytest
     assert second is not None, err
 
     # both served, each its own share of the alternating requests
-    logs = exp.run_dir()
     served = {name: requests_served(logs / f"server-{name}.log") for name in SERVERS}
     assert min(served.values()) >= 2, served
     assert abs(served["original"] - served["beside-ngram"]) <= 1, served  # alternating
