@@ -15,9 +15,11 @@ from ..analysis.time_drift import TimeDrift, drift_text
 from ..config.arms import BASELINE, BASELINE_AFTER, design_order, together_order
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
+from ..errors import ConfigError
 from ..record.profile import Accelerator, ProfileLookup, recorded_accelerator, speed_of
 from ..record.search import slot_name
 from ..record.store import stored_runs
+from ..targets.base import Target, room_beside
 from . import prediction
 from .search import plan_lines
 from .text import fmt_duration
@@ -243,6 +245,25 @@ def side_change_plan(settings: Settings, version: str | None) -> list[str]:
                 f"{rules.describe()})"
             )
     return out
+
+
+def arms_plan(settings: Settings, target: Target) -> list[str]:
+    """`--spec-arms together`: where each of the two servers runs, per candidate. Raises a
+    ConfigError, naming the host and the reason, where the host has no room for two."""
+    if settings.run.arms != "together":
+        return []
+    lines = []
+    for spec in settings.candidates:
+        why = room_beside(target, spec)
+        if why:
+            raise ConfigError(f"--spec-arms together refused on {target.host_name}: {why}")
+        places = getattr(target, "beside_plan", None)  # where the backend can tell
+        where = places(spec) if places else f"the original at {target.api_base}, the candidate "
+        lines.append(
+            f"arms side by side for {spec.name}: {where}; started one after the other, each "
+            "ready before the next; requests alternate between them"
+        )
+    return lines
 
 
 def candidate_text(spec: SpecConfig) -> str:

@@ -91,6 +91,17 @@ class Target(Protocol):
         """The steps the experiment would take, readable before anything is touched."""
         ...
 
+    def room_beside(self, spec: SpecConfig) -> str | None:
+        """`--spec-arms together`: None where a second server with `spec` fits beside the
+        original; else why not (the host, the figures). Reads only. A backend without it
+        refuses: `room_beside` below."""
+        ...
+
+    def beside(self, spec: SpecConfig) -> Service:
+        """The second server, with `spec`, on its own port (and cores or GPU share); not yet
+        started. Its `placement`, where it has one, says where it runs."""
+        ...
+
     def transports(self) -> Transports:
         """How to reach the API: real connections, unless a test's seam says otherwise."""
         ...
@@ -115,6 +126,17 @@ class Target(Protocol):
     def close(self) -> None:
         """Undo what this run did on the host (nothing else), then let go of it."""
         ...
+
+
+def room_beside(target: Target, spec: SpecConfig) -> str | None:
+    """The target's answer, or a refusal where its backend cannot run two servers at once."""
+    method = getattr(target, "room_beside", None)
+    if method is None:
+        return (
+            f"the {type(target).__name__} backend on {target.host_name} cannot serve a second "
+            "server beside the original; use --spec-arms one-at-a-time"
+        )
+    return method(spec)
 
 
 def port_answers(api_base: str) -> bool:

@@ -19,9 +19,9 @@ import httpx
 
 from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig
-from ..errors import HostError, ServiceError
+from ..errors import ConfigError, HostError, ServiceError
 from ..record.ending import RestoreReport, RunEnding
-from .base import Progress, Service, Target, wait_until_ready
+from .base import Progress, Service, Target, room_beside, wait_until_ready
 
 HANDOVER_WAIT_S = 20.0  # how long the unwinding waits for the handover to reach the host
 
@@ -128,6 +128,9 @@ class Switchboard:
         self.active: Service | None = self.original if self.was_active else None
         self.last_startup_s: float | None = None  # the last activate's start, to serving
         self.active_spec: SpecConfig | None = None
+        self.beside: Service | None = None  # the second server, while two serve together
+        self._stopped: list[str] = []  # what the restore stopped besides the candidate
+        self._beside_errors: list[str] = []
         self.restore_report: RestoreReport | None = None
         self.ending = RunEnding()
         self.interrupts = interrupts or INTERRUPTS
@@ -164,6 +167,40 @@ class Switchboard:
         self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
         return wanted
 
+    @contextmanager
+    def together(
+        self, spec: SpecConfig, *, restart_original: bool
+    ) -> Iterator[tuple[Service, Service]]:
+        """The original serving (as it is; started or restarted where asked and allowed) and a
+        second server with `spec`'s configuration beside it, both ready. The second is stopped
+        on exit, and by restore() on any interrupt (Ctrl-C, SIGTERM, the first-signal handover).
+
+        They start one after the other, never at once: on a GPU, vLLM's memory profiling would
+        count the other's allocations as its own. The original is restarted where its place
+        changed (the local target's half of the cores).
+        """
+        why = room_beside(self.target, spec)
+        if why:
+            raise ConfigError(f"--spec-arms together refused on {self.target.host_name}: {why}")
+        second = self.target.beside(spec)
+        restart = restart_original or bool(getattr(self.original, "stale", False))
+        original = self.activate(None, restart=restart)
+        self.beside = second
+        try:
+            self._progress(f"starting {second.label} beside {original.label}")
+            second.start()
+            self.last_startup_s = self._wait(second, self._ready_timeout_s)
+            yield original, second
+        except BaseException:  # stopped at once, and told in the restore's report
+            if not self.interrupts.signals:  # else the handover stops it; restore() watches
+                deadline = self._clock.now() + self._restore_timeout_s
+                self._stop_beside(self._beside_errors, deadline)
+            raise
+        if self.beside is second:
+            self._progress(f"stopping {second.label}")
+            second.stop()
+            self.beside = None
+
     def _wait(self, service: Service, timeout_s: float) -> float:
         return wait_until_ready(
             service,
@@ -177,7 +214,7 @@ class Switchboard:
     def restore(self, record: Callable[[RunEnding], None] | None = None) -> RestoreReport:
         """Put the original back as it was found: here, or by watching the host do it."""
         start = self._clock.now()
-        errors: list[str] = []
+        errors: list[str] = list(self._beside_errors)
         observed = True
         self._serving = False
         while True:
@@ -210,6 +247,7 @@ class Switchboard:
             except Exception as exc:
                 errors.append(str(exc))
             self.active = self.original if is_active else None
+        notes = [*self._stopped, *notes]
         self.restore_report = RestoreReport(
             original=self.original.label,
             was_active=self.was_active,
@@ -249,7 +287,13 @@ class Switchboard:
         """The host restores by itself; wait until it is done and the original serves."""
         self._progress(f"restore: handed over ({self.ending.handed_over}); watching it finish")
         try:
+            second, label = self.beside, self.beside.label if self.beside else ""
             self.target.await_host_restore(self._restore_timeout_s, self._progress)
+            if second is not None:
+                if second.is_active():
+                    second.stop()
+                self._stopped.append(f"stopped the second server {label} at {second.api_base}")
+                self.beside = None
             if self.was_active:
                 self._wait(self.original, self._restore_timeout_s)
                 self._serving = True
@@ -259,6 +303,7 @@ class Switchboard:
 
     def _restore_here(self, errors: list[str], *, deadline: float) -> None:
         """Stop any candidate and start the original, waiting out an unreachable host."""
+        self._stop_beside(errors, deadline)
         if self.active is not None and self.active is not self.original:
             active = self.active
             self._progress(f"restore: stopping {active.label}")
@@ -268,6 +313,17 @@ class Switchboard:
             self._step("starting the original", self._ensure_original, errors, deadline)
         else:
             self._step("stopping the original", self._stop_original, errors, deadline)
+
+    def _stop_beside(self, errors: list[str], deadline: float) -> None:
+        """The second server of `together`, first: the original matters more, but needs room."""
+        second = self.beside
+        if second is None:
+            return
+        label, where = second.label, second.api_base
+        self._progress(f"restore: stopping {label} (beside the original)")
+        self._step(f"stopping {label}", second.stop, errors, deadline)
+        self.beside = None
+        self._stopped.append(f"stopped the second server {label} at {where}")
 
     def _ensure_original(self) -> None:
         if not self.original.is_active():

@@ -7,17 +7,30 @@ import ctypes
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
-from ..config.vllm_argv import with_speculative_config
-from ..errors import ConfigError, ServiceError
+from ..config.vllm_argv import option_value, with_speculative_config
+from ..errors import ConfigError, HostError, ServiceError
 from ..redaction import redact_text
 from .base import Progress, Transports, port_answers
+from .beside import (
+    GPU_SHARE,
+    Placement,
+    api_base_on_port,
+    cpu_room,
+    gpu_placements,
+    shown,
+    split_cores,
+    with_port,
+)
+from .gpu import GPUS_QUERY, Gpu, GpuOutputError, parse_gpus
 from .hosts import LocalHost
 from .vllm_facts import ask_vllm
 
@@ -53,6 +66,14 @@ class LocalProcessService:
         self._stop_timeout_s = stop_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where the latest start's lines begin in the (appended) log
+        self.placement = ""  # side by side: its cores or GPU share (targets/beside.py)
+        self.stale = False  # runs with another command than the one it would start now
+
+    def place(self, argv: Sequence[str], env: Mapping[str, str], placement: str) -> None:
+        """The command and environment of its next start; `stale` while it runs another one."""
+        changed = list(argv) != self.argv or dict(env) != dict(self._env)
+        self.argv, self._env, self.placement = list(argv), dict(env), placement
+        self.stale = self.stale or (changed and self.is_active())
 
     def is_active(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -77,6 +98,7 @@ class LocalProcessService:
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
                 )
+                self.stale = False
             except OSError as exc:
                 raise ServiceError(
                     f"{self.label} could not start `{self.argv[0]}` in {self._workdir}: {exc}; "
@@ -181,8 +203,13 @@ class LocalProcessTarget:
         workdir: Path,
         env: Mapping[str, str],
         log_dir: Path,
+        cores: Iterable[int] | None = None,
+        gpu_share: float = GPU_SHARE,
     ) -> None:
         self.command = list(command)
+        # the cores this process may use: two servers side by side get half each
+        self.cores = tuple(sorted(cores if cores is not None else os.sched_getaffinity(0)))
+        self.gpu_share = gpu_share
         self.api_base = api_base
         self.model = model
         self.workdir = workdir
@@ -191,6 +218,7 @@ class LocalProcessTarget:
         self.host = LocalHost()
         self._original: LocalProcessService | None = None
         self._services: list[LocalProcessService] = []
+        self._beside_ports: dict[str, int] = {}
 
     def preflight(self) -> None:
         """Refuse a port that something else already serves: this backend only runs its own."""
@@ -242,10 +270,106 @@ class LocalProcessTarget:
     def transports(self) -> Transports:
         return Transports()
 
+    # -- two servers side by side (--spec-arms together) -----------------------------------
+    def room_beside(self, spec: SpecConfig) -> str | None:
+        """None where a second server fits beside the original; else why not, with figures."""
+        layout = self._layout()
+        return layout if isinstance(layout, str) else None
+
+    def beside_plan(self, spec: SpecConfig) -> str:
+        """For the plan: where each of the two would run, and how. Starts and changes nothing."""
+        layout = self._layout()
+        if isinstance(layout, str):
+            raise ConfigError(layout)
+        mine, theirs = layout
+        taskset = shutil.which("taskset")
+        port = self._beside_port(spec.name)
+        argv = with_speculative_config(self.command, spec, where="[target] command")
+        second = with_port(theirs.argv(argv, taskset=taskset), port)
+        return (
+            f"the original on {self._where(mine, self.api_base)} (restarted there: "
+            f"{shown(mine.argv(self.command, taskset=taskset), mine.env())}), the candidate on "
+            f"{self._where(theirs, api_base_on_port(self.api_base, port))} "
+            f"({shown(second, {**spec.env, **theirs.env()})})"
+        )
+
+    def beside(self, spec: SpecConfig) -> LocalProcessService:
+        """The candidate's server on a port of its own, with its half of the cores or its GPU
+        share; the original is placed on the other half for its next start. Not started."""
+        layout = self._layout()
+        if isinstance(layout, str):
+            raise ConfigError(layout)
+        mine, theirs = layout
+        taskset = shutil.which("taskset")
+        original = self.original()
+        original.place(
+            mine.argv(self.command, taskset=taskset),
+            {**self.env, **mine.env()},
+            self._where(mine, self.api_base),
+        )
+        port = self._beside_port(spec.name)
+        api_base = api_base_on_port(self.api_base, port)
+        argv = with_speculative_config(self.command, spec, where="[target] command")
+        second = self._service(
+            f"beside-{spec.name}",
+            with_port(theirs.argv(argv, taskset=taskset), port),
+            env={**spec.env, **theirs.env()},
+            api_base=api_base,
+        )
+        second.placement = self._where(theirs, api_base)
+        return second
+
+    @staticmethod
+    def _where(placement: Placement, api_base: str) -> str:
+        port = urlsplit(api_base).port
+        return f"port {port}, {placement.describe()}"
+
+    def _layout(self) -> tuple[Placement, Placement] | str:
+        """Each server's place: GPUs where nvidia-smi lists any, else cores; or why not."""
+        gpus = self._gpus()
+        if gpus:
+            tp = option_value(self.command, "--tensor-parallel-size") or option_value(
+                self.command, "-tp"
+            )
+            layout = gpu_placements(gpus, share=self.gpu_share, tensor_parallel=int(tp or 1))
+        else:
+            layout = cpu_room(self.cores) or split_cores(self.cores)
+        if isinstance(layout, str):
+            return f"no room for a second server beside the original on {self.host_name}: {layout}"
+        return layout
+
+    def _gpus(self) -> list[Gpu]:
+        """The GPUs the server would see (CUDA_VISIBLE_DEVICES of [target.env]); none: a CPU."""
+        try:
+            result = self.host.run(["nvidia-smi", *GPUS_QUERY], timeout=30, privileged=False)
+            gpus = parse_gpus(result.stdout) if result.ok else []
+        except (HostError, GpuOutputError):
+            return []
+        visible = self.env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            wanted = {int(i) for i in visible.split(",") if i.strip().isdigit()}
+            gpus = [g for g in gpus if g.index in wanted]
+        return gpus
+
+    def _beside_port(self, name: str) -> int:
+        """The first free port above the original's: the plan and the run name the same one."""
+        if name not in self._beside_ports:
+            parts = urlsplit(self.api_base)
+            base = parts.port or 8000
+            taken = set(self._beside_ports.values())
+            port = next(
+                p
+                for p in range(base + 1, base + 200)
+                if p not in taken and _port_free(parts.hostname or "127.0.0.1", p)
+            )
+            self._beside_ports[name] = port
+        return self._beside_ports[name]
+
     def hand_over(self, reason: str) -> str | None:
         """The original was not running before the run: stop every server now, from the signal.
 
-        Should this controller then die, PR_SET_PDEATHSIG covers the server it started last.
+        Should this controller then die, PR_SET_PDEATHSIG covers each server it started (both,
+        side by side).
         """
         running = [s for s in self._services if s.is_active()]
         for service in running:
@@ -268,12 +392,16 @@ class LocalProcessTarget:
         return None
 
     def _service(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        api_base: str | None = None,
     ) -> LocalProcessService:
         service = LocalProcessService(
             name=name,
             argv=argv,
-            api_base=self.api_base,
+            api_base=api_base or self.api_base,
             model=self.model,
             workdir=self.workdir,
             env={**self.env, **(env or {})},
@@ -288,6 +416,16 @@ def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _PLUGIN_ONLY_ENV}
     env.update(extra)
     return env
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Nothing listens there and this process may bind it."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
