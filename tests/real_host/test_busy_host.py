@@ -5,16 +5,20 @@ window is seen, measured again once the host is quiet, the verdict comes from th
 and the reports name the window measured again and why. The unchanged candidate is not called
 regressed.
 
-The bound and the hog, on this 2-core machine. HostProbe counts as other work the host's total
-CPU time (/proc/stat: the whole machine, the test host is a container) less the unit's cgroup.
-So under make test the other worker's embedded vLLM counts too: its engine is bound to the last
-core (tests/support/embedded.py), so it takes at most about half the machine, and a window is
-judged against the least share seen before the run and in the run's clean windows. The hog is
-4 busy loops at nice -5 (a busy loop at -5 weighs three nice-0 threads): wherever they run they
-take most of both cores, the unit's share falls to about a tenth and other work rises to about
-90% of the machine whatever else runs. The bound, 35% beyond the usual share, lies between the
-other worker's half a machine over a quiet baseline (at worst a window measured again once it
-falls quiet, three attempts) and the hog's 90% over a usual share of at most half a machine.
+The bound and the hog, on this 2-core machine. HostProbe counts as other work the host's CPU
+time (/proc/stat: the whole machine, the test host is a container) less the unit's cgroup. So
+under make test the other worker's embedded vLLM counts too. Its engine is bound to the last
+core (tests/support/embedded.py), this unit's to the first: busy, it takes a little over half
+the machine. A window is judged against the host's usual share, the least of the host before
+the run and the run's clean windows.
+- The hog: 4 busy loops at nice -5 (each weighs three nice-0 threads), from the window's start
+  to its end. Wherever they run they take most of both cores: other work rises to about 90% of
+  the machine, whatever else runs.
+- The bound, 40% beyond the usual share: the hog exceeds it wherever the usual share is under
+  half the machine (the other worker busy before the run and through the baseline's window
+  both would defeat it). The other worker alone can exceed it only over a quiet usual share;
+  such a window is measured again once the host falls quiet, up to 4 attempts, so the final
+  window is clean unless the other worker stays busy through every attempt.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ HOG_UNIT = "specdecode-test-hog"
 HOG_LOOPS = 4
 HOG_NICE = -5
 HOG_LIMIT_S = 150  # a bound on the hog whatever happens to the test
-BUSY_HOST_SHARE = 0.35
+BUSY_HOST_SHARE = 0.4
+ATTEMPTS = 4
 CANDIDATE = "[baseline-again] coding"
 
 
@@ -73,7 +78,11 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
     config = write_remote_experiment(
         pytester,
         testbed,
-        run={"busy_host_share": BUSY_HOST_SHARE, "traffic_attempts": 3, "quiet_wait_s": 120.0},
+        run={
+            "busy_host_share": BUSY_HOST_SHARE,
+            "traffic_attempts": ATTEMPTS,
+            "quiet_wait_s": 120.0,
+        },
     )
     cmd = [
         sys.executable, "-m", "pytest",
@@ -90,7 +99,7 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
         for line in proc.stderr:
             lines.append(line)
             # The candidate's timed window begins (after its warm-up): the hog starts.
-            if not hogging and line.startswith(f"{CANDIDATE}: ") and " requests at " in line:
+            if not hogging and f"{CANDIDATE}: " in line and " requests at " in line:
                 start_hog(testbed)
                 hogging = True
             # The window has ended, seen or not: the hog stops, so the host can fall quiet.
@@ -108,7 +117,9 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
 
     # Seen, measured again once the host was quiet, and the second window was clean.
     assert f"{CANDIDATE}: the host was not quiet during the window (other work took" in err, err
-    assert f"{CANDIDATE}: measuring again (attempt 2 of 3) once the host is quiet" in err, err
+    assert (
+        f"{CANDIDATE}: measuring again (attempt 2 of {ATTEMPTS}) once the host is quiet" in err
+    ), err
     data = results_of(pytester)
     m = data["phases"]["baseline-again"]["measurements"]["coding"]
     env = m["environment"]
