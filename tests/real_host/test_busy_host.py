@@ -9,17 +9,18 @@ The bound and the hog, on this 2-core machine. HostProbe counts as other work th
 time (/proc/stat: the whole machine, the test host is a container) less the unit's cgroup, so
 under make test the other worker's embedded vLLM counts too. A window is judged against the
 host's usual share: the least of the host before the run and of the run's clean windows.
-- The unit's engine is bound to the first core, the embedded one to the last
-  (tests/support/embedded.py): in a clean window the unit takes about 40% of the machine, and
-  on a machine that is full anyway other work is the rest.
-- The hog: 4 busy loops at nice -5 (each weighs three nice-0 threads), from the window's start
-  to its end. Its window's unit gets about a seventh of its core: other work rises by at least
-  the ~35% the unit gives up, and to about 90% of the machine where it was quiet.
-- The bound, 30% beyond the usual share, lies below that whatever else runs. The other worker
-  alone can move by more (about half the machine) only from a quiet usual share: such a window
-  is measured again once the host falls quiet, up to 4 attempts, so the final window is clean
-  unless the other worker stays busy through every wait and attempt.
-- 16 tokens a request: the hogged window lasts about seven times the clean one.
+- The unit's engine is bound to all cores but the last (vLLM's "auto"), the embedded one to the
+  last (tests/support/embedded.py). In a clean window the unit takes about 45% of the machine;
+  on a machine that is full anyway, other work is the rest.
+- So a hog anywhere else only displaces other work: on a full machine it moves nothing. The hog
+  is 3 busy loops pinned to the unit's engine cores at nice -5 (each weighs three nice-0
+  threads), from the window's start to its end: the unit's engine gets about a tenth of its
+  core, and other work rises by the ~35% of the machine the unit gives up, whatever else runs.
+- The bound, 30% beyond the usual share, lies below that. The other worker alone can move by
+  more (about half the machine) only from a quiet usual share: such a window is measured again
+  once the host falls quiet, up to 4 attempts, so the final window is clean unless the other
+  worker stays busy through every wait and attempt.
+- 8 tokens a request: the hogged window lasts about ten times the clean one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..support.testbed import (
 )
 
 HOG_UNIT = "specdecode-test-hog"
-HOG_LOOPS = 4
+HOG_LOOPS = 3
 HOG_NICE = -5
 HOG_LIMIT_S = 150  # a bound on the hog whatever happens to the test
 BUSY_HOST_SHARE = 0.3
@@ -59,11 +60,13 @@ def original_serving_before_and_after(testbed: Testbed):
 
 def start_hog(bed: Testbed) -> None:
     """Busy loops on the test host, in a transient unit of their own (not the server's cgroup),
-    ended by `timeout` at the latest."""
+    on the unit's engine cores, ended by `timeout` at the latest."""
+    cpus = int(bed.ssh("nproc", "--all").stdout.strip() or 1)
+    engine = f"0-{cpus - 2}" if cpus > 1 else "0"  # vLLM's "auto": all but the last
     loops = " ".join(["while :; do :; done &"] * HOG_LOOPS) + " wait"
     started = bed.ssh(
         "systemd-run", "--unit", HOG_UNIT, "--collect", "--quiet",
-        "-p", f"Nice={HOG_NICE}",
+        "-p", f"Nice={HOG_NICE}", "-p", f"CPUAffinity={engine}",
         "timeout", str(HOG_LIMIT_S), "sh", "-c", loops,
     )  # fmt: skip
     assert started.ok, started.describe()
@@ -83,7 +86,7 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
             "busy_host_share": BUSY_HOST_SHARE,
             "traffic_attempts": ATTEMPTS,
             "quiet_wait_s": 120.0,
-            "max_tokens": 16,
+            "max_tokens": 8,
         },
     )
     cmd = [
