@@ -14,7 +14,7 @@ host's usual share: the least of the host before the run and of the run's clean 
   on a machine that is full anyway, other work is the rest.
 - So a hog anywhere else only displaces other work: on a full machine it moves nothing. The hog
   is 3 busy loops pinned to the unit's engine cores at nice -5 (each weighs three nice-0
-  threads), from the window's start to its end: the unit's engine gets about a tenth of its
+  threads), from before the window (its warm-up) to its end: the unit's engine gets about a tenth of its
   core, and other work rises by the ~35% of the machine the unit gives up, whatever else runs.
 - The bound, the default 25% beyond the usual share, lies below that. The other worker alone
   can move by more (about half the machine) only from a quiet usual share: such a window is
@@ -58,11 +58,15 @@ def original_serving_before_and_after(testbed: Testbed):
     testbed.assert_original_restored()
 
 
-def start_hog(bed: Testbed) -> None:
+def engine_cpus(bed: Testbed) -> str:
+    """The unit's engine cores: vLLM's "auto" binding, all but the last."""
+    cpus = int(bed.ssh("nproc", "--all").stdout.strip() or 1)
+    return f"0-{cpus - 2}" if cpus > 1 else "0"
+
+
+def start_hog(bed: Testbed, engine: str) -> None:
     """Busy loops on the test host, in a transient unit of their own (not the server's cgroup),
     on the unit's engine cores, ended by `timeout` at the latest."""
-    cpus = int(bed.ssh("nproc", "--all").stdout.strip() or 1)
-    engine = f"0-{cpus - 2}" if cpus > 1 else "0"  # vLLM's "auto": all but the last
     loops = " ".join(["while :; do :; done &"] * HOG_LOOPS) + " wait"
     started = bed.ssh(
         "systemd-run", "--unit", HOG_UNIT, "--collect", "--quiet",
@@ -89,6 +93,7 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
             "max_tokens": 8,
         },
     )
+    engine = engine_cpus(testbed)
     cmd = [
         sys.executable, "-m", "pytest",
         *suite_args(pytester, testbed, config, "--spec-config", "baseline", "-rA"),
@@ -103,9 +108,10 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
     try:
         for line in proc.stderr:
             lines.append(line)
-            # The candidate's timed window begins (after its warm-up): the hog starts.
-            if not hogging and f"{CANDIDATE}: " in line and " requests at " in line:
-                start_hog(testbed)
+            # The candidate is up, its warm-up next: the hog starts, and runs through the
+            # timed window that follows (a start over SSH takes seconds on a busy machine).
+            if not hogging and f"{CANDIDATE}: " in line and " warm-up" in line:
+                start_hog(testbed, engine)
                 hogging = True
             # The window has ended, seen or not: the hog stops, so the host can fall quiet.
             elif hogging and (" was not quiet during the window" in line or " median " in line):
