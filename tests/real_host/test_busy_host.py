@@ -14,7 +14,7 @@ host's usual share: the least of the host before the run and of the run's clean 
   on a machine that is full anyway, other work is the rest.
 - So a hog anywhere else only displaces other work: on a full machine it moves nothing. The hog
   is 3 busy loops pinned to the unit's engine cores at nice -5 (each weighs three nice-0
-  threads), from before the window (its warm-up) to its end: the unit's engine gets about a tenth of its
+  threads), from its warm-up to the window's end: the unit's engine gets about a tenth of its
   core, and other work rises by the ~35% of the machine the unit gives up, whatever else runs.
 - The bound, the default 25% beyond the usual share, lies below that. The other worker alone
   can move by more (about half the machine) only from a quiet usual share: such a window is
