@@ -22,7 +22,8 @@ def html_section(record: RunRecord) -> str:
             if env is None:
                 continue
             state = "contaminated" if env.contaminated else "kept, not quiet" if env.off else ""
-            again = f"; measured again {len(env.remeasured)} times" if env.remeasured else ""
+            n = len(env.remeasured)
+            again = f"; measured again {n} time{'s' if n > 1 else ''}" if n else ""
             title = env.contaminated or env.off or "; ".join(env.remeasured) or "clean"
             klass = "v-contaminated" if env.contaminated or env.off else ""
             text = f"{key}: {env.describe()}" + (f" ({state})" if state else "") + again

@@ -4,7 +4,8 @@ Pure parsing of one shell script's output (`parse_host_sample`); the host call i
 (`HostProbe`), one command over the connection the run already has. What the script prints:
 - `cpus N`, `tck N`: online CPUs and clock ticks per second;
 - `stat cpu …`: /proc/stat's first line (user nice system idle iowait irq softirq steal …);
-- `cg usec N` (cgroup v2 cpu.stat) or `cg nsec N` (v1 cpuacct.usage): a systemd unit's CPU;
+- `cg usec N` (cgroup v2 cpu.stat, also the hybrid layout's `unified` tree) or `cg nsec N` (v1
+  cpuacct.usage): a systemd unit's CPU; `cg none PATH` where its cgroup has no CPU accounting;
 - `ticks N`: a local server's process group's CPU, and `own N` this controller's, in ticks;
 - `pid N`: the server's processes (its GPUs are the ones they hold);
 - `smi RC`, `gpu …`, `app …`: nvidia-smi's query interface, as CSV without units.
@@ -47,17 +48,23 @@ THROTTLE_REASONS = {
 _SCRIPT = r"""
 echo "cpus $(getconf _NPROCESSORS_ONLN)"; echo "tck $(getconf CLK_TCK)"
 head -n1 /proc/stat | sed 's/^/stat /'
-unit=$1; group=$2; own=$3; gpu_query=$4; apps_query=$5  # the loops below reuse $@
+unit=$1; group=$2; own=$3; gpu_query=$4; apps_query=$5; fs=$6  # the loops reuse $@
 if [ -n "$unit" ]; then
   cg=$(systemctl show -p ControlGroup --value "$unit")
-  if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cpu.stat" ]; then
-    grep '^usage_usec' "/sys/fs/cgroup$cg/cpu.stat" | sed 's/^usage_usec/cg usec/'
-    cat "/sys/fs/cgroup$cg/cgroup.procs" 2>/dev/null | sed 's/^/pid /'
-  elif [ -n "$cg" ] && [ -f "/sys/fs/cgroup/cpuacct$cg/cpuacct.usage" ]; then
-    echo "cg nsec $(cat "/sys/fs/cgroup/cpuacct$cg/cpuacct.usage")"
-    cat "/sys/fs/cgroup/cpuacct$cg/cgroup.procs" 2>/dev/null | sed 's/^/pid /'
+  v2=""  # cgroup v2, or the hybrid layout's v2 tree beside v1 controllers
+  for d in "$fs$cg" "$fs/unified$cg"; do
+    [ -z "$v2" ] && [ -n "$cg" ] && [ -f "$d/cpu.stat" ] && v2=$d
+  done
+  if [ -n "$v2" ]; then
+    grep '^usage_usec' "$v2/cpu.stat" | sed 's/^usage_usec/cg usec/'
+    cat "$v2/cgroup.procs" 2>/dev/null | sed 's/^/pid /'
+  elif [ -n "$cg" ] && [ -f "$fs/cpuacct$cg/cpuacct.usage" ]; then
+    echo "cg nsec $(cat "$fs/cpuacct$cg/cpuacct.usage")"
+    cat "$fs/cpuacct$cg/cgroup.procs" 2>/dev/null | sed 's/^/pid /'
+  elif [ -n "$cg" ]; then
+    echo "cg none $cg"  # a cgroup without CPU accounting here: the unit's share is unknown
   else
-    echo "cg usec 0"
+    echo "cg usec 0"  # inactive: no cgroup, it uses nothing
   fi
 fi
 if [ "$group" = "none" ]; then
@@ -156,8 +163,13 @@ def parse_host_sample(text: str) -> HostSample:
         total = sum(values[:8])
         idle, steal = values[3] + values[4], values[7]
     server_s = None
+    notes = []
     cg = _first(lines, "cg")
-    if cg:
+    if cg and cg.startswith("none"):
+        notes.append(
+            f"the unit's CPU time could not be read: its cgroup {cg[5:]} has no CPU accounting"
+        )
+    elif cg:
         unit, _, value = cg.partition(" ")
         server_s = int(value) / (1e6 if unit == "usec" else 1e9)
     elif "ticks" in lines:
@@ -165,16 +177,15 @@ def parse_host_sample(text: str) -> HostSample:
     own = _int(_first(lines, "own"))
     gpus: tuple[GpuReading, ...] = ()
     apps: tuple[GpuProcess, ...] = ()
-    note = None
     smi = _first(lines, "smi")
     if smi is not None and smi != "0":
-        note = f"nvidia-smi exited {smi}: {' '.join(lines.get('gpu', []))[:200]}"
+        notes.append(f"nvidia-smi exited {smi}: {' '.join(lines.get('gpu', []))[:200]}")
     elif smi == "0":
         try:
             gpus = tuple(_reading(row) for row in parse_csv("\n".join(lines["gpu"]), CLOCK_FIELDS))
             apps = tuple(parse_compute_apps("\n".join(lines.get("app", []))))
         except (GpuOutputError, KeyError, ValueError) as exc:
-            note = f"nvidia-smi's output could not be read: {exc}"
+            notes.append(f"nvidia-smi's output could not be read: {exc}")
     return HostSample(
         cpus=cpus,
         tick_s=1 / tck,
@@ -186,7 +197,7 @@ def parse_host_sample(text: str) -> HostSample:
         server_pids=frozenset(int(p) for p in lines.get("pid", []) if p.isdigit()),
         gpus=gpus,
         apps=apps,
-        note=note,
+        note="; ".join(notes) or None,
     )
 
 
@@ -202,8 +213,9 @@ def scope_of(service: Service) -> Scope | None:
 class HostProbe:
     """Samples the serving host over its connection: one shell command a sample."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, cgroup_root: str = "/sys/fs/cgroup") -> None:
         self.host = host
+        self.cgroup_root = cgroup_root  # a seam: the unit tests' own tree
 
     def __call__(self, service: Service) -> HostSample | None:
         scope = scope_of(service)
@@ -216,7 +228,7 @@ class HostProbe:
             "sh", "-c", _SCRIPT, "sh", scope.unit or "",
             "" if scope.unit else str(scope.group or "none"),
             str(scope.own or ""), "--query-gpu=" + ",".join(CLOCK_FIELDS),
-            "--query-compute-apps=" + ",".join(APP_FIELDS),
+            "--query-compute-apps=" + ",".join(APP_FIELDS), self.cgroup_root,
         ]  # fmt: skip
         try:
             result = self.host.run(argv, timeout=30, privileged=False)

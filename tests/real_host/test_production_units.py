@@ -312,7 +312,9 @@ def test_reboot_mid_candidate_brings_back_the_original_and_leaves_no_trace(
     config = write_remote_experiment(
         pytester,
         testbed,
-        run={"samples": 40, "max_tokens": 32},
+        # The reboot kills the candidate a second after its first line: a window of 10 requests
+        # (20 s here) outlasts that; more would only lengthen the baseline's.
+        run={"samples": 10, "max_tokens": 32},
         target={"watchdog_s": 900, "restore_timeout_s": 600},
     )
     proc = run_until(pytester, testbed, config, "[ngram] coding:")

@@ -231,3 +231,36 @@ def test_the_sampling_script_run_here_reads_this_process_group_and_the_gpu_queri
     assert os.getpid() in sample.server_pids and sample.note is None
     (gpu,) = sample.server_gpus()
     assert gpu.sm_mhz is not None and sample.others_on_server_gpus() == []
+
+
+def test_the_sampling_script_reads_a_units_cpu_in_each_cgroup_layout(tmp_path: Path) -> None:
+    """The real script against a cgroup tree of the test's own and a systemctl on PATH: v2,
+    the hybrid layout's `unified` tree beside v1 controllers (the systemd test host's: the
+    unit's CPU was once read as nothing there, so the whole host counted as other work), v1's
+    cpuacct, and a cgroup with no CPU accounting, which leaves the unit's share unknown."""
+    bin_dir, unit_cg = tmp_path / "bin", "/system.slice/vllm.service"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho {unit_cg}\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    host = LocalHost(env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+
+    def sample(layout: str, file: str, text: str) -> HostSample:
+        root = tmp_path / layout
+        folder = root / file.format(cg=unit_cg.lstrip("/"))
+        folder.parent.mkdir(parents=True)
+        folder.write_text(text)
+        (folder.parent / "cgroup.procs").write_text("4242\n")
+        return HostProbe(host, cgroup_root=str(root)).sample(Scope(unit="vllm.service"))
+
+    usage = "usage_usec 2500000\nuser_usec 2000000\n"
+    for layout, file in (("v2", "{cg}/cpu.stat"), ("hybrid", "unified/{cg}/cpu.stat")):
+        got = sample(layout, file, usage)
+        assert (got.server_s, got.server_pids, got.note) == (2.5, frozenset({4242}), None), layout
+    v1 = sample("v1", "cpuacct/{cg}/cpuacct.usage", "3000000000\n")
+    assert (v1.server_s, v1.server_pids) == (3.0, frozenset({4242}))
+    unread = sample("none", "memory/{cg}/memory.usage_in_bytes", "1\n")
+    assert unread.server_s is None and unread.total_ticks is not None
+    assert unread.note and f"its cgroup {unit_cg} has no CPU accounting" in unread.note
+    # A window of such samples is not judged on its CPU: unknown, never "all of it is others'".
+    env = summarise([unread, unread])
+    assert env.other_cpu_share is None and env.missing == unread.note
