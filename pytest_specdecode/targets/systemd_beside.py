@@ -203,6 +203,15 @@ class BesideHost:
         tunnel = ApiTunnel(SSHHost(self.tunnel.host.spec), launch.address)
         return tunnel.url, tunnel
 
+    def beside_plan(self, spec: SpecConfig) -> str:
+        """For the plan's line on arms side by side: where each of the two runs."""
+        launch = self.beside_launch(spec)
+        return (
+            f"the original {self.unit} on {self.host_name} as it serves (never stopped), the "
+            f"candidate as transient unit {launch.name} on port {launch.port}, "
+            f"{launch.placement.where} ({redact_text(shlex.join(launch.run_argv))})"
+        )
+
     def plan_beside(self, specs: Sequence[SpecConfig]) -> list[str]:
         """The steps of `--spec-arms together` on this host, readable before anything is done."""
         steps = [
