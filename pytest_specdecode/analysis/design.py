@@ -189,9 +189,7 @@ def levers(
     residual = drift.noise_sd**2 or ASSUMED_RESIDUAL_SD**2
     most = run.requests_at(run.levels[0])[1]
     longer = [most * f for f in LONGER]
-    now = (
-        "together" if getattr(run, "arms", None) == "together" else getattr(run, "order", "blocked")
-    )
+    now = "together" if run.arms == "together" else run.order
     plans = {
         "more starts": (now, [most], range(run.repeats, MAX_STARTS + 1), ""),
         "a longer window": (now, longer, [run.repeats], ""),

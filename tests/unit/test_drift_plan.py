@@ -57,7 +57,7 @@ def test_where_drift_dominates_the_lever_is_not_more_starts(tmp_path: Path) -> N
     """Restart noise 1% beside a 10% drift (phi 0.75), blocked: interleaving or arms side by
     side call a 20% change at fewer starts than more starts of the blocked order; side by side
     at no more starts than interleaved, and cheaper (a pair's servers start at once)."""
-    s = settings(tmp_path, prompt_types=TYPES, samples=12)
+    s = settings(tmp_path, prompt_types=TYPES, samples=12, run_extra='order = "blocked"')
     noise = _measured((0.01**2 + block_sd(0.10, 0.75, 12) ** 2) ** 0.5)
     found = {lever.what: lever for lever in levers(s, noise, _drift(0.10), 0.2, seconds=_seconds)}
     cheapest = min(found.values(), key=lambda lever: lever.seconds)
