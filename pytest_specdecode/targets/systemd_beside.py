@@ -41,11 +41,10 @@ from .beside_room import (
     with_port,
 )
 from .hosts import Host
-from .ssh import SSHHost
-from .tunnel import ApiTunnel
 from .unit_environment import UnitEnvironment, parse_environment_files, parse_show_environment
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # paramiko only where a host is reached over SSH (the GPU kit has none)
+    from .tunnel import ApiTunnel
     from .unitfile import ExpandedExecStart
 
 BESIDE_PREFIX = "specdecode-beside"
@@ -200,6 +199,9 @@ class BesideHost:
         original's is tunnelled, else api_base with its port."""
         if self.tunnel is None:
             return with_port_in_url(self.api_base, launch.port), None
+        from .ssh import SSHHost
+        from .tunnel import ApiTunnel
+
         tunnel = ApiTunnel(SSHHost(self.tunnel.host.spec), launch.address)
         return tunnel.url, tunnel
 
