@@ -26,7 +26,7 @@ from ..record.schema import ClientLoad, Measurement, Phase, RunRecord
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from ..targets.lifecycle import Switchboard
-from .host_load import Bounds, Probe, Watch, judge
+from .host_load import Bounds, Probe, Watch, judge, pair_probe
 from .loadgen import LevelResult, RequestSpec, planned_specs, run_level
 from .order import CellPlan, RoundOrder, order_seed, slot_size
 from .server_metrics import ServerCounters, acceptance_between, parse_counters, traffic_between
@@ -594,10 +594,13 @@ class Experiment:
             )
         self.progress(f"the server did not fall quiet within {limit_s:.0f}s: measuring anyway")
 
-    def _watch(self, service: Service) -> contextlib.AbstractContextManager[Watch | None]:
+    def _watch(
+        self, service: Service, pair: Sequence[Service] = ()
+    ) -> contextlib.AbstractContextManager[Watch | None]:
+        """The host through a window; with arms side by side, both servers are the run's own."""
         if self._probe is None:
             return contextlib.nullcontext()
-        return Watch(self._probe, service)
+        return Watch(pair_probe(self._probe, pair) if len(pair) > 1 else self._probe, service)
 
     def _judge_host(self, window: _Window) -> str | None:
         """What moved beyond the bounds in this window's environment (None where clean)."""
@@ -712,7 +715,8 @@ class Experiment:
             sent: list[_Slot] = []
             firsts: list[str] = []
             with contextlib.ExitStack() as stack:
-                watches = [stack.enter_context(self._watch(s.service)) for s in starts]
+                pair = [s.service for s in starts]
+                watches = [stack.enter_context(self._watch(s.service, pair)) for s in starts]
                 for j, key in enumerate(sequence):
                     turn = starts if len(starts) == 1 or order.a_first() else starts[::-1]
                     firsts.append(turn[0].phase.name)
@@ -754,7 +758,7 @@ class Experiment:
                 if other is not None:
                     self.wait_for_quiet(start.service)
                 if busy is not None:
-                    self.wait_for_quiet_host(start.service)
+                    self.wait_for_quiet_host(start.service, [s.service for s in starts])
             if busy is not None:
                 set_aside.append(busy)
 
@@ -848,14 +852,15 @@ class Experiment:
         self.store.flush()
         return env
 
-    def wait_for_quiet_host(self, service: Service) -> None:
+    def wait_for_quiet_host(self, service: Service, pair: Sequence[Service] = ()) -> None:
         """Until a stretch passes with the host's other work within the bound; bounded."""
         if self._probe is None:
             return
         limit_s, step_s = self.settings.run.quiet_wait_s, 3.0
         start = self._clock.now()
         while self._clock.now() - start < limit_s:
-            with Watch(self._probe, service, interval_s=step_s) as watch:
+            probe = pair_probe(self._probe, pair) if len(pair) > 1 else self._probe
+            with Watch(probe, service, interval_s=step_s) as watch:
                 self._clock.sleep(step_s)
                 env = watch.environment()
             if (

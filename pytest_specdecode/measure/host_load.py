@@ -12,13 +12,38 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..record.host_env import WindowEnvironment
 from ..targets.base import Service
 from ..targets.host_env import HostSample
 
 Probe = Callable[[Service], "HostSample | None"]
+
+
+def one_server(samples: Sequence[HostSample | None]) -> HostSample | None:
+    """Samples of the servers of one pair (arms side by side), read as one server's: their CPU
+    time and processes are the run's own, not other work on the host or on their GPUs."""
+    read = [s for s in samples if s is not None]
+    if not read:
+        return None
+    times = [s.server_s for s in read]
+    notes = [s.note for s in read if s.note]
+    return replace(
+        read[0],
+        server_s=None if None in times else sum(t for t in times if t is not None),
+        server_pids=frozenset().union(*(s.server_pids for s in read)),
+        note="; ".join(dict.fromkeys(notes)) or None,
+    )
+
+
+def pair_probe(probe: Probe, services: Sequence[Service]) -> Probe:
+    """A probe that samples every server of a pair and reads them as one (see `one_server`)."""
+
+    def sample(_: Service) -> HostSample | None:
+        return one_server([probe(s) for s in services])
+
+    return sample
 
 
 @dataclass(frozen=True)
