@@ -56,11 +56,11 @@ from .report import terminal as terminal_report
 from .report.plan import (
     RUN_LOG,
     Timing,
-    arms_plan,
     design_lines,
     dry_run_lines,
     previous_timing,
     search_text,
+    service_plan,
     side_change_plan,
     stored_prediction,
     stored_search_plan,
@@ -171,7 +171,7 @@ class SpecDecodeSession:
                     + (f" ({facts.note})" if facts.note else ""),
                     request_metrics_plan(facts),
                 ]
-            steps = [*checked, *target.plan(settings.candidates), *arms_plan(settings, target)]
+            steps = [*checked, *service_plan(settings, target)]
         except SpecDecodeError as exc:
             write_line(f"pytest-specdecode dry run: {exc}")
             return pytest.ExitCode.USAGE_ERROR
@@ -254,7 +254,7 @@ class SpecDecodeSession:
         target = self._open_target(self.run_dir)
         transports = target.transports()
         try:  # nothing is touched until preflight has passed; its last step takes the lock
-            for step in [*target.plan(settings.candidates), *arms_plan(settings, target)]:
+            for step in service_plan(settings, target):
                 self.progress(f"plan: {step}")
             if settings.run.search:
                 self.progress(f"plan: candidates {search_text(settings.run)}")

@@ -247,6 +247,18 @@ def side_change_plan(settings: Settings, version: str | None) -> list[str]:
     return out
 
 
+def service_plan(settings: Settings, target: Target) -> list[str]:
+    """The steps on the serving host: the target's own, one arm at a time; side by side, where
+    each pair runs, and what is stopped after it (never the one-at-a-time swaps)."""
+    if settings.run.arms != "together":
+        return target.plan(settings.candidates)
+    return [
+        *arms_plan(settings, target),
+        "after each pair's windows, its second server is stopped; at the end the original is "
+        "left as it was found",
+    ]
+
+
 def arms_plan(settings: Settings, target: Target) -> list[str]:
     """`--spec-arms together`: where each of the two servers runs, per candidate. Raises a
     ConfigError, naming the host and the reason, where the host has no room for two."""

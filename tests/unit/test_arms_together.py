@@ -16,7 +16,7 @@ import pytest
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.report.plan import arms_plan
+from pytest_specdecode.report.plan import arms_plan, service_plan
 from pytest_specdecode.targets import lifecycle
 from pytest_specdecode.targets.beside import (
     api_base_on_port,
@@ -200,6 +200,13 @@ def test_the_plan_says_where_each_runs_before_anything_starts(tmp_path):
     assert "VLLM_CPU_OMP_THREADS_BIND=1" in line and "-c 1" in line
     assert not target.original().is_active() and target.original().argv == COMMAND  # untouched
     assert arms_plan(settings_for(tmp_path, "one-at-a-time"), target) == []
+    # the dry run's steps: side by side, never the one-at-a-time swaps on the original's port
+    steps = service_plan(settings_for(tmp_path, "together"), target)
+    assert steps[0] == line and "second server is stopped" in steps[-1]
+    assert not any("stop the running server" in step for step in steps)
+    assert service_plan(settings_for(tmp_path, "one-at-a-time"), target) == target.plan(
+        settings_for(tmp_path, "one-at-a-time").candidates
+    )
 
 
 def test_the_plan_refuses_a_backend_without_room_naming_the_host(tmp_path):
