@@ -59,6 +59,8 @@ def test_two_servers_side_by_side_then_ctrl_c_stops_both(pytester: pytest.Pytest
         stderr=subprocess.PIPE,
         text=True,
         stdout=subprocess.DEVNULL,
+        # as a terminal's Ctrl-C finds it: an xdist worker's children inherit SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     deadline = time.monotonic() + 600
