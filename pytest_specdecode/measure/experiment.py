@@ -257,20 +257,12 @@ class Experiment:
         """`--spec-arms together`: a baseline start and a candidate's start served at once (the
         Switchboard's `together`), each slot sent to both in turn, recorded as two phases."""
         spec = self.candidate(arm)
-        together = getattr(self.board, "together", None)
         # a repeat restarts a local original; a systemd original keeps serving as it is
         restart = self.settings.target.backend == "local" and bool(self.record.arm_phases(BASELINE))
         try:
-            if together is None:
-                raise ServiceError(
-                    f"--spec-arms together: the switchboard of {self.board.target.host_name} "
-                    "cannot serve two arms at once (no Switchboard.together)"
-                )
-            with together(spec, restart_original=restart) as (original, second):
+            with self.board.together(spec, restart_original=restart) as (original, second):
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
-                cand = self._new_phase(
-                    name, arm, spec, second, startup_s=getattr(self.board, "last_startup_s", None)
-                )
+                cand = self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
                 base.together_with, cand.together_with = cand.name, base.name
                 seed = order_seed(self.settings.run.seed, name)
                 base.order_seed = cand.order_seed = seed
@@ -754,11 +746,11 @@ class Experiment:
                 f"{where}: measuring again (attempt {attempt + 1} of {run.traffic_attempts}) "
                 f"once the {'server' if busy is None else 'host'} is quiet"
             )
-            for start in starts:
-                if other is not None:
+            if other is not None:
+                for start in starts:
                     self.wait_for_quiet(start.service)
-                if busy is not None:
-                    self.wait_for_quiet_host(start.service, [s.service for s in starts])
+            if busy is not None:  # one host: the pair watched as one server
+                self.wait_for_quiet_host(starts[0].service, [s.service for s in starts])
             if busy is not None:
                 set_aside.append(busy)
 

@@ -219,7 +219,10 @@ class TogetherBoard(Switchboard):
             target.stop_beside()
 
 
-def together(tmp_path: Path, target: ScriptedTarget, s: Settings, *arms: str) -> RunRecord:
+def together_experiment(
+    tmp_path: Path, target: ScriptedTarget, s: Settings
+) -> tuple[TogetherBoard, Experiment, RunStore]:
+    """An experiment of arms together on the faked board, its calls recorded."""
     store = RunStore(tmp_path / "run", record(s))
     board = TogetherBoard(
         target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
@@ -227,6 +230,11 @@ def together(tmp_path: Path, target: ScriptedTarget, s: Settings, *arms: str) ->
     )  # fmt: skip
     board.calls = []
     exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    return board, exp, store
+
+
+def together(tmp_path: Path, target: ScriptedTarget, s: Settings, *arms: str) -> RunRecord:
+    board, exp, store = together_experiment(tmp_path, target, s)
     for arm in arms:
         exp.arm(arm)
     board.restore()
@@ -286,13 +294,7 @@ def test_a_candidate_that_cannot_start_beside_leaves_the_baseline_measured_alone
     (tmp_path / "run").mkdir()
     s = settings(tmp_path, samples=2, run_extra='arms = "together"')
     target = ScriptedTarget(Script(), {"ngram": Script(crash_at_start="CUDA out of memory")})
-    store = RunStore(tmp_path / "run", record(s))
-    board = TogetherBoard(
-        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
-        transport=target.transports().sync, clock=target.time.clock,
-    )  # fmt: skip
-    board.calls = []
-    exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    board, exp, store = together_experiment(tmp_path, target, s)
     base = exp.arm(BASELINE)
     assert board.calls == [("ngram", False)]
     assert "CUDA out of memory" in store.record.failures["ngram"]
