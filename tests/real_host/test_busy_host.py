@@ -35,7 +35,7 @@ Why a loaded 2-core machine cannot fail it by chance:
   rate is the calibrated false-alarm rate of every A/A test (docs/statistics.md).
 Not covered: other work on both cores (e.g. a unit-test run on two workers beside it) leaves
 the engine part of its core in clean rounds, and the hog's rise falls toward the bound.
-8 tokens a request, 5 rounds, one vLLM start pair (the candidate's and the restore): ~2 min.
+8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): ~2 min.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ HOG_UNIT = "specdecode-test-hog"
 HOG_LIMIT_S = 40  # the hog's bound whatever happens to the test (it is stopped once seen)
 BUSY_HOST_SHARE = 0.25  # the default
 ATTEMPTS = 4
+SAMPLES = 6  # rounds of one request each
 CANDIDATE = "[baseline-again]"
 # the progress line of a round of the candidate on which the host was seen busy
 SEEN = re.compile(
@@ -120,6 +121,8 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
             # the bound) keep this test's own chance of one under 1%.
             "alpha": 0.01,
             "assumed_restart_noise": 0.08,
+            "samples": SAMPLES,  # the least the design accepts at alpha 0.01
+            "max_samples": SAMPLES,
         },
     )
     engine = engine_cpus(testbed)
@@ -167,7 +170,7 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
     env = m["environment"]
     assert env["remeasured"][0].startswith(f"{round_}: other work took"), env
     assert env["contaminated"] is None and env["off"] is None, env
-    assert len(m["samples"]) == 5 and m["discarded"], m  # the hog's round, set aside
+    assert len(m["samples"]) == SAMPLES and m["discarded"], m  # the hog's round, set aside
     hogged = {x["slot"] for x in m["discarded"]}
     assert hogged <= {x["slot"] for x in m["samples"]}  # its slots, sent again
 
