@@ -21,7 +21,8 @@ the test host is a container) less the unit's cgroup, against the host's usual: 
 the host before the run and of the run's clean windows. In a clean round the engine holds its
 core; under the hog it has none, so other work rises by the engine's share of the machine
 (about half on 2 cores), whatever runs on the other core: the hog displaces only the server.
-The bound, the default 25% beyond the usual, lies well below that (seen here: 50% against 2%).
+The bound, the default 25% beyond the usual, lies well below that (seen here: 49-50% against
+1-2%; with a busy loop beside it, 95% against 50%).
 
 Why a loaded 2-core machine cannot fail it by chance:
 - A load that leaves the engine its core in clean rounds (make test's other worker binds its
@@ -35,7 +36,8 @@ Why a loaded 2-core machine cannot fail it by chance:
   rate is the calibrated false-alarm rate of every A/A test (docs/statistics.md).
 Not covered: other work on both cores (e.g. a unit-test run on two workers beside it) leaves
 the engine part of its core in clean rounds, and the hog's rise falls toward the bound.
-8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): ~2 min.
+8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): 122-137 s
+here, with or without a busy loop beside it.
 """
 
 from __future__ import annotations
