@@ -345,7 +345,7 @@ def _warnings(
             elif env is not None and host_again and phase.order == "interleaved":
                 out.append(
                     f"{where}: measured again after the host was busy ("
-                    + "; then ".join(dict.fromkeys(env.remeasured))
+                    + "; ".join(dict.fromkeys(env.remeasured))
                     + f"); {host_again} round(s) of it sent again, each kept once clean"
                 )
             elif env is not None and host_again:

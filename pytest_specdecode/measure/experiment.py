@@ -67,7 +67,7 @@ class _Cell:
     plan: CellPlan
     service: Service
     kept: list[_Slot] = field(default_factory=list)
-    set_aside: list[str] = field(default_factory=list)  # why rounds of it were sent again
+    set_aside: list[str] = field(default_factory=list)  # which rounds were sent again, why
 
 
 @dataclass
@@ -751,8 +751,8 @@ class Experiment:
                     self.wait_for_quiet(start.service)
             if busy is not None:  # one host: the pair watched as one server
                 self.wait_for_quiet_host(starts[0].service, [s.service for s in starts])
-            if busy is not None:
-                set_aside.append(busy)
+            if busy is not None:  # named by its round, as its progress lines name it
+                set_aside.append(f"round {number}: {busy}")
 
     def _send_slot(self, cell: _Cell, slot: int) -> _Slot:
         """One slot, between two reads of its server's counters (untimed)."""

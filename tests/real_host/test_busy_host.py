@@ -1,30 +1,48 @@
 """Other work on the serving host during a timed window (issue 30), on the systemd test host.
 
-A bounded CPU hog runs on the host during the candidate's timed window of an A/A run: the
-window is seen, measured again once the host is quiet, the verdict comes from the clean window,
-and the reports name the window measured again and why. The unchanged candidate is not called
-regressed.
+An A/A run (the original, then its own configuration as the candidate) in the default,
+interleaved order: rounds of one request. A CPU hog runs on the host from the candidate's start
+until a round of it is seen busy: that round goes to `discarded` and is sent again once the host
+is quiet, the verdict comes from the clean rounds and calls nothing, and summary.md and
+report.html name the round sent again and why.
 
-The bound and the hog, on this 2-core machine. HostProbe counts as other work the host's CPU
-time (/proc/stat: the whole machine, the test host is a container) less the unit's cgroup, so
-under make test the other worker's embedded vLLM counts too. A window is judged against the
-host's usual share: the least of the host before the run and of the run's clean windows.
-- The unit's engine is bound to all cores but the last (vLLM's "auto"), the embedded one to the
-  last (tests/support/embedded.py). In a clean window the unit takes about 45% of the machine;
-  on a machine that is full anyway, other work is the rest.
-- So a hog anywhere else only displaces other work: on a full machine it moves nothing. The hog
-  is 3 busy loops pinned to the unit's engine cores at nice -5 (each weighs three nice-0
-  threads), from its warm-up to the window's end: the unit's engine gets about a tenth of its
-  core, and other work rises by the ~35% of the machine the unit gives up, whatever else runs.
-- The bound, the default 25% beyond the usual share, lies below that. The other worker alone
-  can move by more (about half the machine) only from a quiet usual share: such a window is
-  measured again once the host falls quiet, up to 4 attempts, so the final window is clean
-  unless the other worker stays busy through every wait and attempt.
-- 8 tokens a request: the hogged window lasts about ten times the clean one.
+The hog. Nice does not reach across units here: with the kernel's autogroup (on this machine;
+on a cgroup v2 host each unit's cgroup does the same) a core is shared fairly between the hog's
+unit and the server's, whatever their nice. The first hog (3 loops at nice -5) took at most half
+of the engine's core, and on a busy machine it displaced other work, not the server: it left no
+trace. Now one SCHED_FIFO loop is pinned to each engine core (vLLM's "auto" binding: all but
+the last). It preempts every ordinary task there, so the engine keeps only the 5% that
+real-time throttling leaves (an 8-token request: 0.4 s, 7.8 s under the hog). It is bounded
+by systemd (RuntimeMaxSec) and `timeout`, which run unpinned and not real-time (a real-time
+`timeout` on the hog's core never ran), and the test stops it once seen: it runs about 10 s.
+
+The bound. HostProbe counts as other work the host's CPU time (/proc/stat: the whole machine,
+the test host is a container) less the unit's cgroup, against the host's usual: the least of
+the host before the run and of the run's clean windows. In a clean round the engine holds its
+core; under the hog it has none, so other work rises by the engine's share of the machine
+(about half on 2 cores), whatever runs on the other core: the hog displaces only the server.
+The bound, the default 25% beyond the usual, lies well below that (seen here: 49-50% against
+1-2%; with a busy loop beside it, 95% against 50%).
+
+Why a loaded 2-core machine cannot fail it by chance:
+- A load that leaves the engine its core in clean rounds (make test's other worker binds its
+  embedded vLLM to the last core; the scheduler moves one busy loop there) raises the usual and
+  the hogged round alike: the hog still adds about half the machine.
+- A load that itself moves by more than the bound (from a quiet usual) only sends rounds again
+  once the host is quiet; the test finds the hog's round by its own line and accepts other
+  rounds set aside. It would fail only if such a load lasted through every wait (120 s) and
+  attempt (4) of one round.
+- The hogged round, 20 times slower, never reaches the verdict; the clean rounds' A/A call
+  rate is the calibrated false-alarm rate of every A/A test (docs/statistics.md).
+Not covered: other work on both cores (e.g. a unit-test run on two workers beside it) leaves
+the engine part of its core in clean rounds, and the hog's rise falls toward the bound.
+8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): 122-137 s
+here, with or without a busy loop beside it.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -40,12 +58,16 @@ from ..support.testbed import (
 )
 
 HOG_UNIT = "specdecode-test-hog"
-HOG_LOOPS = 3
-HOG_NICE = -5
-HOG_LIMIT_S = 150  # a bound on the hog whatever happens to the test
+HOG_LIMIT_S = 40  # the hog's bound whatever happens to the test (it is stopped once seen)
 BUSY_HOST_SHARE = 0.25  # the default
 ATTEMPTS = 4
-CANDIDATE = "[baseline-again] coding"
+SAMPLES = 6  # rounds of one request each
+CANDIDATE = "[baseline-again]"
+# the progress line of a round of the candidate on which the host was seen busy
+SEEN = re.compile(
+    re.escape(CANDIDATE)
+    + r" round (?P<round>\d+): the host was not quiet during the window \(other work took"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -58,23 +80,24 @@ def original_serving_before_and_after(testbed: Testbed):
     testbed.assert_original_restored()
 
 
-def engine_cpus(bed: Testbed) -> str:
+def engine_cpus(bed: Testbed) -> list[int]:
     """The unit's engine cores: vLLM's "auto" binding, all but the last."""
     cpus = int(bed.ssh("nproc", "--all").stdout.strip() or 1)
-    return f"0-{cpus - 2}" if cpus > 1 else "0"
+    return list(range(cpus - 1)) or [0]
 
 
-def start_hog(bed: Testbed, engine: str) -> None:
-    """Busy loops on the test host, in a transient unit of their own (not the server's cgroup),
-    on the unit's engine cores, ended by `timeout` at the latest."""
-    loops = " ".join(["while :; do :; done &"] * HOG_LOOPS) + " wait"
+def start_hog(bed: Testbed, engine: list[int]) -> None:
+    """A real-time busy loop on each of the unit's engine cores, in a transient unit of its own
+    (not the server's cgroup), ended by systemd and by `timeout` at the latest. Only the loops
+    are real-time and pinned: `timeout` and the unit's shell run on any core, as systemd does."""
+    loop = "while :; do :; done"
+    loops = " ".join(f"taskset -c {cpu} chrt -f 1 sh -c '{loop}' &" for cpu in engine) + " wait"
     started = bed.ssh(
         "systemd-run", "--unit", HOG_UNIT, "--collect", "--quiet",
-        "-p", f"Nice={HOG_NICE}", "-p", f"CPUAffinity={engine}",
-        "timeout", str(HOG_LIMIT_S), "sh", "-c", loops,
+        "-p", f"RuntimeMaxSec={HOG_LIMIT_S}", "timeout", str(HOG_LIMIT_S), "sh", "-c", loops,
     )  # fmt: skip
     assert started.ok, started.describe()
-    # systemd-run returns once the unit is queued: a property refused at exec shows only here
+    # systemd-run returns once the unit is queued: a failure at exec shows only here
     state = bed.ssh("systemctl", "show", HOG_UNIT, "-p", "ActiveState,Result,ExecMainStatus")
     assert "ActiveState=active" in state.stdout, state.stdout
 
@@ -83,10 +106,6 @@ def stop_hog(bed: Testbed) -> None:
     bed.ssh("systemctl", "stop", HOG_UNIT)  # gone already: nothing to stop
 
 
-@pytest.mark.skip(
-    reason="not yet passing: in the last run here the hog (pinned, nice -5) left no trace in "
-    "the window (other work 4%, the baseline's 16%); the check above its start is new"
-)
 def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_calls_nothing(
     pytester: pytest.Pytester, testbed: Testbed
 ):
@@ -98,6 +117,14 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
             "traffic_attempts": ATTEMPTS,
             "quiet_wait_s": 120.0,
             "max_tokens": 8,
+            # As tests/real_vllm/test_aa.py: a false alarm is a chance event even where the
+            # noise model holds; alpha 0.01 and this machine's restart noise (7-9%, the
+            # default 5% called +26% on an A/A here, its baseline slowed by other work below
+            # the bound) keep this test's own chance of one under 1%.
+            "alpha": 0.01,
+            "assumed_restart_noise": 0.08,
+            "samples": SAMPLES,  # the least the design accepts at alpha 0.01
+            "max_samples": SAMPLES,
         },
     )
     engine = engine_cpus(testbed)
@@ -111,17 +138,17 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
     )  # fmt: skip
     lines: list[str] = []
     hogging = False
+    seen: re.Match[str] | None = None
     assert proc.stderr is not None
     try:
         for line in proc.stderr:
             lines.append(line)
-            # The candidate is up, its warm-up next: the hog starts, and runs through the
-            # timed window that follows (a start over SSH takes seconds on a busy machine).
-            if not hogging and f"{CANDIDATE}: " in line and " warm-up" in line:
+            # The candidate serves: the hog starts before its warm-up and first round.
+            if not hogging and f"{CANDIDATE} the engine ran with:" in line:
                 start_hog(testbed, engine)
                 hogging = True
-            # The window has ended, seen or not: the hog stops, so the host can fall quiet.
-            elif hogging and (" was not quiet during the window" in line or " median " in line):
+            # A round of the candidate was seen: the hog stops, so the host can fall quiet.
+            elif hogging and (seen := SEEN.search(line)):
                 stop_hog(testbed)
                 break
         out, rest = proc.communicate(timeout=900)
@@ -131,31 +158,43 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
             proc.kill()
     err = "".join(lines) + rest
     assert hogging, err
+    assert seen is not None, err  # the hog ran through every round unseen
     assert not testbed.ssh("systemctl", "is-active", "--quiet", HOG_UNIT).ok
+    round_ = f"round {seen['round']}"
 
-    # Seen, measured again once the host was quiet, and the second window was clean.
-    assert f"{CANDIDATE}: the host was not quiet during the window (other work took" in err, err
+    # Seen, sent again once the host was quiet, and the round sent again was clean.
     assert (
-        f"{CANDIDATE}: measuring again (attempt 2 of {ATTEMPTS}) once the host is quiet" in err
+        f"{CANDIDATE} {round_}: measuring again (attempt 2 of {ATTEMPTS}) once the host is quiet"
+        in err
     ), err
     data = results_of(pytester)
     m = data["phases"]["baseline-again"]["measurements"]["coding"]
     env = m["environment"]
-    assert env["remeasured"] and env["remeasured"][0].startswith("other work took"), env
+    assert env["remeasured"][0].startswith(f"{round_}: other work took"), env
     assert env["contaminated"] is None and env["off"] is None, env
-    assert len(m["discarded"]) >= len(m["samples"]) == 5  # the hog's window, set aside
+    assert len(m["samples"]) == SAMPLES and m["discarded"], m  # the hog's round, set aside
+    hogged = {x["slot"] for x in m["discarded"]}
+    assert hogged <= {x["slot"] for x in m["samples"]}  # its slots, sent again
 
-    # The A/A verdict comes from the clean window, and calls nothing.
+    # The A/A verdict comes from the clean rounds, and calls nothing.
     verdict = data["analysis"]["verdicts"]["baseline-again"]["coding"]
     assert not verdict["contaminated"], verdict
     assert verdict["verdict"] not in ("regressed", "improved", "contaminated"), verdict
     # Its own test passes (the suite's TTFT example may fail on its own rule on a busy machine)
-    assert "PASSED specdecode::test_speculation_does_not_regress[baseline-again-coding]" in out
+    own = r"PASSED \S*specdecode::test_speculation_does_not_regress\[baseline-again-coding\]"
+    assert re.search(own, out), out  # the node id is relative to the run's rootdir
     assert proc.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
 
-    # The reports name the window measured again, and why.
-    why = "baseline-again/coding: measured again after the host was busy (other work took"
+    # The reports name the round measured again, and why.
+    why = f"baseline-again/coding: measured again after the host was busy ({round_}: other work"
     summary = (results_path(pytester).parent / "summary.md").read_text()
-    assert why in summary and "which was clean" in summary, summary
+    assert why in summary and "sent again, each kept once clean" in summary, summary
     html = (results_path(pytester).parent / "report.html").read_text()
-    assert "coding: other work" in html and "measured again 1 time" in html, html[-3000:]
+    assert re.search(r"coding: other work \d+% of \d+ CPUs[^<]*; measured again \d+ time", html), (
+        html[-3000:]
+    )
+
+    # Shown with -rA: the hog seen, the round sent again and why, the verdict
+    shown = [x for x in err.splitlines() if "round" in x or ("host" in x and "quiet" in x)]
+    noted = [x for x in summary.splitlines() if why in x]
+    print("\n".join([*shown, *noted, f"verdict: {verdict['verdict']}: {verdict.get('reason')}"]))

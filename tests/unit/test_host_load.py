@@ -133,7 +133,8 @@ def test_another_process_on_the_servers_gpu_sends_the_window_again(tmp_path: Pat
     m = rec.phases["ngram"].measurements["coding"]
     assert m.environment is not None and m.environment.contaminated is None
     (why,) = m.environment.remeasured
-    assert "another process used the server's GPUs: pid 517 (python3) 964 MiB" in why
+    # named by its round, as the progress line names it
+    assert why.startswith("round 1: another process used the server's GPUs: pid 517 (python3)")
     # the first round (one request at c1) set aside, sent again once the GPU was the server's
     assert len(m.discarded) == 1 and len(m.samples) == 6
     assert m.discarded[0].prompt_index == m.samples[0].prompt_index  # the same slot again
@@ -141,7 +142,7 @@ def test_another_process_on_the_servers_gpu_sends_the_window_again(tmp_path: Pat
     assert verdict.verdict is Verdict.IMPROVED  # from the clean window
     (note,) = [w for w in analysis.warnings if "measured again after the host was busy" in w]
     assert note.startswith("ngram/coding:") and "pid 517" in note
-    assert "1 round(s) of it sent again" in note
+    assert "busy (round 1: another process" in note and "1 round(s) of it sent again" in note
     assert rec.phases[BASELINE].measurements["coding"].environment.remeasured == []
 
 
@@ -159,6 +160,7 @@ def test_a_throttle_in_one_arm_only_contaminates_its_windows(tmp_path: Path) -> 
     )
     rounds = {x.slot for x in rec.phases["ngram"].measurements["coding"].samples}
     assert len(env.remeasured) == len(rounds) == 6  # each round tried twice, never clean
+    assert [why.split(":")[0] for why in env.remeasured] == [f"round {n}" for n in range(1, 7)]
     verdict = analysis.verdicts["ngram"]["coding"]
     assert verdict.verdict is Verdict.CONTAMINATED  # nothing is called from that window
     assert verdict.reason.startswith("the host was not quiet while it was measured")
