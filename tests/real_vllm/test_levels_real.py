@@ -20,7 +20,7 @@ TWO_SETS = (
 
 
 # The mechanics, not a verdict: c1 sends the least the design accepts for 12 comparisons (6;
-# the run refuses 4), each higher level two requests per slot; outputs of 16 tokens.
+# the run refuses 4), each higher level two requests per slot.
 SAMPLES = 6
 
 
@@ -30,7 +30,7 @@ def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytes
         run={
             "samples": SAMPLES,
             "max_samples": SAMPLES,
-            "max_tokens": 16,
+            "max_tokens": 32,
             "record_token_ids": True,
         },
         thresholds="min_tokens_per_s = 0.1",

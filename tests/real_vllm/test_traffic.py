@@ -37,15 +37,12 @@ def test_a_second_client_during_the_candidates_window_is_caught(pytester: pytest
     require_embedded()
     exp = write_experiment(
         pytester,
-        # Short outputs; the neighbour is in flight at nearly every scrape (its gauges show it),
-        # so it never falls quiet: each round's wait for quiet lasts its whole limit.
         run={
             "samples": 5,
             "max_samples": 5,
-            "max_tokens": 16,
             "traffic_attempts": 2,
             "traffic_watch_s": 2.0,
-            "quiet_wait_s": 4.0,
+            "quiet_wait_s": 8.0,
         },
     )
     cmd = [
