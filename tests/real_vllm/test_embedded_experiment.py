@@ -1,8 +1,9 @@
 """The experiment end to end on the real CPU vLLM (minutes each): the tests that matter.
 
 One run (baseline, ngram, its control arm with --spec-control, and the original again with
---spec-aba; four prompt types) serves the end-to-end test and the report test; the faults each
-start servers of their own.
+--spec-aba; four prompt types; outputs of 16 tokens: what is read is the mechanics, not a
+verdict) serves the end-to-end test and the report test, and its stored baseline the failing
+candidate's run, which starts no original; the signals each start a server of their own.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..support.embedded import (
 
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
 PLOTS = ("throughput", "tpot", "acceptance", "time")
+RUN = {"max_tokens": 16}  # short outputs: every request half as long as the default 32
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ def ngram_run(tmp_path_factory: pytest.TempPathFactory) -> NgramRun:
     require_embedded()
     exp = write_experiment(
         tmp_path_factory.mktemp("ngram-run"),
+        run=RUN,
         thresholds="min_tokens_per_s = 1.0\nmax_tpot_ms = 5000",
     )
     text = exp.config.read_text().replace(
@@ -314,7 +317,7 @@ def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pyt
     """A cancelled job's SIGTERM; Ctrl-C's SIGINT is sent on the systemd host
     (real_host/test_remote_host.py, test_production_units.py), through the same handler."""
     sig = signal.SIGTERM
-    exp = write_experiment(pytester, run={"samples": 6})
+    exp = write_experiment(pytester, run={**RUN, "samples": 6})
     cmd = [sys.executable, "-m", "pytest", *exp.args("--spec-config", "ngram")]
     proc = subprocess.Popen(
         cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=subprocess.DEVNULL
@@ -344,14 +347,22 @@ def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pyt
     assert "candidate-ngram" not in err  # interrupted before any swap
 
 
-def test_candidate_that_dies_at_startup_fails_fast_with_its_log(pytester: pytest.Pytester) -> None:
-    # vLLM accepts the JSON but the suffix method needs a package the server lacks: it exits.
-    exp = write_experiment(pytester, run={"samples": 5, "warmup": 0})
+def test_candidate_that_dies_at_startup_fails_fast_with_its_log(
+    pytester: pytest.Pytester, ngram_run: NgramRun
+) -> None:
+    """vLLM accepts the JSON but the suffix method needs a package the server lacks: it exits.
+    The baseline is the shared run's stored one, so the candidate is the only start."""
+    exp = write_experiment(pytester, run={**RUN, "warmup": 0})
+    stored = ngram_run.exp.run_dir() / "results.json"
     result = pytester.runpytest_subprocess(
-        *exp.args("--spec-config", "suffix", "--spec-workload", "coding")
+        *exp.args("--spec-config", "suffix", "--spec-workload", "coding"),
+        "--spec-baseline-from",
+        str(stored),
     )
     out, err = result.stdout.str(), result.stderr.str()
     assert result.ret != 0
+    assert f"baseline: reused from {stored}, not measured" in err, err
+    assert re.findall(r"starting local vLLM process '(\S+)'", err) == ["candidate-suffix"], err
     assert "local vLLM process 'candidate-suffix'" in out
     assert "failed while starting" in out and "exited with status" in out
     assert "Arctic Inference is required for suffix decoding" in out  # the log tail
