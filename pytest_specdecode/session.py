@@ -43,6 +43,7 @@ from .record.profile import (
     ProfileKey,
     accelerator_of,
     add_entry,
+    design_of,
     lookup,
     profiles_dir,
     with_held_version,
@@ -241,7 +242,11 @@ class SpecDecodeSession:
     def _drift(self, key: ProfileKey) -> TimeDrift | None:
         """The drift within a start this key's profile measured (throughput), if any."""
         profile = lookup(self.profiles, key).profile
-        found = noise.drift_from_profile(profile, version=key.vllm_version) if profile else {}
+        found = (
+            noise.drift_from_profile(profile, version=key.vllm_version, design=self._design())
+            if profile
+            else {}
+        )
         return found.get("throughput")
 
     # -- the run ------------------------------------------------------------------------------
@@ -513,7 +518,12 @@ class SpecDecodeSession:
     def _known(self, key: ProfileKey) -> dict[str, RestartNoise]:
         """What this key's profile and stored runs (those the profile does not already hold)
         measured of restart noise, per metric."""
-        return noise.known(lookup(self.profiles, key), self._stored(key))
+        return noise.known(lookup(self.profiles, key), self._stored(key), design=self._design())
+
+    def _design(self) -> str:
+        """How this run's starts send their requests (record/profile.py DESIGNS)."""
+        run = self.settings.run
+        return design_of(run.order, together=run.arms == "together")
 
     def _machine_of(self, target: Target) -> dict[str, Any]:
         """The serving host's GPUs, CPU and accelerator: read once, on the host."""
@@ -540,7 +550,7 @@ class SpecDecodeSession:
         the same key's profile and stored runs they will read, named with the key."""
         key = self._plan_key(target)
         found = lookup(self.profiles, key)
-        measured = noise.known(found, self._stored(key)).get("throughput")
+        measured = noise.known(found, self._stored(key), design=self._design()).get("throughput")
         facts = self.vllm_facts
         asked = facts is not None and not facts.offline and facts.version == key.vllm_version
         told = (

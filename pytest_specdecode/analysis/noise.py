@@ -26,6 +26,7 @@ from ..record.profile import (
     ProfileEntry,
     ProfileKey,
     ProfileLookup,
+    record_design,
     recorded_accelerator,
     speed_of,
 )
@@ -174,16 +175,28 @@ def same_key(record: RunRecord, key: ProfileKey) -> bool:
 def known(
     found: ProfileLookup,
     stored: Sequence[tuple[str, RunRecord]],
+    *,
+    design: str | None = None,
 ) -> dict[str, RestartNoise]:
     """The outside knowledge for a run of this key, per metric: its profile's entries of this
     vLLM version, and the stored runs of this key (by folder name) that the profile does not
-    already hold."""
+    already hold; of `design` (profile.DESIGNS) where any were measured in it."""
     profile = found.profile
     in_profile = profile.runs if profile else set()
-    records = [r for name, r in stored if name not in in_profile]
+    records = of_design([r for name, r in stored if name not in in_profile], design)
     version = found.key.vllm_version
-    extra = from_profile(profile, version=version, where=str(found.path)) if profile else None
+    extra = (
+        from_profile(profile, version=version, where=str(found.path), design=design)
+        if profile
+        else None
+    )
     return from_stored(records, key=found.key, extra=extra)
+
+
+def of_design(records: Sequence[RunRecord], design: str | None) -> list[RunRecord]:
+    """The stored runs measured in `design`, if any; else all of them."""
+    same = [r for r in records if record_design(r) == design]
+    return same or list(records)
 
 
 def not_used(found: ProfileLookup, stored: Sequence[tuple[str, RunRecord]]) -> str | None:
@@ -202,14 +215,18 @@ def not_used(found: ProfileLookup, stored: Sequence[tuple[str, RunRecord]]) -> s
     return f"not used, being of another accelerator or vLLM version than {key}: " + "; ".join(named)
 
 
-def drift_from_profile(profile: HostProfile, *, version: str | None) -> dict[str, TimeDrift]:
-    """The drift a host's profile holds of this vLLM version, per metric: its entries' pooled
-    by their requests (the SD by variance); entries written before drift was measured add none."""
+def drift_from_profile(
+    profile: HostProfile, *, version: str | None, design: str | None = None
+) -> dict[str, TimeDrift]:
+    """The drift a host's profile holds of this vLLM version (of `design` where any entry was
+    measured in it), per metric: its entries' pooled by their requests (the SD by variance);
+    entries written before drift was measured add none."""
+    entries, _ = profile.of_design(version, design)
     out = {}
     for metric in METRICS:
         found = [
             TimeDrift.from_dict(dict(e.drift[metric]))
-            for e in profile.matching(version)
+            for e in entries
             if e.drift and metric in e.drift
         ]
         if found:
@@ -241,14 +258,15 @@ def pooled_drift(found: Sequence[TimeDrift]) -> TimeDrift:
 
 
 def from_profile(
-    profile: HostProfile, *, version: str | None, where: str
+    profile: HostProfile, *, version: str | None, where: str, design: str | None = None
 ) -> dict[str, RestartNoise]:
-    """What a host's profile holds of this vLLM version, pooled per metric."""
-    entries = profile.matching(version)
+    """What a host's profile holds of this vLLM version, pooled per metric: the entries of
+    `design` where any were measured in it, else all of them, named."""
+    entries, measured_in = profile.of_design(version, design)
     starts = sum(e.starts for e in entries)
     text = (
         f"host profile {where}: {len(entries)} A/A run{'s' if len(entries) != 1 else ''}, "
-        f"{starts} starts, vLLM {version}"
+        f"{starts} starts, vLLM {version}" + (f", {measured_in}" if measured_in else "")
     )
     out = {}
     for metric in METRICS:
@@ -278,6 +296,7 @@ def profile_entry(record: RunRecord, *, run: str, date: str) -> ProfileEntry | N
         noise={metric: n.to_dict() for metric, n in measured.items()},
         speed=speed_of(record),
         drift={metric: d.to_dict() for metric, d in drifts_of_run(record).items()} or None,
+        design=record_design(record),
     )
 
 

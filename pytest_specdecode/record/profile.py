@@ -18,8 +18,10 @@ The folder is `--spec-host-profiles`, else `$SPECDECODE_HOST_PROFILES`, else the
 Each entry is one A/A run: its folder's name, when, the vLLM version, the GPUs (a list) or the
 CPU, per metric the estimate with its degrees of freedom, and how fast the engine ran (for the
 dry run's estimate), and per metric the drift within a start (analysis/time_drift.py; absent in
-entries written before it was measured: such a file reads as it did). The noise itself is
-pooled by the analysis. A profile of version 1 (keyed by host and model only) is read as
+entries written before it was measured: such a file reads as it did), and the design its
+requests were sent in (`DESIGNS`): a blocked start's restart noise holds the drift that
+interleaving spreads out, so a run reads the entries of its own design first. The noise itself
+is pooled by the analysis. A profile of version 1 (keyed by host and model only) is read as
 unkeyed: named, never used as measured.
 """
 
@@ -43,6 +45,24 @@ PROFILES_ENV = "SPECDECODE_HOST_PROFILES"
 DEFAULT_DIR = Path("~/.local/state/pytest-specdecode/host-profiles")
 VERSION = 2
 UNKEYED_VERSION = 1  # keyed by host and model only: read, named, never used as measured
+# How a start's requests were sent: one prompt type after another, in one shuffled order, or
+# with the arms served side by side (each slot to one server, then the other)
+DESIGNS = ("blocked", "interleaved", "together")
+
+
+def design_of(order: str | None, *, together: bool) -> str:
+    """The design of a run's starts: side by side, else its order (before the order was
+    recorded, every start was blocked)."""
+    return "together" if together else (order or "blocked")
+
+
+def record_design(record: RunRecord) -> str:
+    """The design a stored run's baseline was measured in."""
+    phases = [p for p in record.phases.values() if not p.reused_from]
+    return design_of(
+        next((p.order for p in phases if p.order), None),
+        together=any(p.together_with for p in phases),
+    )
 
 
 @dataclass(frozen=True)
@@ -155,10 +175,12 @@ class ProfileEntry:
     # per metric, the drift within a start (analysis/time_drift.py TimeDrift.to_dict()); None in an
     # entry written before drift was measured
     drift: Mapping[str, Mapping[str, Any]] | None = None
+    design: str = "blocked"  # DESIGNS; entries written before it was kept: inferred on reading
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run": self.run,
+            "design": self.design,
             "date": self.date,
             "vllm_version": self.vllm_version,
             "gpus": None if self.gpus is None else list(self.gpus),
@@ -183,6 +205,7 @@ class ProfileEntry:
             cpu=data.get("cpu"),
             speed=EngineSpeed.from_json(speed) if speed else None,
             drift={str(k): dict(v) for k, v in drift.items()} if drift else None,
+            design=str(data.get("design") or _design_before_kept(drift)),
         )
 
 
@@ -199,6 +222,16 @@ class HostProfile:
         if not self.keyed or version is None:
             return []
         return [e for e in self.entries if e.vllm_version == version]
+
+    def of_design(self, version: str | None, design: str | None) -> tuple[list[ProfileEntry], str]:
+        """The entries of this vLLM version measured in `design`, if any; else all of them.
+        With a phrase naming the design(s) they were measured in, for the source."""
+        entries = self.matching(version)
+        same = [e for e in entries if e.design == design]
+        if same or design is None:
+            return same or entries, f"{design} design" if same else ""
+        others = sorted({e.design for e in entries})
+        return entries, f"{' and '.join(others)} design, none {design}" if others else ""
 
     @property
     def versions(self) -> list[str]:
@@ -354,6 +387,13 @@ def _read(path: Path) -> HostProfile:
     if not isinstance(data, Mapping):
         raise ConfigError(f"host profile {path} is not a JSON object")
     return HostProfile.from_json(data, source=str(path))
+
+
+def _design_before_kept(drift: Any) -> str:
+    """An entry written before its design was kept: interleaved where its drift says it was not
+    blocked (interleaving came with the drift), else blocked."""
+    found = [d.get("blocked") for d in (drift or {}).values() if isinstance(d, Mapping)]
+    return "interleaved" if found and found[0] is False else "blocked"
 
 
 def _gpu_list(value: Any) -> tuple[str, ...] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import re
 import shlex
@@ -30,7 +31,7 @@ from .beside import (
     split_cores,
     with_port,
 )
-from .gpu import GPUS_QUERY, Gpu, GpuOutputError, parse_gpus
+from .gpu import APPS_QUERY, GPUS_QUERY, Gpu, GpuOutputError, parse_compute_apps, parse_gpus
 from .hosts import LocalHost
 from .vllm_facts import ask_vllm
 
@@ -349,7 +350,31 @@ class LocalProcessTarget:
         if visible is not None:
             wanted = {int(i) for i in visible.split(",") if i.strip().isdigit()}
             gpus = [g for g in gpus if g.index in wanted]
-        return gpus
+        own = self._own_gpu_mib()
+        return [
+            dataclasses.replace(g, memory_used_mib=max(0, g.memory_used_mib - own[g.uuid]))
+            if g.memory_used_mib is not None and own.get(g.uuid)
+            else g
+            for g in gpus
+        ]
+
+    def _own_gpu_mib(self) -> dict[str | None, int]:
+        """Per GPU, the memory held by servers this target started (their process groups): room
+        for the next pair, as the original restarts at its share and a beside server stops."""
+        groups = {s.pid for s in self._services if s.pid is not None and s.is_active()}
+        if not groups:
+            return {}
+        try:
+            result = self.host.run(["nvidia-smi", *APPS_QUERY], timeout=30, privileged=False)
+            apps = parse_compute_apps(result.stdout) if result.ok else []
+        except (HostError, GpuOutputError):
+            return {}
+        held: dict[str | None, int] = {}
+        for app in apps:
+            with contextlib.suppress(OSError):
+                if os.getpgid(app.pid) in groups:
+                    held[app.gpu_uuid] = held.get(app.gpu_uuid, 0) + (app.used_mib or 0)
+        return held
 
     def _beside_port(self, name: str) -> int:
         """The first free port above the original's: the plan and the run name the same one."""

@@ -154,6 +154,42 @@ def test_a_gpu_without_room_for_two_shares_is_refused_with_its_figures(tmp_path)
     assert "need 129394 MiB" in why
 
 
+class NvidiaSmiWithApps(NvidiaSmi):
+    """The H200 rows, and a compute-apps list of (pid, MiB)."""
+
+    def __init__(self, row: str, apps: list[tuple[int, int]]) -> None:
+        super().__init__(row)
+        self.apps = apps
+        self.uuid = parse_gpus(row, H200_FIELDS)[0].uuid
+
+    def run(self, argv, *, timeout=60.0, stdin=None, privileged=True) -> CommandResult:
+        if any(a.startswith("--query-compute-apps") for a in argv):
+            text = "\n".join(f"{pid}, {mib} MiB, {self.uuid}, python3" for pid, mib in self.apps)
+            return CommandResult(self.name, tuple(argv), 0, text, "")
+        return super().run(argv, timeout=timeout, stdin=stdin, privileged=privileged)
+
+
+def test_a_repeated_pair_counts_the_memory_of_the_targets_own_servers_as_room(tmp_path):
+    """On the H200, an A/A side by side with two pairs: at the second, the original (started by
+    this run at 45%) held 65 GiB, and the pair was refused. Its own servers' memory is room: the
+    original restarts at its share. Another process's memory is not."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    target = local_target(tmp_path, command=sleeper)
+    row = used(H200, 65703 + 1000)
+    original = target.original()
+    original.start()
+    try:
+        assert original.pid is not None
+        apps = [(original.pid, 65703), (os.getpid(), 1000)]  # ours, and someone else's
+        target.host = NvidiaSmiWithApps(row, apps)  # type: ignore[assignment]
+        assert target.room_beside(SPEC) is None
+    finally:
+        original.stop()
+    # Stopped, the memory is another process's to the target: refused, with the figures.
+    why = target.room_beside(SPEC)
+    assert why is not None and "has 77068 MiB free of 143771 MiB" in why, why
+
+
 def test_with_several_gpus_each_server_gets_its_own_the_freest_first():
     rows = [H200, used(H200.replace("0,", "1,", 1), 9000), H200.replace("0,", "2,", 1)]
     gpus = parse_gpus("\n".join(rows), H200_FIELDS)
