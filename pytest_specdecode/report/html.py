@@ -84,7 +84,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         f"<section class='specdecode' id='specdecode-summary'><style>{CSS}</style>",
         search.answer_html(analysis.search),
         f"<p class='headline {klass}'>Result: {_e(headline(analysis))}</p>",
-        *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis)),
+        *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis, record)),
         f"<p class='note'>{_e(design_text(record.run))}</p>",
     ]
     for name in analysis.verdicts:

@@ -38,8 +38,8 @@ def summary(
         "",
         f"**Result: {headline(analysis)}**",
         "",
-        *(f"- {line}" for line in undecided(analysis)),
-        *([""] if undecided(analysis) else []),
+        *(f"- {line}" for line in undecided(analysis, record)),
+        *([""] if undecided(analysis, record) else []),
     ]
     if failed:
         lines += [f"**Failed tests ({len(failed)}):** " + ", ".join(f"`{f}`" for f in failed), ""]

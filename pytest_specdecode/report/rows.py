@@ -3,6 +3,7 @@ the run's headline, and the list of checks a reviewer should see."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from ..analysis.compare import PromptTypeVerdict
 from ..analysis.run import RunAnalysis
 from ..analysis.stats import Verdict
 from ..analysis.time_drift import drift_text
+from ..config.arms import BASELINE
 from ..record.schema import RunRecord
 from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text
 
@@ -112,18 +114,41 @@ def rows(analysis: RunAnalysis, candidate: str | None = None) -> list[Row]:
     return [Row.of(v) for name in names for v in analysis.verdicts.get(name, {}).values()]
 
 
-def undecided(analysis: RunAnalysis) -> list[str]:
+def undecided(analysis: RunAnalysis, record: RunRecord | None = None) -> list[str]:
     """One line per comparison left undecided: where its interval lies, and what would
-    decide it (the reason's last words)."""
+    decide it (the reason's last words), with its minutes at this run's pace where known."""
     out = []
     for name, per in analysis.verdicts.items():
+        pace = pair_minutes(record, name) if record is not None else None
         for key, v in per.items():
             if not v.undecided:
                 continue
             where = "".join(f", {metric_change(c)}" for c in v.deciding)
             why = v.reason.split("; ", 1)[1] if "; " in v.reason else v.reason
+            starts = re.search(r"--spec-repeats (\d+)", why)
+            if starts and pace:
+                minutes = int(starts.group(1)) * pace
+                why += f"; about {minutes:.0f} min at this run's pace ({pace:.1f} min a pair)"
             out.append(f"Not decided: {name} on {key} ({v.verdict.value}{where}): {why}")
     return out
+
+
+def pair_minutes(record: RunRecord, candidate: str) -> float | None:
+    """Minutes for one start of the original and one of `candidate`, as this run's first took:
+    from start to serving, then the window (first request sent to last answered). Side by side
+    the two windows overlap."""
+    startups, spans, together = 0.0, [], False
+    for arm in (BASELINE, candidate):
+        phases = [p for p in record.arm_phases(arm) if not p.reused_from]
+        samples = [s for m in phases[0].measurements.values() for s in m.samples] if phases else []
+        if not samples:
+            return None
+        startups += phases[0].startup_s or 0.0
+        spans.append(
+            max(s.started_at + s.e2e_s for s in samples) - min(s.started_at for s in samples)
+        )
+        together = together or phases[0].together_with is not None
+    return (startups + (max(spans) if together else sum(spans))) / 60
 
 
 def headline(analysis: RunAnalysis) -> str:

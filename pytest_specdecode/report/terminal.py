@@ -61,7 +61,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
             )
         out += side_changes.terminal_lines(analysis, candidate)
     if analysis.verdicts:
-        out += [f"Result: {headline(analysis)}", *undecided(analysis)]
+        out += [f"Result: {headline(analysis)}", *undecided(analysis, record)]
     out += levels.terminal_lines(record, analysis)
     out += search.terminal_lines(record, analysis.search)
     out += search.coverage_lines(analysis.search)
