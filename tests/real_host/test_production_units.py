@@ -286,8 +286,10 @@ def test_podman_unit_measured_through_its_port_mapping_and_ctrl_c_mid_candidate_
     ending = data["ending"]
     assert ending["how"] == "interrupted" and ending["signals"] == ["SIGINT"], ending
     assert "pytest-specdecode-watchdog.service" in ending["handed_over"], ending
-    assert ending["handover_s"] < 5 and ending["restore_observed"] is True, ending
-    assert 0 < ending["restore_s"] < 300, ending
+    # The handover came first, then the restore, which the controller lived to see (the
+    # controller waited for it: the watchdog did not do it).
+    assert ending["restore_observed"] is True, ending
+    assert 0 <= ending["handover_s"] <= ending["restore_s"], ending
     assert "restored to active and serving" in err, err
     run_log = (results_path(pytester).parent / "run.log").read_text()
     assert "run ending: interrupted by SIGINT; the restore was handed over" in run_log

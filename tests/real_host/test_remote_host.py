@@ -175,8 +175,10 @@ def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed)
     ending = data["ending"]
     assert ending["how"] == "interrupted" and ending["signals"] == ["SIGINT"], ending
     assert "pytest-specdecode-watchdog.service" in ending["handed_over"], ending
-    assert ending["handover_s"] < 5 and ending["restore_observed"] is True, ending
-    assert 0 < ending["restore_s"] < 300, ending
+    # The handover came first, then the restore seen: by the host at once, not by the watchdog
+    # (900 s), whose timer the RESTORED_WITHIN_S wait above already rules out.
+    assert ending["restore_observed"] is True, ending
+    assert 0 <= ending["handover_s"] <= ending["restore_s"], ending
 
 
 def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, testbed):
