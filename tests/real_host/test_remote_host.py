@@ -162,10 +162,10 @@ def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed)
         term.wait_for("[ngram] coding:", timeout_s=600)
         wait_for_sample(pytester, "ngram")  # a candidate request is done, more are under way
         term.write(b"\x03")  # what the terminal sends on Ctrl-C
-        waited = testbed.wait_serving(timeout_s=RESTORED_WITHIN_S + 60, poll_s=1)
+        # The host puts the original back at once, without the watchdog (900 s here): the
+        # wait fails long before the watchdog could fire.
+        testbed.wait_serving(timeout_s=RESTORED_WITHIN_S + 60, poll_s=1)
         term.wait_exit(timeout_s=300)
-    # The host put the original back at once, without the watchdog (900 s here).
-    assert waited <= RESTORED_WITHIN_S, (waited, term.output)
     run_log = (results_path(pytester).parent / "run.log").read_text()
     assert "interrupted by SIGINT: the restore was handed over at once" in run_log
     assert "run ending: interrupted by SIGINT; the restore was handed over" in run_log
@@ -176,7 +176,7 @@ def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed)
     assert ending["how"] == "interrupted" and ending["signals"] == ["SIGINT"], ending
     assert "pytest-specdecode-watchdog.service" in ending["handed_over"], ending
     # The handover came first, then the restore seen: by the host at once, not by the watchdog
-    # (900 s), whose timer the RESTORED_WITHIN_S wait above already rules out.
+    # (900 s), whose timer the wait above (it gives up at RESTORED_WITHIN_S + 60) rules out.
     assert ending["restore_observed"] is True, ending
     assert 0 <= ending["handover_s"] <= ending["restore_s"], ending
 
@@ -212,9 +212,8 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
     time.sleep(2.5)
     proc.kill()
     proc.wait(timeout=30)
+    # At once, not by the watchdog (900 s): the wait gives up long before it could fire.
     testbed.wait_serving(timeout_s=RESTORED_WITHIN_S + 60, poll_s=1)
-    took = time.monotonic() - cancelled
-    assert took <= RESTORED_WITHIN_S, took  # at once, not by the watchdog (900 s)
     refused, _ = second.communicate(timeout=120)
     assert second.returncode == pytest.ExitCode.USAGE_ERROR, refused
     assert "is locked by another experiment (run " in refused, refused
