@@ -592,7 +592,7 @@ class Experiment:
         """The host through a window; with arms side by side, both servers are the run's own."""
         if self._probe is None:
             return contextlib.nullcontext()
-        return Watch(pair_probe(self._probe, pair) if len(pair) > 1 else self._probe, service)
+        return Watch(pair_probe(self._probe, pair), service)
 
     def _judge_host(self, window: _Window) -> str | None:
         """What moved beyond the bounds in this window's environment (None where clean)."""
@@ -751,8 +751,7 @@ class Experiment:
                     self.wait_for_quiet(start.service)
             if busy is not None:  # one host: the pair watched as one server
                 self.wait_for_quiet_host(starts[0].service, [s.service for s in starts])
-            if busy is not None:  # named by its round, as its progress lines name it
-                set_aside.append(f"round {number}: {busy}")
+                set_aside.append(f"round {number}: {busy}")  # as its progress lines name it
 
     def _send_slot(self, cell: _Cell, slot: int) -> _Slot:
         """One slot, between two reads of its server's counters (untimed)."""
@@ -851,8 +850,7 @@ class Experiment:
         limit_s, step_s = self.settings.run.quiet_wait_s, 3.0
         start = self._clock.now()
         while self._clock.now() - start < limit_s:
-            probe = pair_probe(self._probe, pair) if len(pair) > 1 else self._probe
-            with Watch(probe, service, interval_s=step_s) as watch:
+            with Watch(pair_probe(self._probe, pair), service, interval_s=step_s) as watch:
                 self._clock.sleep(step_s)
                 env = watch.environment()
             if (

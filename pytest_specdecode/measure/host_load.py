@@ -38,7 +38,10 @@ def one_server(samples: Sequence[HostSample | None]) -> HostSample | None:
 
 
 def pair_probe(probe: Probe, services: Sequence[Service]) -> Probe:
-    """A probe that samples every server of a pair and reads them as one (see `one_server`)."""
+    """A probe that samples every server of a pair and reads them as one (see `one_server`);
+    `probe` itself for one server or none."""
+    if len(services) < 2:
+        return probe
 
     def sample(_: Service) -> HostSample | None:
         return one_server([probe(s) for s in services])

@@ -24,6 +24,7 @@ def summary(
     target = record.target
     versions = sorted({p.server_version for p in record.phases.values() if p.server_version})
     gpus = record.environment.get("gpus")
+    not_decided = undecided(analysis, record)
     lines = [
         f"## {title(list(record.candidates))}",
         "",
@@ -38,8 +39,8 @@ def summary(
         "",
         f"**Result: {headline(analysis)}**",
         "",
-        *(f"- {line}" for line in undecided(analysis, record)),
-        *([""] if undecided(analysis, record) else []),
+        *(f"- {line}" for line in not_decided),
+        *([""] if not_decided else []),
     ]
     if failed:
         lines += [f"**Failed tests ({len(failed)}):** " + ", ".join(f"`{f}`" for f in failed), ""]
