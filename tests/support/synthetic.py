@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_specdecode.analysis.restarts import RestartNoise
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.record.counters import Acceptance
+from pytest_specdecode.record.profile import ProfileEntry
 from pytest_specdecode.record.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 from pytest_specdecode.record.store import RunStore
@@ -279,3 +281,17 @@ def per_request_run(tmp_path: Path) -> RunRecord:
             phase.measurements[key] = m
         rec.phases[arm] = phase
     return rec
+
+
+def aa_entry(run: str, version: str, sd: float, **extra) -> ProfileEntry:
+    """A host profile's entry: one A/A run of 8 starts that measured `sd` on both metrics."""
+    measured = RestartNoise(sd, 7.0, "8 server starts of this run")
+    return ProfileEntry(
+        run=run,
+        date="2026-12-01T17:27:52+00:00",
+        vllm_version=version,
+        gpus=extra.pop("gpus", None),
+        starts=8,
+        noise={m: measured.to_dict() for m in ("throughput", "tpot")},
+        **extra,
+    )

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis import noise
-from pytest_specdecode.analysis.restarts import RestartNoise
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import AA_ARM, BASELINE
 from pytest_specdecode.measure.environment import machine, parse_cpu_model
@@ -37,6 +36,7 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import plan
 from pytest_specdecode.targets.hosts import LocalHost
 
+from ..support.synthetic import aa_entry as entry
 from ..support.synthetic import add_phase, record, settings, store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,19 +44,6 @@ CPU = Accelerator("cpu", "AMD EPYC")
 H200 = Accelerator("gpu", "NVIDIA H200", 1)
 H200_LINE = "0: NVIDIA H200, 143771 MiB, driver 570.86.15"
 MODEL = "smollm2-135m-instruct"
-
-
-def entry(run: str, version: str, sd: float, **extra) -> ProfileEntry:
-    measured = RestartNoise(sd, 7.0, "8 server starts of this run")
-    return ProfileEntry(
-        run=run,
-        date="2026-12-01T17:27:52+00:00",
-        vllm_version=version,
-        gpus=extra.pop("gpus", None),
-        starts=8,
-        noise={m: measured.to_dict() for m in ("throughput", "tpot")},
-        **extra,
-    )
 
 
 def test_a_profile_round_trips_its_typed_fields(tmp_path: Path) -> None:

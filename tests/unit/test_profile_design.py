@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis import noise
-from pytest_specdecode.analysis.restarts import RestartNoise
 from pytest_specdecode.config.arms import AA_ARM, BASELINE
 from pytest_specdecode.record.profile import (
     Accelerator,
@@ -26,7 +25,7 @@ from pytest_specdecode.record.profile import (
     record_design,
 )
 
-from ..support.synthetic import add_phase, record, settings
+from ..support.synthetic import aa_entry, add_phase, record, settings
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = Accelerator("cpu", "AMD EPYC")
@@ -37,16 +36,7 @@ DRIFT = {"sd": 0.05, "phi": 0.8, "lag1": 0.4, "residual_sd": 0.1, "requests": 96
 
 
 def entry(run: str, sd: float, design: str) -> ProfileEntry:
-    measured = RestartNoise(sd, 7.0, "8 server starts of this run")
-    return ProfileEntry(
-        run=run,
-        date="2026-12-02T17:00:00+00:00",
-        vllm_version="0.32.0",
-        gpus=None,
-        starts=8,
-        noise={m: measured.to_dict() for m in ("throughput", "tpot")},
-        design=design,
-    )
+    return aa_entry(run, "0.32.0", sd, design=design)
 
 
 def test_an_entry_written_before_its_design_was_kept_reads_it_from_its_drift() -> None:
