@@ -464,6 +464,22 @@ def lever_lines(
             *lines,
             f"to call a {change:.0%} change: no lever of up to {MAX_STARTS} starts per arm can",
         ]
+    run = settings.run
+    most = run.requests_at(run.levels[0])[1]
+    this = next(
+        (lever for lever in found if (lever.starts, lever.requests) == (run.repeats, most)), None
+    )
+    if this is not None and this.what == "more starts":
+        lines.append(
+            f"this design calls a {change:.0%} change with 80% power, the drift counted: "
+            f"±{this.detectable:.1%}, about {fmt_duration(this.seconds)}"
+        )
+        return lines + [
+            f"  cheaper, {lever.what}: {lever.options}: ±{lever.detectable:.1%}, about "
+            f"{fmt_duration(lever.seconds)}"
+            for lever in found
+            if lever.seconds < this.seconds
+        ]
     best = found[0]
     lines.append(
         f"cheapest lever to call a {change:.0%} change with 80% power: {best.what}, "

@@ -94,3 +94,20 @@ def test_the_plan_states_restarts_drift_and_the_cheapest_lever(tmp_path: Path) -
         baseline=True, aba=False, adopts_original=False,
     )  # fmt: skip
     assert "lever" not in "\n".join(without)
+
+
+def test_a_design_that_already_calls_the_change_is_not_offered_as_a_lever(tmp_path: Path) -> None:
+    """Three starts per arm at hardly any noise call 20% already: the plan says so, with the
+    drift counted, and names no lever (a user would rerun what they just ran)."""
+    s = settings(tmp_path, prompt_types=TYPES, samples=12, run_extra="repeats = 3")
+    lines = design_lines(
+        s, _measured(0.01), detect=None, timing=Timing(60.0, 0.01, "stored runs"),
+        baseline=True, aba=False, adopts_original=False, drift=_drift(0.02),
+    )  # fmt: skip
+    text = "\n".join(lines)
+    assert "this design calls a 20% change with 80% power, the drift counted: ±" in text
+    assert "cheapest lever" not in text
+    assert all(
+        line.startswith("  cheaper, ") for line in lines[lines.index(next(
+            line for line in lines if line.startswith("this design calls"))) + 1:]
+    )  # fmt: skip
