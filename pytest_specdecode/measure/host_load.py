@@ -108,8 +108,9 @@ def judge(
     share = env.other_cpu_share
     if share is not None and share - usual_share > bounds.other_share:
         notes.append(
-            f"other work took {share:.0%} of the host's CPU time (before the run: "
-            f"{usual_share:.0%}; bound: {bounds.other_share:.0%} more)"
+            f"other work took {share:.0%} of the host's CPU time (its usual: "
+            f"{usual_share:.0%}, the least before the run and in clean windows; bound: "
+            f"{bounds.other_share:.0%} more)"
         )
     if env.steal_share is not None and env.steal_share > bounds.steal_share:
         notes.append(f"the hypervisor stole {env.steal_share:.0%} of the CPU time")
