@@ -34,8 +34,12 @@ Why a loaded 2-core machine cannot fail it by chance:
   attempt (4) of one round.
 - The hogged round, 20 times slower, never reaches the verdict; the clean rounds' A/A call
   rate is the calibrated false-alarm rate of every A/A test (docs/statistics.md).
-Not covered: other work on both cores (e.g. a unit-test run on two workers beside it) leaves
-the engine part of its core in clean rounds, and the hog's rise falls toward the bound.
+Other work on both cores (make test's other worker starting a server, or installing) leaves
+the engine part of its core in clean rounds, and the hog's rise falls below the bound: a CI run
+saw the host 99% busy before the run and no round set aside. So the test starts on a free core
+(the machine under 75% busy, waited for up to 4 min) and, where the host was busy before the run
+all the same, runs once more on a free core; it fails where the hog goes unseen from a quiet
+start.
 8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): 122-137 s
 here, with or without a busy loop beside it.
 """
@@ -45,6 +49,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -62,6 +67,8 @@ HOG_LIMIT_S = 40  # the hog's bound whatever happens to the test (it is stopped 
 BUSY_HOST_SHARE = 0.25  # the default
 ATTEMPTS = 4
 SAMPLES = 6  # rounds of one request each
+FREE_CORE_SHARE = 0.75  # of the machine busy, less: the hog can rise above it by the bound
+BEFORE = re.compile(r"the host before the run: other work (?P<share>\d+)% of")
 CANDIDATE = "[baseline-again]"
 # the progress line of a round of the candidate on which the host was seen busy
 SEEN = re.compile(
@@ -106,6 +113,66 @@ def stop_hog(bed: Testbed) -> None:
     bed.ssh("systemctl", "stop", HOG_UNIT)  # gone already: nothing to stop
 
 
+def busy_share(bed: Testbed, *, over_s: float = 3.0) -> float:
+    """The host's busy share of its CPU time over a few seconds (/proc/stat, the machine's)."""
+
+    def ticks() -> tuple[int, int]:
+        values = [int(v) for v in bed.ssh("head", "-n1", "/proc/stat").stdout.split()[1:]]
+        return sum(values), values[3] + values[4]  # total, idle + iowait
+
+    total0, idle0 = ticks()
+    time.sleep(over_s)
+    total1, idle1 = ticks()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_for_a_free_core(bed: Testbed, *, timeout_s: float = 240.0) -> float:
+    """Until other work leaves the engine a core (under FREE_CORE_SHARE of the machine busy),
+    or the timeout: the share last seen."""
+    deadline = time.monotonic() + timeout_s
+    while (share := busy_share(bed)) >= FREE_CORE_SHARE and time.monotonic() < deadline:
+        pass
+    return share
+
+
+def hog_run(
+    pytester: pytest.Pytester, testbed: Testbed, cmd: list[str]
+) -> tuple[re.Match[str] | None, str, str, int]:
+    """One run of the suite with the hog in the candidate's window: the round seen busy (None:
+    none), stderr, stdout and the exit code."""
+    engine = engine_cpus(testbed)
+    # stdout to a file, stderr read line by line to its end: after a `break`, communicate()
+    # reads the pipe's fd and loses the lines the text wrapper had read ahead (seen here).
+    stdout_path = pytester.path / "suite-stdout.txt"
+    lines: list[str] = []
+    hogging = False
+    seen: re.Match[str] | None = None
+    with stdout_path.open("w") as stdout:
+        proc = subprocess.Popen(
+            cmd, cwd=pytester.path, stdout=stdout, stderr=subprocess.PIPE, text=True,
+            preexec_fn=default_signals,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        try:
+            for line in proc.stderr:
+                lines.append(line)
+                # The candidate serves: the hog starts before its warm-up and first round.
+                if not hogging and f"{CANDIDATE} the engine ran with:" in line:
+                    start_hog(testbed, engine)
+                    hogging = True
+                # A round of the candidate was seen: the hog stops, so the host can fall quiet.
+                elif hogging and seen is None and (seen := SEEN.search(line)):
+                    stop_hog(testbed)
+            proc.wait(timeout=900)
+        finally:
+            stop_hog(testbed)
+            if proc.poll() is None:
+                proc.kill()
+    err = "".join(lines)
+    assert hogging, err
+    return seen, err, stdout_path.read_text(), proc.returncode
+
+
 def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_calls_nothing(
     pytester: pytest.Pytester, testbed: Testbed
 ):
@@ -127,37 +194,20 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
             "max_samples": SAMPLES,
         },
     )
-    engine = engine_cpus(testbed)
     cmd = [
         sys.executable, "-m", "pytest",
         *suite_args(pytester, testbed, config, "--spec-config", "baseline", "-rA"),
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=default_signals,
-    )  # fmt: skip
-    lines: list[str] = []
-    hogging = False
-    seen: re.Match[str] | None = None
-    assert proc.stderr is not None
-    try:
-        for line in proc.stderr:
-            lines.append(line)
-            # The candidate serves: the hog starts before its warm-up and first round.
-            if not hogging and f"{CANDIDATE} the engine ran with:" in line:
-                start_hog(testbed, engine)
-                hogging = True
-            # A round of the candidate was seen: the hog stops, so the host can fall quiet.
-            elif hogging and (seen := SEEN.search(line)):
-                stop_hog(testbed)
-                break
-        out, rest = proc.communicate(timeout=900)
-    finally:
-        stop_hog(testbed)
-        if proc.poll() is None:
-            proc.kill()
-    err = "".join(lines) + rest
-    assert hogging, err
+    wait_for_a_free_core(testbed)
+    seen, err, out, returncode = hog_run(pytester, testbed, cmd)
+    before = BEFORE.search(err)
+    if seen is None and before is not None and int(before["share"]) >= FREE_CORE_SHARE * 100:
+        # Busy before the run all the same: the hog had nothing to rise above. Once more.
+        print(f"first run: {before[0]}; no round seen busy; once more on a free core")
+        (pytester.path / "reports").rename(pytester.path / "reports-busy-before")
+        testbed.wait_serving()
+        wait_for_a_free_core(testbed)
+        seen, err, out, returncode = hog_run(pytester, testbed, cmd)
     assert seen is not None, err  # the hog ran through every round unseen
     assert not testbed.ssh("systemctl", "is-active", "--quiet", HOG_UNIT).ok
     round_ = f"round {seen['round']}"
@@ -183,7 +233,7 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
     # Its own test passes (the suite's TTFT example may fail on its own rule on a busy machine)
     own = r"PASSED \S*specdecode::test_speculation_does_not_regress\[baseline-again-coding\]"
     assert re.search(own, out), out  # the node id is relative to the run's rootdir
-    assert proc.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
+    assert returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
 
     # The reports name the round measured again, and why.
     why = f"baseline-again/coding: measured again after the host was busy ({round_}: other work"

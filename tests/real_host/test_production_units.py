@@ -114,7 +114,8 @@ Description=test bed: vLLM serving %i (one instance per model)
 [Service]
 Environment=VLLM_CPU_KVCACHE_SPACE=1
 ExecStart={python} -m vllm.entrypoints.openai.api_server --model {MODELS}/%i \\
-    --served-model-name %i --host 127.0.0.1 --port {port} --enforce-eager --max-model-len 1024
+    --served-model-name %i --host 127.0.0.1 --port {port} --enforce-eager --max-model-len 1024 \\
+    --distributed-executor-backend uni
 Restart=on-failure
 RestartSec=5
 TimeoutStopSec=30
@@ -211,7 +212,7 @@ ExecStart=/usr/bin/podman run --rm --name {CONTAINER} --shm-size=1g \\
     -e VLLM_CPU_KVCACHE_SPACE=1 -p ${{CTR_PORT}}:8000 {" ".join(volumes)} \\
     -v {model_dir}:{CONTAINER_MODEL}:ro {testbed.image} \\
     --model {CONTAINER_MODEL} --served-model-name {testbed.model} --enforce-eager \\
-    --max-model-len 1024
+    --max-model-len 1024 --distributed-executor-backend uni
 Restart=on-failure
 TimeoutStopSec=30
 """,

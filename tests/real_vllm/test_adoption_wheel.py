@@ -50,7 +50,8 @@ backend = "local"
 api_base = "http://127.0.0.1:{port}"
 command = ["{SERVER_PYTHON}", "-m", "vllm.entrypoints.openai.api_server", "--model",
            "{MODEL_DIR}", "--served-model-name", "{MODEL}", "--port", "{port}",
-           "--enforce-eager", "--max-model-len", "1024", "--seed", "0"]
+           "--enforce-eager", "--max-model-len", "1024", "--seed", "0",
+           "--distributed-executor-backend", "uni"]
 startup_timeout_s = 400
 [target.env]
 {SERVER_ENV_TOML}

@@ -29,6 +29,9 @@ CPUS = os.cpu_count() or 1
 CPU_BIND = str(CPUS - 1) if CPUS > 1 else "auto"
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": CPU_BIND}
 SERVER_ENV_TOML = "\n".join(f"{k} = {json.dumps(v)}" for k, v in SERVER_ENV.items())
+# The engine's worker in the engine core's process, not a third one: a start a third faster here
+# (30 s, not 45: one import of vLLM fewer), the same outputs. The embedded default keeps vLLM's.
+UNIPROC = ("--distributed-executor-backend", "uni")
 
 
 def free_port() -> int:
@@ -134,7 +137,8 @@ api_base = "http://127.0.0.1:{port}"
 model = "{MODEL}"
 command = ["{SERVER_PYTHON}", "-m", "vllm.entrypoints.openai.api_server",
   "--model", "{MODEL_DIR}", "--served-model-name", "{MODEL}", "--host", "127.0.0.1",
-  "--port", "{port}", "--enforce-eager", "--max-model-len", "1024", "--seed", "0"]
+  "--port", "{port}", "--enforce-eager", "--max-model-len", "1024", "--seed", "0",
+  "{UNIPROC[0]}", "{UNIPROC[1]}"]
 startup_timeout_s = 400
 [target.env]
 {SERVER_ENV_TOML}
@@ -170,7 +174,7 @@ def embedded_server(name: str, log_path: Path, *args: str) -> Iterator[LocalProc
         str(SERVER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(MODEL_DIR), "--served-model-name", MODEL,
         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--seed", "0",
-        *args,
+        *UNIPROC, *args,
     ]  # fmt: skip
     service = LocalProcessService(
         name=name,
