@@ -100,7 +100,9 @@ def test_xdist_is_refused(pytester, experiment):
 
 
 def test_api_key_on_the_local_command_line_is_refused(pytester, experiment):
-    text = experiment.config.read_text().replace('"--seed", "0"]', '"--api-key", "sk-live-1"]')
+    config = experiment.config.read_text()
+    assert '"--seed", "0"' in config
+    text = config.replace('"--seed", "0"', '"--api-key", "sk-live-1"')
     experiment.config.write_text(text)
     result = run(pytester, experiment, "--spec-config", "ngram")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
