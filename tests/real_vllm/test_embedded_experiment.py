@@ -126,7 +126,10 @@ def test_baseline_vs_ngram_end_to_end(ngram_run: NgramRun) -> None:
         rounds = [kinds[i : i + 4] for i in range(0, len(kinds), 4)]
         assert all(sorted(r) == sorted(PROMPT_TYPES) for r in rounds), (name, rounds)
         assert [s["started_at"] for s in timed] == sorted(s["started_at"] for s in timed)
-    assert all(s["output_tokens"] > 1 and s["tpot_s"] > 0 for s in samples)
+    # TPOT as the client saw it: 0 where a starved API server sent every token in one chunk (a
+    # CI run with a core kept busy: 3 of 112 requests)
+    assert all(s["output_tokens"] > 1 and s["tpot_s"] >= 0 for s in samples)
+    assert sum(s["tpot_s"] > 0 for s in samples) > len(samples) // 2
     assert data["candidates"]["ngram"] == {
         "method": "ngram",
         "num_speculative_tokens": 5,
