@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..analysis.design import DECIDE_AT, design_to_detect, levers, reach
+from ..analysis.design import DECIDE_AT, Lever, design_to_detect, levers, reach
 from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
 from ..analysis.search import plan_search
@@ -475,22 +475,22 @@ def lever_lines(
             f"±{this.detectable:.1%}, about {fmt_duration(this.seconds)}"
         )
         return lines + [
-            f"  cheaper, {lever.what}: {lever.options}: ±{lever.detectable:.1%}, about "
-            f"{fmt_duration(lever.seconds)}"
-            for lever in found
-            if lever.seconds < this.seconds
+            f"  cheaper, {_lever_text(lever)}" for lever in found if lever.seconds < this.seconds
         ]
     best = found[0]
     lines.append(
         f"cheapest lever to call a {change:.0%} change with 80% power: {best.what}, "
         f"{best.options} (±{best.detectable:.1%}, about {fmt_duration(best.seconds)})"
     )
-    lines += [
-        f"  {lever.what}: {lever.options}: ±{lever.detectable:.1%}, about "
-        f"{fmt_duration(lever.seconds)}"
-        for lever in found[1:]
-    ]
+    lines += [f"  {_lever_text(lever)}" for lever in found[1:]]
     return lines
+
+
+def _lever_text(lever: Lever) -> str:
+    return (
+        f"{lever.what}: {lever.options}: ±{lever.detectable:.1%}, about "
+        f"{fmt_duration(lever.seconds)}"
+    )
 
 
 def _change(value: float) -> str:

@@ -31,6 +31,14 @@ def _drift(sd: float, *, blocked: bool = True) -> TimeDrift:
     return TimeDrift(sd, 0.75, 0.4, (sd**2 + 0.04**2) ** 0.5, 384, 8, 0.4, blocked)
 
 
+def _plan(s, noise: dict[str, RestartNoise], drift: TimeDrift | None) -> list[str]:
+    """The plan's design lines for these settings, from one stored run's timing."""
+    return design_lines(
+        s, noise, detect=None, timing=Timing(60.0, 0.01, "stored runs"),
+        baseline=True, aba=False, adopts_original=False, drift=drift,
+    )  # fmt: skip
+
+
 def _measured(sd: float) -> dict[str, RestartNoise]:
     found = RestartNoise(sd, 7.0, "an A/A run of 8 starts", residual=0.04**2)
     return {"throughput": found, "tpot": found}
@@ -82,32 +90,19 @@ def test_where_restarts_dominate_a_longer_window_does_not_help(tmp_path: Path) -
 
 def test_the_plan_states_restarts_drift_and_the_cheapest_lever(tmp_path: Path) -> None:
     s = settings(tmp_path, prompt_types=TYPES, samples=12)
-    lines = design_lines(
-        s, _measured(0.05), detect=None, timing=Timing(60.0, 0.01, "stored runs"),
-        baseline=True, aba=False, adopts_original=False, drift=_drift(0.10),
-    )  # fmt: skip
-    text = "\n".join(lines)
+    text = "\n".join(_plan(s, _measured(0.05), _drift(0.10)))
     assert "restart noise 5.0% (start effects), drift 10.0% within a start (lag-1 r = 0.40" in text
     assert "cheapest lever to call a 20% change with 80% power: " in text
-    without = design_lines(
-        s, _measured(0.05), detect=None, timing=Timing(60.0, 0.01, "stored runs"),
-        baseline=True, aba=False, adopts_original=False,
-    )  # fmt: skip
-    assert "lever" not in "\n".join(without)
+    assert "lever" not in "\n".join(_plan(s, _measured(0.05), None))
 
 
 def test_a_design_that_already_calls_the_change_is_not_offered_as_a_lever(tmp_path: Path) -> None:
     """Three starts per arm at hardly any noise call 20% already: the plan says so, with the
     drift counted, and names no lever (a user would rerun what they just ran)."""
     s = settings(tmp_path, prompt_types=TYPES, samples=12, run_extra="repeats = 3")
-    lines = design_lines(
-        s, _measured(0.01), detect=None, timing=Timing(60.0, 0.01, "stored runs"),
-        baseline=True, aba=False, adopts_original=False, drift=_drift(0.02),
-    )  # fmt: skip
+    lines = _plan(s, _measured(0.01), _drift(0.02))
     text = "\n".join(lines)
     assert "this design calls a 20% change with 80% power, the drift counted: ±" in text
     assert "cheapest lever" not in text
-    assert all(
-        line.startswith("  cheaper, ") for line in lines[lines.index(next(
-            line for line in lines if line.startswith("this design calls"))) + 1:]
-    )  # fmt: skip
+    said = next(i for i, line in enumerate(lines) if line.startswith("this design calls"))
+    assert all(line.startswith("  cheaper, ") for line in lines[said + 1 :])
