@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config.settings import RunConfig, Settings
 from ..errors import ConfigError
@@ -59,6 +59,7 @@ class Reach:
     noise: RestartNoise
     residual_sd: float
     residual_measured: bool
+    drift_counted: bool = False  # the drift within a start counted in each start's mean
 
     @property
     def detectable(self) -> float:
@@ -171,6 +172,29 @@ def start_only(noise: RestartNoise, drift: TimeDrift, *, keys: int) -> float:
     return max(0.0, noise.sd**2 - counted)
 
 
+def _drifted(
+    noise: RestartNoise, drift: TimeDrift, requests: int, order: str, keys: int
+) -> RestartNoise:
+    """The restart noise a start's mean sees at this design: the start effect alone, plus the
+    drift's share of `requests` per key sent in this order."""
+    base = start_only(noise, drift, keys=keys)
+    sd = math.sqrt(base + drift_variance(drift, requests, order=order, keys=keys))
+    return RestartNoise(sd, noise.df, noise.source, noise.measured)
+
+
+def drift_reach(settings: Settings, found: Reach, drift: TimeDrift) -> Reach:
+    """`reach` on throughput with the drift counted: what the configured design calls once
+    each start's mean carries the drift of its window (the figure to plan by)."""
+    run = settings.run
+    keys = len(settings.prompt_types) * len(run.levels)
+    order = "together" if run.arms == "together" else run.order
+    k = found.power.requests
+    noise = _drifted(found.noise, drift, k, order, keys)
+    residual = drift.noise_sd**2 or ASSUMED_RESIDUAL_SD**2
+    power = _power(settings, noise, residual, run.repeats, k)
+    return replace(found, power=power, residual_sd=math.sqrt(residual), drift_counted=True)
+
+
 def levers(
     settings: Settings,
     outside: Mapping[str, RestartNoise],
@@ -185,7 +209,6 @@ def levers(
     run = settings.run
     keys = len(settings.prompt_types) * len(run.levels)
     noise, _, _ = _host(settings, outside, "throughput")
-    base = start_only(noise, drift, keys=keys)
     residual = drift.noise_sd**2 or ASSUMED_RESIDUAL_SD**2
     most = run.requests_at(run.levels[0])[1]
     longer = [most * f for f in LONGER]
@@ -208,9 +231,7 @@ def levers(
         found = []
         for n in starts_range:
             for k in counts:
-                sd = math.sqrt(base + drift_variance(drift, k, order=kind, keys=keys))
-                moved = RestartNoise(sd, noise.df, noise.source, noise.measured)
-                power = _power(settings, moved, residual, n, k)
+                power = _power(settings, _drifted(noise, drift, k, kind, keys), residual, n, k)
                 if power.detectable <= change:
                     found.append((seconds(n, k, kind == "together"), n, k, power.detectable))
             if found:

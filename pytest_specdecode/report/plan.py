@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..analysis.design import DECIDE_AT, Lever, design_to_detect, levers, reach
+from ..analysis.design import DECIDE_AT, Lever, design_to_detect, drift_reach, levers, reach
 from ..analysis.power import MAX_STARTS
 from ..analysis.restarts import RestartNoise
 from ..analysis.search import plan_search
@@ -397,7 +397,12 @@ def design_lines(
     residual = f"a request's own spread {first.residual_sd:.1%}" + (
         "" if first.residual_measured else " (assumed)"
     )
-    calls = ", ".join(f"{r.metric} {_change(r.detectable)}" for r in found.values())
+    if drift is not None and "throughput" in found:
+        found["throughput"] = drift_reach(settings, found["throughput"], drift)
+    calls = ", ".join(
+        f"{r.metric} {_change(r.detectable)}" + (" (the drift counted)" if r.drift_counted else "")
+        for r in found.values()
+    )
     run = settings.run
     lines = [
         f"what this design can call with 80% power: {calls} ({told}; {residual}; "

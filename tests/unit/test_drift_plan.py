@@ -4,6 +4,7 @@ starts where restarts do; each with its cost."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,17 @@ def test_a_design_that_already_calls_the_change_is_not_offered_as_a_lever(tmp_pa
     assert "cheapest lever" not in text
     said = next(i for i, line in enumerate(lines) if line.startswith("this design calls"))
     assert all(line.startswith("  cheaper, ") for line in lines[said + 1 :])
+
+
+def test_what_the_design_can_call_counts_the_drift_as_the_lever_line_does(tmp_path: Path) -> None:
+    """The plan's first figure and its lever line are one figure where drift is known (they
+    were ±17.9% and ±19.0% for one design), and the drift widens it."""
+    s = settings(tmp_path, prompt_types=TYPES, samples=12, run_extra="repeats = 3")
+    call = re.compile(r"can call with 80% power: throughput ±([\d.]+)%( \(the drift counted\))?")
+    without = call.search("\n".join(_plan(s, _measured(0.03), None)))
+    text = "\n".join(_plan(s, _measured(0.03), _drift(0.09)))
+    counted = call.search(text)
+    assert without and not without.group(2) and counted and counted.group(2), text
+    assert float(counted.group(1)) > float(without.group(1))
+    lever = re.search(r"this design calls a 20% change .*the drift counted: ±([\d.]+)%", text)
+    assert lever and lever.group(1) == counted.group(1), text
