@@ -24,6 +24,7 @@ import pytest
 from pytest_specdecode.targets.unitfile import dropin_path
 
 from ..support.embedded import free_port
+from ..support.pipes import finish
 from ..support.testbed import (
     REPO,
     Testbed,
@@ -332,10 +333,10 @@ def test_reboot_mid_candidate_brings_back_the_original_and_leaves_no_trace(
         booted_pid = testbed.state()["MainPID"]
     except BaseException:
         proc.terminate()  # the controller restores and ends, its pipe read to the end
-        proc.communicate(timeout=900)
+        finish(proc, 900)
         raise
 
-    _, err = proc.communicate(timeout=900)
+    _, err = finish(proc, 900)
     assert "rebooted during the run" in err, err
     assert "restored to active and serving" in err, err
     # The controller found the original that the boot brought back and left it running.

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from ..support.embedded import all_samples
+from ..support.pipes import finish
 from ..support.terminal import Terminal
 from ..support.testbed import (
     Testbed,
@@ -61,7 +62,7 @@ def test_seed_workflow_baseline_candidate_restore_through_a_dropped_ssh_connecti
     # Kill every SSH session on the host: the controller's connections drop mid-measurement.
     testbed.ssh("pkill", "-KILL", "-f", "sshd: root")
     testbed.close()
-    _, rest = proc.communicate(timeout=900)
+    _, rest = finish(proc, 900)
     err = "".join(seen) + rest
     data = results_of(pytester)
     gate_fails = any(

@@ -27,6 +27,7 @@ from ..support.embedded import (
     require_embedded,
     write_experiment,
 )
+from ..support.pipes import finish
 
 DRIVER = Path(__file__).resolve().parents[1] / "support" / "arms_together_run.py"
 REQUEST_LINE = "POST /v1/chat/completions HTTP/1.1"
@@ -75,11 +76,7 @@ def test_two_servers_side_by_side_then_ctrl_c_stops_both(pytester: pytest.Pytest
         assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
         time.sleep(1)  # requests go to one, then the other
     proc.send_signal(signal.SIGINT)
-    try:
-        _, rest = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    _, rest = finish(proc, 120)  # killed at the limit
     err = "".join(lines) + rest
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
 

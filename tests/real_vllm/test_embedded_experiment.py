@@ -32,6 +32,7 @@ from ..support.embedded import (
     run_suite,
     write_experiment,
 )
+from ..support.pipes import finish
 
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
 PLOTS = ("throughput", "tpot", "acceptance", "time")
@@ -335,11 +336,7 @@ def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pyt
         assert time.monotonic() < deadline, "".join(lines)
     time.sleep(2)
     proc.send_signal(sig)
-    try:
-        _, rest = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    _, rest = finish(proc, 90)  # killed at the limit
     err = "".join(lines) + rest
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
     assert "restored to stopped" in err, err

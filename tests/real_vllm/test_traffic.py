@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from ..support.embedded import MODEL, require_embedded, write_experiment
+from ..support.pipes import finish
 
 NEIGHBOUR_PROMPT = "Repeat this line four times: the cat sat on the mat by the door."
 
@@ -60,7 +61,7 @@ def test_a_second_client_during_the_candidates_window_is_caught(pytester: pytest
             threading.Thread(target=neighbour, args=(exp.port, stop, sent), daemon=True).start()
             break
     try:
-        out, rest = proc.communicate(timeout=900)
+        out, rest = finish(proc, 900)
     finally:
         stop.set()
     err = "".join(lines) + rest
