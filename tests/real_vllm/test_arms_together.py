@@ -39,7 +39,10 @@ def run_command(exp: EmbeddedExperiment) -> list[str]:
 
 
 def port_free(port: int) -> bool:
+    """Nothing listens there. SO_REUSEADDR, as uvicorn binds: a connection the killed server
+    closed stays in TIME_WAIT on its port for a minute, and a plain bind fails on it."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
