@@ -19,10 +19,11 @@ from ..config.vllm_argv import REQUEST_METRICS_FLAG
 from ..record.engine_settings import ASYNC, RUNNER, EngineSettings
 from ..record.schema import RunRecord
 
-# Arguments that differ between the arms by design: the hypothesis, and what this tool adds to
-# measure it (targets/vllm_facts.py → request_metrics_args).
+# Arguments that differ between the arms by design: the hypothesis, what this tool adds to
+# measure it (targets/vllm_facts.py → request_metrics_args), and the port of a candidate that
+# serves beside the original (--spec-arms together).
 _BY_DESIGN = frozenset(
-    {"speculative_config", REQUEST_METRICS_FLAG.removeprefix("--").replace("-", "_")}
+    {"speculative_config", "port", REQUEST_METRICS_FLAG.removeprefix("--").replace("-", "_")}
 )
 # the engine config's fields that name the hypothesis, or never change a start's speed
 _CONFIG_BY_DESIGN = frozenset({"speculative_config", "observability_config"})

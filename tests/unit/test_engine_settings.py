@@ -139,6 +139,18 @@ def test_other_arguments_and_warnings_are_side_changes_too() -> None:
     assert reproduce(found).unreproduced == tuple(c.text() for c in found)
 
 
+def test_the_port_of_a_candidate_beside_the_original_is_no_side_change() -> None:
+    """Side by side the candidate serves on a port of its own (seen on the H200: `--port 8012
+    (baseline: 8011)` was listed beside the verdict, and the control could not reproduce it)."""
+    base = parse_engine_log(gpu_lines("baseline"))
+    beside = parse_engine_log(gpu_lines("ngram"))
+    base.non_default_args = {"port": 8011, "max_model_len": 2048}
+    beside.non_default_args = {"port": 8012, "max_model_len": 2048, "speculative_config": {}}
+    found = side_changes(base, beside)
+    assert [c.setting for c in found] == ["async scheduling", "model runner"]
+    assert reproduce(found).unreproduced == ()
+
+
 def test_the_known_rules_foresee_by_method_and_version() -> None:
     assert [r.setting for r in foreseen("ngram", "0.26.0")] == ["async scheduling", "model runner"]
     assert [r.setting for r in foreseen("ngram", "0.32.0")] == ["async scheduling"]
