@@ -65,11 +65,11 @@ def cells(entry: LevelAcceptance) -> tuple[str, ...]:
 
 
 def notes(record: RunRecord, found: AcceptanceByLevel) -> list[str]:
-    out = [
-        f"{p.name}: no per-request metrics ({p.request_metrics.removeprefix('none: ')})"
-        for p in record.phases.values()
-        if p.request_metrics and p.request_metrics.startswith("none")
-    ]
+    why: dict[str, list[str]] = {}  # one line per reason: its starts (ngram, ngram#2) named
+    for p in record.phases.values():
+        if p.request_metrics and p.request_metrics.startswith("none"):
+            why.setdefault(p.request_metrics.removeprefix("none: "), []).append(p.name)
+    out = [f"{', '.join(names)}: no per-request metrics ({text})" for text, names in why.items()]
     if found.batch_rule:
         out.append(f"Above the first level: {found.batch_rule}")
     out += [f"⚠ {w}" for w in found.warnings]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -122,3 +123,16 @@ def test_reports_and_results(run: RunRecord, tmp_path: Path) -> None:
     assert "Acceptance per level" in written.summary.read_text()
     again = RunRecord.from_json(json.loads(json.dumps(run.to_json())))
     assert acceptance_by_level(again).to_json() == acceptance_by_level(run).to_json()
+
+
+def test_why_no_per_request_metrics_is_said_once_for_the_starts_it_covers(run: RunRecord) -> None:
+    """An H200 run of two starts per arm said it twice, once for ngram and once for ngram#2."""
+    why = "none: vLLM 0.26.0 on localhost (python3) has no --per-request-spec-decode-metrics"
+    run.phases["ngram"].request_metrics = why
+    run.phases["ngram#2"] = dataclasses.replace(run.phases["ngram"], name="ngram#2")
+    run.phases["baseline"].request_metrics = "none: another reason"
+    said = report.notes(run, acceptance_by_level(run))[:2]
+    assert said == [
+        "baseline: no per-request metrics (another reason)",
+        f"ngram, ngram#2: no per-request metrics ({why.removeprefix('none: ')})",
+    ]
