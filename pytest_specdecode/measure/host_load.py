@@ -78,7 +78,7 @@ def summarise(samples: Sequence[HostSample]) -> WindowEnvironment:
     readings = [g for s in samples for g in s.clock_gpus()]
     if readings:
         told = all(s.server_gpus() for s in samples if s.gpus)
-        env.gpus = "the server's" if told else "every GPU of the host (none listed the server)"
+        env.gpus = "the server's" if told else "every GPU of the host: none listed the server"
         env.sm_mhz = _least([g.sm_mhz for g in readings])
         env.memory_mhz = _least([g.memory_mhz for g in readings])
         env.temperature_c = _most([g.temperature_c for g in readings])

@@ -106,7 +106,8 @@ def test_real_h200_rows_give_clocks_throttle_reasons_and_the_other_process() -> 
     # Where nvidia-smi lists none of the server's processes, the host's GPUs' clocks stand in
     hidden = summarise([alone, alone])
     assert hidden.sm_mhz == 1650 and hidden.throttle == ["sw_power_cap"]
-    assert hidden.other_gpu_processes == [] and "every GPU" in hidden.describe()
+    assert hidden.other_gpu_processes == []
+    assert "memory 3201 MHz (every GPU of the host: none listed the server)" in hidden.describe()
     told = summarise([sample, sample])
     assert told.gpus == "the server's" and "every GPU" not in told.describe()
 
