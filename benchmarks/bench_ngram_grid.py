@@ -14,8 +14,8 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, before numpy loads
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from pytest_specdecode.analysis.ngram_replay import grid
-from pytest_specdecode.analysis.ngram_types import RequestTokens, grid_settings
+from pytest_specdecode.analysis.prediction.ngram_replay import grid
+from pytest_specdecode.analysis.prediction.ngram_types import RequestTokens, grid_settings
 
 PROMPT_LENGTHS = {"coding": 60, "math": 120, "structured": 400, "explanatory": 1500}
 REQUESTS = 10

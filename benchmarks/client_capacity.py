@@ -241,7 +241,7 @@ class SSESource:
 def run_ours(base: str, shape: str, requests: int, concurrency: int, n_tokens: int) -> dict:
     """This plugin's load generator: one closed-loop level."""
     from pytest_specdecode.config.load import LoadLevel
-    from pytest_specdecode.measure.loadgen import RequestSpec, run_level
+    from pytest_specdecode.measure.requests.loadgen import RequestSpec, run_level
 
     spec = RequestSpec(
         api_base=f"{base}/{shape}",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .analysis.compare import PromptTypeVerdict
+from .analysis.verdict.compare import PromptTypeVerdict
 from .config.load import LoadLevel
 from .config.settings import PromptType
 from .record.schema import Measurement

@@ -12,15 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from .analysis.compare import PromptTypeVerdict
+from .analysis.verdict.compare import PromptTypeVerdict
 from .case import SpecDecodeCase
 from .config.arms import BASELINE, cell_key
 from .config.load import LoadLevel
 from .config.settings import PromptType, Settings
-from .measure.experiment import Experiment
+from .measure.experiment.arms import Experiment
 from .measure.search import SearchStopped
 from .record.schema import Measurement, Phase
-from .session import SpecDecodeSession, session_of
+from .run.session import SpecDecodeSession, session_of
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from pytest_html import extras
 from .config.arms import cell_key
 from .report import html
 from .report.text import title
-from .session import PLUGIN_NAME, SpecDecodeSession
+from .run.session import PLUGIN_NAME, SpecDecodeSession
 
 REPORT_FILE = "report.html"
 

@@ -14,7 +14,7 @@ from .config.settings import SEARCH_METHODS, Settings
 from .errors import ConfigError
 from .options import settings_from_options
 from .record.search import slot_name
-from .session import PLUGIN_NAME, SpecDecodeSession, session_of
+from .run.session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
 from .targets.lifecycle import interrupt_on_signals

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import prompt_types
-from pytest_specdecode.measure.loadgen import RequestSpec, run_level
+from pytest_specdecode.measure.requests.loadgen import RequestSpec, run_level
 
 
 def vllm_bench(args: argparse.Namespace, prompts: list[str]) -> dict[str, float]:

@@ -77,7 +77,7 @@ def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_facts_cache(tmp_path_factory) -> Iterator[None]:
-    """vLLM's remembered facts (targets/facts_cache.py) in a folder of this session, shared by
+    """vLLM's remembered facts (targets/facts/cache.py) in a folder of this session, shared by
     its tests (each worker its own), never the user's ~/.cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDECODE_CACHE_DIR", str(tmp_path_factory.mktemp("facts-cache")))

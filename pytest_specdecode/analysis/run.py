@@ -13,17 +13,24 @@ from typing import Any
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.vllm_argv import option_value
 from ..record.schema import RunRecord
-from . import noise
-from .checks import Equivalence, differences, equivalences, facts
-from .compare import METRICS, PromptTypeVerdict, compare_arms, original_kin, own_figure, worst
-from .control import ControlSplit, control_splits
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
-from .level_acceptance import AcceptanceByLevel, acceptance_by_level
-from .prediction import RunPrediction, predict_run
-from .search_answer import SearchAnswer, search_answer
-from .side_changes import CandidateSideChanges, run_side_changes
-from .stats import RestartNoise, Verdict
-from .time_drift import TimeDrift
+from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
+from .prediction.predict import RunPrediction, predict_run
+from .search.answer import SearchAnswer, search_answer
+from .variance.time_drift import TimeDrift
+from .verdict import noise
+from .verdict.checks import Equivalence, differences, equivalences, facts
+from .verdict.compare import (
+    METRICS,
+    PromptTypeVerdict,
+    compare_arms,
+    original_kin,
+    own_figure,
+    worst,
+)
+from .verdict.control import ControlSplit, control_splits
+from .verdict.side_changes import CandidateSideChanges, run_side_changes
+from .verdict.stats import RestartNoise, Verdict
 
 Figures = dict[str, dict[str, dict[str, float]]]  # arm -> key -> metric -> figure
 

@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..analysis import noise
-from ..analysis.checks import differences, facts
-from ..analysis.compare import compare_arms
-from ..analysis.stats import Verdict
+from ..analysis.verdict import noise
+from ..analysis.verdict.checks import differences, facts
+from ..analysis.verdict.compare import compare_arms
+from ..analysis.verdict.stats import Verdict
 from ..errors import ConfigError
 from ..record.schema import RunRecord
 from ..record.store import load_run

@@ -8,15 +8,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..analysis.prediction import RunPrediction, predict_run
+from ..analysis.prediction.predict import RunPrediction, predict_run
 from ..analysis.run import candidate_verdicts, max_num_seqs, run_figures
-from ..analysis.search import SearchPlan, plan_search
+from ..analysis.search.policy import SearchPlan, plan_search
 from ..config.arms import BASELINE
 from ..errors import ConfigError
 from ..record.schema import RunRecord
 from ..record.store import RESULTS_FILE, load_run, stored_runs
-from ..report.prediction import grid_lines, notes, prediction_rows
-from ..report.search import plan_lines
+from ..report.sections.prediction import grid_lines, notes, prediction_rows
+from ..report.sections.search import plan_lines
 
 
 def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) -> list[str]:

@@ -89,12 +89,14 @@ class RunConfig:
     record_token_ids: bool = True  # untimed requests for the n-gram prediction (analysis/)
     request_timeout_s: float = 300.0
     read_timeout_s: float = 60.0
-    search: str | None = None  # "ngram": the search chooses the candidates (analysis/search.py)
+    search: str | None = (
+        None  # "ngram": the search chooses the candidates (analysis/search/policy.py)
+    )
     max_reloads: int = 3  # the search's budget: candidates it may start
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
     order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
     arms: Literal["one-at-a-time", "together"] = "one-at-a-time"  # together: two servers at once
-    seed: int = 0  # the interleaved order's, with each start's name (measure/order.py)
+    seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):

@@ -116,7 +116,7 @@ KINDS = ("int", "float", "bool", "str", "list", "dict", "any")
 class VllmFacts:
     """What one vLLM accepts in `--speculative-config`: its version, methods and keys.
 
-    Asked from the target's own vLLM (targets/vllm_facts.py), or OFFLINE_FACTS: the copy of
+    Asked from the target's own vLLM (targets/facts/vllm.py), or OFFLINE_FACTS: the copy of
     vLLM 0.32's lists kept in this module, the fallback where no vLLM could be asked.
     """
 
@@ -131,7 +131,7 @@ class VllmFacts:
     # the levels of --per-request-spec-decode-metrics; None: this vLLM has no such option
     per_request_metrics: tuple[str, ...] | None = None
     per_request_note: str | None = None  # why it could not be told, where it could not
-    remembered: str | None = None  # the cache file of an earlier ask (targets/facts_cache.py)
+    remembered: str | None = None  # the cache file of an earlier ask (targets/facts/cache.py)
 
     @property
     def offline(self) -> bool:

@@ -17,8 +17,8 @@ from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 
 SPEC_FLAG = "--speculative-config"
-# vLLM's own per-request spec-decode metrics (record/request_metrics.py): the option, and the
-# level asked for ("detailed" has the per-step arrays; "summary" the histogram only)
+# vLLM's own per-request spec-decode metrics (record/requests/request_metrics.py): the option, and
+# the level asked for ("detailed" has the per-step arrays; "summary" the histogram only)
 REQUEST_METRICS_FLAG = "--per-request-spec-decode-metrics"
 REQUEST_METRICS_LEVEL = "detailed"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"

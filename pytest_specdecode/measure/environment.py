@@ -9,8 +9,8 @@ from typing import Any
 
 from ..record.profile import accelerator_of
 from ..targets.base import Target
-from ..targets.gpu import GpuOutputError, parse_gpus
-from ..targets.hosts import Host
+from ..targets.facts.gpu import GpuOutputError, parse_gpus
+from ..targets.hosts.base import Host
 
 _GPU_FIELDS = ("index", "name", "memory.total", "driver_version")
 _GPU_QUERY = (

@@ -2,7 +2,7 @@
 
 pytest collects the tests before anything is measured, so the search's candidates have slots
 known at collection: `search-1` .. `search-N` (N = `--spec-max-reloads`). Asking for slot i
-measures the baseline, then each slot up to i in turn: the policy (analysis/search.py) picks
+measures the baseline, then each slot up to i in turn: the policy (analysis/search/policy.py) picks
 the config from what was measured so far, the host's vLLM checks it as any candidate's, and the
 experiment measures it as one more candidate, in a server start of its own. A slot the search
 did not reach raises `SearchStopped` with the reason; its tests are skipped with it.
@@ -16,17 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..analysis.coverage import band_coverage
-from ..analysis.level_prediction import cost_prior
+from ..analysis.prediction.coverage import band_coverage
+from ..analysis.prediction.level_prediction import cost_prior
 from ..analysis.run import candidate_verdicts
-from ..analysis.search import SearchPolicy, Stop
+from ..analysis.search.policy import SearchPolicy, Stop
 from ..config.arms import BASELINE
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 from ..record.schema import RunRecord
 from ..record.search import SearchRecord, SearchReload, slot_name
 from ..targets.base import Progress
-from .experiment import Experiment
+from .experiment.arms import Experiment
 
 __all__ = ["SearchRun", "SearchStopped"]
 

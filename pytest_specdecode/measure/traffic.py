@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..record.counters import Traffic
-from ..record.samples import RequestSample
+from ..record.requests.samples import RequestSample
 
 
 def foreign(traffic: Traffic, samples: Sequence[RequestSample]) -> str | None:

@@ -4,7 +4,7 @@ vLLM resolves its settings at start and says so only in its log: the `non-defaul
 line, the engine's `with config: …` line, the warnings where it turned a feature off, and the
 model runner it chose. /metrics offers the cache config alone (`vllm:cache_config_info`), and
 /server_info only in dev mode (VLLM_SERVER_DEV_MODE=1), where it is read too
-(measure/experiment.py). analysis/side_changes.py diffs two starts' settings.
+(measure/experiment/arms.py). analysis/verdict/side_changes.py diffs two starts' settings.
 """
 
 from __future__ import annotations

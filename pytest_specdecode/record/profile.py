@@ -17,8 +17,8 @@ The folder is `--spec-host-profiles`, else `$SPECDECODE_HOST_PROFILES`, else the
 
 Each entry is one A/A run: its folder's name, when, the vLLM version, the GPUs (a list) or the
 CPU, per metric the estimate with its degrees of freedom, and how fast the engine ran (for the
-dry run's estimate), and per metric the drift within a start (analysis/time_drift.py; absent in
-entries written before it was measured: such a file reads as it did), and the design its
+dry run's estimate), and per metric the drift within a start (analysis/variance/time_drift.py;
+absent in entries written before it was measured: such a file reads as it did), and the design its
 requests were sent in (`DESIGNS`): a blocked start's restart noise holds the drift that
 interleaving spreads out, so a run reads the entries of its own design first. The noise itself
 is pooled by the analysis. A profile of version 1 (keyed by host and model only) is read as
@@ -172,8 +172,8 @@ class ProfileEntry:
     noise: Mapping[str, Mapping[str, Any]]  # per metric, RestartNoise.to_dict()
     cpu: str | None = None
     speed: EngineSpeed | None = None
-    # per metric, the drift within a start (analysis/time_drift.py TimeDrift.to_dict()); None in an
-    # entry written before drift was measured
+    # per metric, the drift within a start (analysis/variance/time_drift.py TimeDrift.to_dict());
+    # None in an entry written before drift was measured
     drift: Mapping[str, Mapping[str, Any]] | None = None
     design: str = "blocked"  # DESIGNS; entries written before it was kept: inferred on reading
 

@@ -21,18 +21,18 @@ from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens,
 from .ending import RestoreReport, RunEnding
 from .engine_settings import EngineSettings
 from .host_env import WindowEnvironment
-from .level_stats import LevelStats, level_stats
-from .request_metrics import acceptance_of, against_counters
-from .samples import RequestSample
+from .requests.level_stats import LevelStats, level_stats
+from .requests.request_metrics import acceptance_of, against_counters
+from .requests.samples import RequestSample
+from .requests.token_capture import TokenIds
 from .search import SearchRecord
-from .token_capture import TokenIds
 
 SCHEMA = 2
 
 
 @dataclass
 class ClientLoad:
-    """The load generator's own figures over a measured window (record/level_stats.py)."""
+    """The load generator's own figures over a measured window (record/requests/level_stats.py)."""
 
     cpu_s: float = 0.0  # the client process's CPU time
     peak_cpu_share: float = 0.0  # its busiest window's CPU time over wall time
@@ -220,7 +220,7 @@ class Phase:
     control_of: str | None = None  # --spec-control: the candidate whose side changes it has
     env: dict[str, str] = field(default_factory=dict)  # set for this start (a control's)
     order: str | None = None  # "interleaved" or "blocked": how its requests were sent
-    order_seed: int | None = None  # the interleaved order's seed (measure/order.py)
+    order_seed: int | None = None  # the interleaved order's seed (measure/experiment/order.py)
     together_with: str | None = None  # --spec-arms together: the phase served beside it
     sent_first: list[str] = field(default_factory=list)  # together: per slot, whose went first
 

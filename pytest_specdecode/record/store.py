@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..files import write_atomically
 from ..redaction import redact_data
-from .samples import RequestSample
+from .requests.samples import RequestSample
 from .schema import RunRecord, _finite
 
 RESULTS_FILE = "results.json"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
-from . import acceptance, markdown
+from . import markdown
 from .plots import write_plots
-from .prediction import write_heatmap
+from .sections import acceptance
+from .sections.prediction import write_heatmap
 
 SUMMARY_FILE = "summary.md"
 

@@ -16,9 +16,16 @@ from typing import Any
 from ..analysis.run import RunAnalysis
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, host_env, levels, prediction, search, side_changes
 from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
+from .sections import (
+    acceptance,
+    host_env,
+    levels,
+    prediction,
+    search,
+    side_changes,
+)
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num, suite_text
 
 CSS = """

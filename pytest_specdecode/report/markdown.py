@@ -6,11 +6,11 @@ import json
 from collections.abc import Sequence
 
 from ..analysis.run import RunAnalysis
-from ..analysis.stats import Verdict
+from ..analysis.verdict.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from . import acceptance, levels, prediction, search, side_changes
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
+from .sections import acceptance, levels, prediction, search, side_changes
 from .text import STATISTICS_NOTE, acceptance_text, design_text, suite_text, title
 
 

@@ -6,12 +6,25 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..analysis.design import DECIDE_AT, Lever, design_to_detect, drift_reach, levers, reach
-from ..analysis.power import MAX_STARTS
-from ..analysis.restarts import RestartNoise
-from ..analysis.search import plan_search
-from ..analysis.side_changes import control_name, foreseen, foreseen_text, from_rules, reproduce
-from ..analysis.time_drift import TimeDrift, drift_text
+from ..analysis.search.policy import plan_search
+from ..analysis.variance.power import MAX_STARTS
+from ..analysis.variance.restarts import RestartNoise
+from ..analysis.variance.time_drift import TimeDrift, drift_text
+from ..analysis.verdict.design import (
+    DECIDE_AT,
+    Lever,
+    design_to_detect,
+    drift_reach,
+    levers,
+    reach,
+)
+from ..analysis.verdict.side_changes import (
+    control_name,
+    foreseen,
+    foreseen_text,
+    from_rules,
+    reproduce,
+)
 from ..config.arms import BASELINE, BASELINE_AFTER, design_order, together_order
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
@@ -20,8 +33,8 @@ from ..record.profile import Accelerator, ProfileLookup, recorded_accelerator, s
 from ..record.search import slot_name
 from ..record.store import stored_runs
 from ..targets.base import Target, room_beside
-from . import prediction
-from .search import plan_lines
+from .sections import prediction
+from .sections.search import plan_lines
 from .text import fmt_duration
 
 RUN_LOG = "run.log"
@@ -224,8 +237,8 @@ def estimate_seconds(
 
 
 def side_change_plan(settings: Settings, version: str | None) -> list[str]:
-    """Per candidate, the side changes the known rules foresee (analysis/side_changes.py), and
-    with --spec-control what its control arm would add; worded as expected, not measured."""
+    """Per candidate, the side changes the known rules foresee (analysis/verdict/side_changes.py),
+    and with --spec-control what its control arm would add; worded as expected, not measured."""
     out = []
     for spec in settings.candidates:
         if spec.is_original:

@@ -14,9 +14,9 @@ from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..record.schema import RunRecord
-from .acceptance import PLOT_CAPTION
-from .prediction import HEATMAP_CAPTION
 from .rows import Row, rows
+from .sections.acceptance import PLOT_CAPTION
+from .sections.prediction import HEATMAP_CAPTION
 from .text import finite, fmt_num
 
 if TYPE_CHECKING:

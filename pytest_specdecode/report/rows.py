@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..analysis.compare import PromptTypeVerdict
 from ..analysis.run import RunAnalysis
-from ..analysis.stats import Verdict
-from ..analysis.time_drift import drift_text
+from ..analysis.variance.time_drift import drift_text
+from ..analysis.verdict.compare import PromptTypeVerdict
+from ..analysis.verdict.stats import Verdict
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
 from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text

@@ -8,8 +8,8 @@ from pathlib import Path
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
-from . import acceptance, levels, prediction, search, side_changes
 from .rows import checks, headline, rows, undecided
+from .sections import acceptance, levels, prediction, search, side_changes
 from .text import fmt_num, fmt_p, fmt_pct
 
 

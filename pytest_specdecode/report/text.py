@@ -6,8 +6,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis.compare import PromptTypeVerdict
-from ..analysis.stats import Comparison, RestartNoise
+from ..analysis.verdict.compare import PromptTypeVerdict
+from ..analysis.verdict.stats import Comparison, RestartNoise
 from ..config.settings import RunConfig
 from ..record.counters import Acceptance
 

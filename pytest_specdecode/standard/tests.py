@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from ..analysis.compare import PromptTypeVerdict
+from ..analysis.verdict.compare import PromptTypeVerdict
 from ..config.arms import AA_ARM
 from ..config.settings import PromptType
 from ..record.schema import Measurement, Phase
 from ..report.rows import Row
 from ..report.text import decided_by
-from ..session import SpecDecodeSession
+from ..run.session import SpecDecodeSession
 
 pytestmark = pytest.mark.specdecode
 

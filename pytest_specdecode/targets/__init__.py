@@ -37,9 +37,9 @@ def open_target(config: TargetConfig, *, log_dir: Path, progress: Progress | Non
             log_dir=log_dir,
         )
     from ..config.ssh_config import SSHSpec
-    from .ssh import SSHHost
-    from .systemd import SystemdTarget
-    from .tunnel import ApiTunnel
+    from .hosts.ssh import SSHHost
+    from .hosts.tunnel import ApiTunnel
+    from .systemd.target import SystemdTarget
 
     assert config.host and config.unit
     spec = SSHSpec.parse(

@@ -13,7 +13,7 @@ import httpx
 from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ServiceError
-from .hosts import Host
+from .hosts.base import Host
 from .start_failure import failure_lines, first_errors, last_exception, root_cause
 
 Progress = Callable[[str], None]
@@ -75,7 +75,7 @@ class Target(Protocol):
         """The version, speculative methods and keys of the vLLM this target runs.
 
         Asked of the server's own Python without loading a model; reads, never changes.
-        Raises VllmFactsError (targets/vllm_facts.py) where that Python cannot tell.
+        Raises VllmFactsError (targets/facts/vllm.py) where that Python cannot tell.
         """
         ...
 

@@ -21,10 +21,16 @@ from dataclasses import dataclass
 
 from ..errors import HostError
 from .base import Service
-from .gpu import APP_FIELDS, GpuOutputError, GpuProcess, parse_compute_apps, parse_csv
-from .hosts import Host
+from .facts.gpu import (
+    APP_FIELDS,
+    GpuOutputError,
+    GpuProcess,
+    parse_compute_apps,
+    parse_csv,
+)
+from .hosts.base import Host
 from .local import LocalProcessService
-from .systemd import SystemdUnit
+from .systemd.target import SystemdUnit
 
 CLOCK_FIELDS = (
     "index",

@@ -21,7 +21,7 @@ from ..config.vllm_argv import option_value, with_speculative_config
 from ..errors import ConfigError, HostError, ServiceError
 from ..redaction import redact_text
 from .base import Progress, Transports, port_answers
-from .beside import (
+from .beside.placement import (
     GPU_SHARE,
     Placement,
     api_base_on_port,
@@ -31,9 +31,16 @@ from .beside import (
     split_cores,
     with_port,
 )
-from .gpu import APPS_QUERY, GPUS_QUERY, Gpu, GpuOutputError, parse_compute_apps, parse_gpus
-from .hosts import LocalHost
-from .vllm_facts import ask_vllm
+from .facts.gpu import (
+    APPS_QUERY,
+    GPUS_QUERY,
+    Gpu,
+    GpuOutputError,
+    parse_compute_apps,
+    parse_gpus,
+)
+from .facts.vllm import ask_vllm
+from .hosts.base import LocalHost
 
 # Variables of the plugin's own venv that must not leak into the server's.
 _IMPORT_FAILED = re.compile(r"\b(?:ModuleNotFoundError|ImportError): ")
@@ -67,7 +74,7 @@ class LocalProcessService:
         self._stop_timeout_s = stop_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where the latest start's lines begin in the (appended) log
-        self.placement = ""  # side by side: its cores or GPU share (targets/beside.py)
+        self.placement = ""  # side by side: its cores or GPU share (targets/beside/placement.py)
         self.stale = False  # runs with another command than the one it would start now
 
     def place(self, argv: Sequence[str], env: Mapping[str, str], placement: str) -> None:

@@ -26,9 +26,9 @@ import pytest
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.targets.base import wait_until_ready
-from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd import BesideUnit, SystemdTarget
-from pytest_specdecode.targets.systemd_beside import BESIDE_PREFIX
+from pytest_specdecode.targets.hosts.ssh import SSHHost
+from pytest_specdecode.targets.systemd.beside import BESIDE_PREFIX
+from pytest_specdecode.targets.systemd.target import BesideUnit, SystemdTarget
 
 from ..support.testbed import REPO, Testbed
 
@@ -173,8 +173,8 @@ KILLED_CONTROLLER = """
 import sys, time
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.ssh_config import SSHSpec
-from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd import SystemdTarget
+from pytest_specdecode.targets.hosts.ssh import SSHHost
+from pytest_specdecode.targets.systemd.target import SystemdTarget
 
 host, identity, known_hosts, unit, api_base, model = sys.argv[1:7]
 spec = SSHSpec.parse(host, identity_file=identity, known_hosts=known_hosts)

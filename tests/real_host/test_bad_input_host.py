@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.targets.systemd_watchdog import LOCK_DIR
+from pytest_specdecode.targets.systemd.watchdog import LOCK_DIR
 
 from ..support.testbed import Testbed, suite_args, write_remote_experiment
 

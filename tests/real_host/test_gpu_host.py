@@ -17,9 +17,10 @@ import pytest
 
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ServiceError
-from pytest_specdecode.targets import gpu, systemd
-from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd import SystemdTarget
+from pytest_specdecode.targets.facts import gpu
+from pytest_specdecode.targets.hosts.ssh import SSHHost
+from pytest_specdecode.targets.systemd import target as systemd
+from pytest_specdecode.targets.systemd.target import SystemdTarget
 
 from ..support.testbed import Testbed
 

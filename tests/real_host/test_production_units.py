@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from pytest_specdecode.targets.unitfile import dropin_path
+from pytest_specdecode.targets.systemd.unitfile import dropin_path
 
 from ..support.embedded import free_port
 from ..support.pipes import finish

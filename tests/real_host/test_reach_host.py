@@ -17,8 +17,8 @@ import pytest
 
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.tunnel import ApiTunnel
+from pytest_specdecode.targets.hosts.ssh import SSHHost
+from pytest_specdecode.targets.hosts.tunnel import ApiTunnel
 
 from ..support.embedded import all_samples
 from ..support.testbed import Reach, Testbed, results_of, write_remote_experiment

@@ -126,7 +126,7 @@ def test_candidate_that_never_gets_healthy_times_out_and_restores(pytester, test
 def test_exception_in_the_fixture_restores(pytester, testbed):
     config = write_remote_experiment(pytester, testbed, run={"samples": 5, "warmup": 0})
     pytester.makeconftest("""
-        from pytest_specdecode.measure.experiment import Experiment
+        from pytest_specdecode.measure.experiment.arms import Experiment
         original = Experiment._measure
         def broken(self, name, arm, spec, **kwargs):
             if name != "baseline":

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError, HostError
-from pytest_specdecode.targets.ssh import SSHHost
+from pytest_specdecode.targets.hosts.ssh import SSHHost
 
 from ..support.testbed import Testbed
 

@@ -28,16 +28,21 @@ from pytest_specdecode.config.specconfig import (
     validate_spec_values,
 )
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.measure.loadgen import LevelResult, RequestSpec, planned_specs, run_level
+from pytest_specdecode.measure.requests.loadgen import (
+    LevelResult,
+    RequestSpec,
+    planned_specs,
+    run_level,
+)
 from pytest_specdecode.measure.server_metrics import (
     ServerCounters,
     acceptance_between,
     parse_counters,
 )
 from pytest_specdecode.record.counters import Acceptance
-from pytest_specdecode.targets.hosts import LocalHost
+from pytest_specdecode.targets.facts.vllm import ask_vllm
+from pytest_specdecode.targets.hosts.base import LocalHost
 from pytest_specdecode.targets.local import LocalProcessService
-from pytest_specdecode.targets.vllm_facts import ask_vllm
 
 from ..support.embedded import (
     MODEL,

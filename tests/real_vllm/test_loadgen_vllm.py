@@ -17,8 +17,13 @@ import pytest
 from pytest_specdecode.config.load import SLO, LoadLevel
 from pytest_specdecode.config.prompts import request_plan, shipped_set
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.loadgen import LevelResult, RequestSpec, planned_specs, run_level
-from pytest_specdecode.record.samples import RequestSample
+from pytest_specdecode.measure.requests.loadgen import (
+    LevelResult,
+    RequestSpec,
+    planned_specs,
+    run_level,
+)
+from pytest_specdecode.record.requests.samples import RequestSample
 from pytest_specdecode.targets.local import LocalProcessService
 
 from ..support.embedded import (

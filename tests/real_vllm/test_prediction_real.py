@@ -36,9 +36,9 @@ from typing import Any
 
 import pytest
 
-from pytest_specdecode.analysis.ngram_replay import propose, replay
-from pytest_specdecode.analysis.ngram_types import NgramSettings, effective_settings
-from pytest_specdecode.analysis.prediction import predict_run
+from pytest_specdecode.analysis.prediction.ngram_replay import propose, replay
+from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings, effective_settings
+from pytest_specdecode.analysis.prediction.predict import predict_run
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.config.prompts import shipped_set
 from pytest_specdecode.record.schema import RunRecord

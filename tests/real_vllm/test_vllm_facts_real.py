@@ -7,8 +7,8 @@ import pytest
 
 from pytest_specdecode.config.specconfig import OFFLINE_FACTS, validate_spec_values
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.hosts import LocalHost
-from pytest_specdecode.targets.vllm_facts import ask_vllm
+from pytest_specdecode.targets.facts.vllm import ask_vllm
+from pytest_specdecode.targets.hosts.base import LocalHost
 
 from ..support.embedded import EMBEDDED, SERVER_PYTHON, require_embedded, write_experiment
 

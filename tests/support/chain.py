@@ -37,15 +37,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_specdecode.analysis.compare import PromptTypeVerdict
-from pytest_specdecode.analysis.restarts import RestartNoise
 from pytest_specdecode.analysis.run import candidate_verdicts
-from pytest_specdecode.analysis.stats import Verdict
+from pytest_specdecode.analysis.variance.restarts import RestartNoise
+from pytest_specdecode.analysis.verdict.compare import PromptTypeVerdict
+from pytest_specdecode.analysis.verdict.stats import Verdict
 from pytest_specdecode.config.arms import AA_ARM, BASELINE, design_order
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.config.settings import PromptType, RunConfig
 from pytest_specdecode.record.profile import ProfileEntry, read_profile
-from pytest_specdecode.record.samples import RequestSample
+from pytest_specdecode.record.requests.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 
 from . import chain_rules

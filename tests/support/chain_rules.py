@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_specdecode.analysis import noise
-from pytest_specdecode.analysis.adaptive import pinned, target_se
+from pytest_specdecode.analysis.verdict import noise
+from pytest_specdecode.analysis.verdict.adaptive import pinned, target_se
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.profile import add_entry, lookup, with_held_version
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord

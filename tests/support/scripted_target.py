@@ -23,13 +23,13 @@ import httpx
 from pytest_specdecode.config.settings import Settings
 from pytest_specdecode.config.specconfig import SpecConfig, VllmFacts
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.measure.experiment import Experiment
+from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.measure.host_load import Probe
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.base import Progress, Transports
-from pytest_specdecode.targets.hosts import LocalHost
+from pytest_specdecode.targets.facts.vllm import VllmFactsError
+from pytest_specdecode.targets.hosts.base import LocalHost
 from pytest_specdecode.targets.lifecycle import experiment_services
-from pytest_specdecode.targets.vllm_facts import VllmFactsError
 
 from .synthetic import record
 from .virtual_clock import VirtualTime

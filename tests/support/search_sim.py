@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_specdecode.analysis.ngram_replay import replay_many
-from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens
+from pytest_specdecode.analysis.prediction.ngram_replay import replay_many
+from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings, RequestTokens
 from pytest_specdecode.analysis.run import candidate_verdicts
-from pytest_specdecode.analysis.search import Reload, SearchPolicy, Stop
+from pytest_specdecode.analysis.search.policy import Reload, SearchPolicy, Stop
 from pytest_specdecode.config.arms import BASELINE, cell_key
 from pytest_specdecode.config.specconfig import BATCH_TABLE_KEY
-from pytest_specdecode.record.samples import RequestSample
+from pytest_specdecode.record.requests.samples import RequestSample
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord
 from pytest_specdecode.record.search import SearchRecord, SearchReload, slot_name
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_specdecode.analysis.restarts import RestartNoise
+from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.record.counters import Acceptance
 from pytest_specdecode.record.profile import ProfileEntry
-from pytest_specdecode.record.samples import RequestSample
+from pytest_specdecode.record.requests.samples import RequestSample
+from pytest_specdecode.record.requests.token_capture import CapturedTokens, TokenIds, TokenIdSupport
 from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
 from pytest_specdecode.record.store import RunStore
-from pytest_specdecode.record.token_capture import CapturedTokens, TokenIds, TokenIdSupport
 
 TEXT = "def insert(self, key):\n    node = Node(key)\n    if self.root is None: ..."
 NGRAM_ACCEPTANCE = Acceptance(

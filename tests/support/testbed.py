@@ -16,15 +16,15 @@ import pytest
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.record.store import JOURNAL_FILE
-from pytest_specdecode.targets.hosts import CommandResult
-from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd_watchdog import (
+from pytest_specdecode.targets.hosts.base import CommandResult
+from pytest_specdecode.targets.hosts.ssh import SSHHost
+from pytest_specdecode.targets.systemd.unitfile import PERSISTENT_UNIT_DIR, dropin_path
+from pytest_specdecode.targets.systemd.watchdog import (
     HANDOVER_UNIT,
     LOCK_DIR,
     RESTORE_SCRIPT,
     WATCHDOG,
 )
-from pytest_specdecode.targets.unitfile import PERSISTENT_UNIT_DIR, dropin_path
 
 from .terminal import default_signals
 
@@ -90,7 +90,7 @@ class Testbed:
 
     def exec_start(self) -> list[str]:
         """The production unit's command as written, its ${VLLM_PORT} unexpanded."""
-        from pytest_specdecode.targets.unitfile import effective_exec_start
+        from pytest_specdecode.targets.systemd.unitfile import effective_exec_start
 
         text = self.ssh("systemctl", "cat", self.unit).stdout
         return effective_exec_start(text, where=self.unit).argv

@@ -1,6 +1,6 @@
 """The adaptive stop rule through the experiment, on the scripted target: a start keeps sending
 until its effect is pinned down to the larger of the restart noise and half the margin, then
-stops, before the most it may send (analysis/adaptive.py, measure/experiment.py)."""
+stops, before the most it may send (analysis/verdict/adaptive.py, measure/experiment/arms.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_specdecode.analysis.adaptive import target_se
+from pytest_specdecode.analysis.verdict.adaptive import target_se
 from pytest_specdecode.config.arms import BASELINE
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms

@@ -18,15 +18,15 @@ from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.report.plan import arms_plan, service_plan
 from pytest_specdecode.targets import lifecycle
-from pytest_specdecode.targets.beside import (
+from pytest_specdecode.targets.beside.placement import (
     api_base_on_port,
     core_list,
     gpu_placements,
     split_cores,
     with_port,
 )
-from pytest_specdecode.targets.gpu import parse_gpus
-from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.facts.gpu import parse_gpus
+from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
 from pytest_specdecode.targets.local import LocalProcessTarget
 

@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from pytest_specdecode.analysis.coverage import CoverageCase, PromptCoverage, band_coverage
-from pytest_specdecode.analysis.search import SearchPolicy
+from pytest_specdecode.analysis.prediction.coverage import (
+    CoverageCase,
+    PromptCoverage,
+    band_coverage,
+)
+from pytest_specdecode.analysis.search.policy import SearchPolicy
 from pytest_specdecode.record.schema import Phase, RunRecord
 
 from ..support.search_sim import Truth, measure, search_record

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from pytest_specdecode.analysis.power import design_power
-from pytest_specdecode.analysis.restarts import ASSUMED_WEIGHT
-from pytest_specdecode.analysis.stats import Verdict
+from pytest_specdecode.analysis.variance.power import design_power
+from pytest_specdecode.analysis.variance.restarts import ASSUMED_WEIGHT
+from pytest_specdecode.analysis.verdict.stats import Verdict
 from pytest_specdecode.config.settings import RunConfig
 
 from ..support.chain import DESIGNS, Rates, Route, SimHost, aa_estimates, rates, simulate_route
@@ -164,7 +164,7 @@ def test_the_runs_own_starts_never_count_as_measured_noise(tmp_path: Path) -> No
 
 
 def test_the_plans_smallest_callable_change_is_called_four_times_in_five(tmp_path: Path) -> None:
-    """The plan says what a design can call with 80% power (analysis/power.py); the chain,
+    """The plan says what a design can call with 80% power (analysis/variance/power.py); the chain,
     given a true change of that size, calls it in about 80% of the comparisons."""
     host, route = SimHost(start_sd=0.01), ROUTES["aa-then-run"]
     noise = aa_estimates(host, route, runs=1, seed=3, tmp=tmp_path / "aa")[0]["throughput"]

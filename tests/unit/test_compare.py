@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_specdecode.analysis.compare import compare_arms
-from pytest_specdecode.analysis.stats import RestartNoise, Verdict
+from pytest_specdecode.analysis.verdict.compare import compare_arms
+from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
 from pytest_specdecode.record.schema import Measurement, Phase
 
 from ..support.synthetic import sample

@@ -12,8 +12,8 @@ from pytest_specdecode.config.vllm_argv import (
     with_speculative_config,
 )
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.systemd_inspection import port_held_by_unit
-from pytest_specdecode.targets.unitfile import quote_arg, render_dropin, split_exec
+from pytest_specdecode.targets.systemd.inspection import port_held_by_unit
+from pytest_specdecode.targets.systemd.unitfile import quote_arg, render_dropin, split_exec
 
 NGRAM = parse_spec_config('{"method":"ngram","num_speculative_tokens":5}', {})
 SERVER = ["--model", "/models/kimi", "--tensor-parallel-size", "8"]

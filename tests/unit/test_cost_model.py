@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.cost_model import (
+from pytest_specdecode.analysis.prediction.cost_model import (
     BaselineTiming,
     CandidateTiming,
     CostPrior,
@@ -18,7 +18,7 @@ from pytest_specdecode.analysis.cost_model import (
     recommend,
     relative_noise,
 )
-from pytest_specdecode.analysis.ngram_types import NgramSettings, ReplayStats
+from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings, ReplayStats
 
 S = NgramSettings
 

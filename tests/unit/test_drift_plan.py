@@ -1,6 +1,6 @@
-"""The plan's lever where the host's drift is known (analysis/design.py → levers, report/plan.py
-→ lever_lines): a longer window, interleaving or arms side by side where drift dominates, more
-starts where restarts do; each with its cost."""
+"""The plan's lever where the host's drift is known (analysis/verdict/design.py → levers,
+report/plan.py → lever_lines): a longer window, interleaving or arms side by side where drift
+dominates, more starts where restarts do; each with its cost."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.design import drift_variance, levers, start_only
-from pytest_specdecode.analysis.restarts import RestartNoise
-from pytest_specdecode.analysis.time_drift import TimeDrift, block_sd
+from pytest_specdecode.analysis.variance.restarts import RestartNoise
+from pytest_specdecode.analysis.variance.time_drift import TimeDrift, block_sd
+from pytest_specdecode.analysis.verdict.design import drift_variance, levers, start_only
 from pytest_specdecode.report.plan import Timing, design_lines
 
 from ..support.synthetic import settings

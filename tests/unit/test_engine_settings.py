@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_specdecode.analysis.side_changes import (
+from pytest_specdecode.analysis.verdict.side_changes import (
     RUNNER_ENV,
     SideChange,
     foreseen,

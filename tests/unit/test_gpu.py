@@ -15,8 +15,8 @@ import pytest
 
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.measure import environment
-from pytest_specdecode.targets import gpu
-from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.facts import gpu
+from pytest_specdecode.targets.hosts.base import CommandResult
 
 DATA = Path(__file__).parents[1] / "data" / "nvidia-smi-h200"
 LABEL = "unit vllm.service on root@gpu:22"

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.ssh import SSHHost
+from pytest_specdecode.targets.hosts.ssh import SSHHost
 
 
 class Refused(Exception):

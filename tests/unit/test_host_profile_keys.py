@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis import noise
 from pytest_specdecode.analysis.run import analyze
+from pytest_specdecode.analysis.verdict import noise
 from pytest_specdecode.config.arms import AA_ARM, BASELINE
 from pytest_specdecode.measure.environment import machine, parse_cpu_model
 from pytest_specdecode.measure.served_speed import seconds_per_output_token
@@ -34,7 +34,7 @@ from pytest_specdecode.record.profile import (
 )
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import plan
-from pytest_specdecode.targets.hosts import LocalHost
+from pytest_specdecode.targets.hosts.base import LocalHost
 
 from ..support.synthetic import aa_entry as entry
 from ..support.synthetic import add_phase, record, settings, store

@@ -1,7 +1,8 @@
-"""A start's requests in interleaved order (measure/order.py, measure/experiment.py), and two
-arms served together, on the scripted target: each round holds every cell once in a seeded
-order, each cell's counters are its own, a contaminated round is sent again, and with
-`--spec-arms together` each slot goes to one server, then the other, never both at once."""
+"""A start's requests in interleaved order (measure/experiment/order.py,
+measure/experiment/arms.py), and two arms served together, on the scripted target: each round holds
+every cell once in a seeded order, each cell's counters are its own, a contaminated round is sent
+again, and with `--spec-arms together` each slot goes to one server, then the other, never both at
+once."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from pytest_specdecode.config.prompts import request_plan
 from pytest_specdecode.config.settings import Settings
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.errors import ServiceError
-from pytest_specdecode.measure.experiment import Experiment
-from pytest_specdecode.measure.order import CellPlan, RoundOrder, order_seed, slot_size
+from pytest_specdecode.measure.experiment.arms import Experiment
+from pytest_specdecode.measure.experiment.order import CellPlan, RoundOrder, order_seed, slot_size
 from pytest_specdecode.record.schema import Phase, RunRecord
 from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.targets.lifecycle import Switchboard

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.compare import compare_arms
-from pytest_specdecode.analysis.level_acceptance import acceptance_by_level
+from pytest_specdecode.analysis.prediction.level_acceptance import acceptance_by_level
 from pytest_specdecode.analysis.run import analyze
+from pytest_specdecode.analysis.verdict.compare import compare_arms
 from pytest_specdecode.record.schema import RunRecord
-from pytest_specdecode.report import acceptance as report
 from pytest_specdecode.report import write_reports
+from pytest_specdecode.report.sections import acceptance as report
 from tests.support import synthetic
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from pytest_specdecode.config.load import SLO, LoadLevel, check_slo_levels, load_levels, slo_config
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.measure.loadgen import poisson_arrivals
-from pytest_specdecode.record.level_stats import level_stats, percentile
+from pytest_specdecode.measure.requests.loadgen import poisson_arrivals
+from pytest_specdecode.record.requests.level_stats import level_stats, percentile
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.errors import ServiceError
-from pytest_specdecode.measure.experiment import Experiment
+from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.lifecycle import experiment_services
 

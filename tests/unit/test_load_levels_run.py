@@ -14,7 +14,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.config.prompts import request_plan
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.record.samples import RequestSample
+from pytest_specdecode.record.requests.samples import RequestSample
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import write_reports

@@ -25,14 +25,14 @@ import pytest
 from pytest_specdecode.config.load import SLO, LoadLevel
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.loadgen import (
+from pytest_specdecode.measure.requests.loadgen import (
     RequestSpec,
     planned_specs,
     poisson_arrivals,
     run_level,
     timed_request,
 )
-from pytest_specdecode.record.level_stats import LevelStats, level_stats
+from pytest_specdecode.record.requests.level_stats import LevelStats, level_stats
 
 from ..support.virtual_clock import VirtualTime
 

@@ -19,8 +19,13 @@ import pytest
 
 from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.loadgen import RequestSpec, make_client, run_level, timed_request
-from pytest_specdecode.record.samples import RequestSample
+from pytest_specdecode.measure.requests.loadgen import (
+    RequestSpec,
+    make_client,
+    run_level,
+    timed_request,
+)
+from pytest_specdecode.record.requests.samples import RequestSample
 from tests.support.standin_server import (
     MULTI_TOKEN_PER_CHUNK,
     MULTI_TOKEN_TEXT,

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.checks import acceptance_cross_check
-from pytest_specdecode.analysis.ngram_replay import replay
-from pytest_specdecode.analysis.ngram_types import NgramSettings
+from pytest_specdecode.analysis.prediction.ngram_replay import replay
+from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings
+from pytest_specdecode.analysis.verdict.checks import acceptance_cross_check
 from pytest_specdecode.measure.server_metrics import (
     ServerCounters,
     acceptance_between,

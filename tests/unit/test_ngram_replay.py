@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.ngram_replay import grid, propose, replay, replay_many
-from pytest_specdecode.analysis.ngram_types import (
+from pytest_specdecode.analysis.prediction.ngram_replay import grid, propose, replay, replay_many
+from pytest_specdecode.analysis.prediction.ngram_types import (
     NgramSettings,
     ReplayStats,
     RequestTokens,

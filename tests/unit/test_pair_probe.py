@@ -8,7 +8,7 @@ host that could not come.
 from __future__ import annotations
 
 from pytest_specdecode.measure.host_load import one_server, pair_probe, summarise
-from pytest_specdecode.targets.gpu import GpuProcess
+from pytest_specdecode.targets.facts.gpu import GpuProcess
 from pytest_specdecode.targets.host_env import GpuReading, HostSample
 
 UUID = "GPU-eda606d4-8706-fd4b-3aa6-56d219e8df3d"

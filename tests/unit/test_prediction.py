@@ -7,15 +7,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pytest_specdecode.analysis.level_acceptance import acceptance_by_level
-from pytest_specdecode.analysis.ngram_replay import replay, replay_many
-from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens, grid_settings
-from pytest_specdecode.analysis.prediction import predict_run
+from pytest_specdecode.analysis.prediction.level_acceptance import acceptance_by_level
+from pytest_specdecode.analysis.prediction.ngram_replay import replay, replay_many
+from pytest_specdecode.analysis.prediction.ngram_types import (
+    NgramSettings,
+    RequestTokens,
+    grid_settings,
+)
+from pytest_specdecode.analysis.prediction.predict import predict_run
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE
+from pytest_specdecode.record.requests.token_capture import TokenIds
 from pytest_specdecode.record.schema import RunRecord, _finite
 from pytest_specdecode.record.store import RunStore, load_run
-from pytest_specdecode.record.token_capture import TokenIds
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import (

@@ -19,7 +19,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report import html, markdown, plan, terminal, write_reports
-from pytest_specdecode.report.prediction import HEADER, notes
+from pytest_specdecode.report.sections.prediction import HEADER, notes
 
 from ..support.synthetic import RECORDED_TYPES, add_phase, record, recorded_run, settings
 from .test_report_options import CONFIG

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis import noise
+from pytest_specdecode.analysis.verdict import noise
 from pytest_specdecode.config.arms import AA_ARM, BASELINE
 from pytest_specdecode.record.profile import (
     Accelerator,

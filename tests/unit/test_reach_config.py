@@ -18,9 +18,9 @@ from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets import api_through_ssh
-from pytest_specdecode.targets.ssh import SSHHost
-from pytest_specdecode.targets.systemd_inspection import HOST_PROGRAMS
-from pytest_specdecode.targets.tunnel import ApiTunnel
+from pytest_specdecode.targets.hosts.ssh import SSHHost
+from pytest_specdecode.targets.hosts.tunnel import ApiTunnel
+from pytest_specdecode.targets.systemd.inspection import HOST_PROGRAMS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -308,7 +308,7 @@ class RecordingHost:
         self.seen: list[tuple[tuple[str, ...], str | None]] = []
 
     def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
-        from pytest_specdecode.targets.hosts import CommandResult
+        from pytest_specdecode.targets.hosts.base import CommandResult
 
         self.seen.append((tuple(argv), stdin))
         out = ""
@@ -326,7 +326,7 @@ class RecordingHost:
 
 
 def test_files_are_written_with_install_and_mv_and_journals_read_without_a_shell():
-    from pytest_specdecode.targets.systemd import SystemdTarget, SystemdUnit
+    from pytest_specdecode.targets.systemd.target import SystemdTarget, SystemdUnit
 
     host = RecordingHost()
     target = SystemdTarget(host, "vllm.service", api_base="http://gpu:8000", model="m")

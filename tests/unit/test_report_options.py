@@ -9,8 +9,8 @@ import pytest
 
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.report import plan
-from pytest_specdecode.targets.hosts import CommandResult
-from pytest_specdecode.targets.systemd import SystemdTarget
+from pytest_specdecode.targets.hosts.base import CommandResult
+from pytest_specdecode.targets.systemd.target import SystemdTarget
 
 from .test_stored_runs import stored_run
 

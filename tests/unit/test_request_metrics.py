@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from pytest_specdecode.measure.loadgen import RequestSpec, make_client, timed_request
-from pytest_specdecode.record.request_metrics import (
+from pytest_specdecode.measure.requests.loadgen import RequestSpec, make_client, timed_request
+from pytest_specdecode.record.requests.request_metrics import (
     RequestSpecDecode,
     acceptance_of,
     against_counters,

@@ -1,4 +1,5 @@
-"""analysis/restarts.py: the starts' effects and the restart noise they measure (no server)."""
+"""analysis/variance/restarts.py: the starts' effects and the restart noise they measure (no
+server)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.restarts import (
+from pytest_specdecode.analysis.variance.restarts import (
     RestartNoise,
     fit_starts,
     pooled,

@@ -43,7 +43,7 @@ CONFTEST = """
 import json
 from pathlib import Path
 
-from pytest_specdecode.analysis.search import SearchPolicy
+from pytest_specdecode.analysis.search.policy import SearchPolicy
 from tests.support.scripted_target import Script, ScriptedTarget, Speed
 
 TEXT = "x = x + 1 ;"  # six words: the ids repeat, so n-grams draft

@@ -7,11 +7,11 @@ import math
 import re
 from pathlib import Path
 
-from pytest_specdecode.analysis.level_prediction import cost_prior
-from pytest_specdecode.analysis.ngram_replay import replay_many
-from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens
-from pytest_specdecode.analysis.search import Gain, Reload, SearchPolicy, Stop, _shapes
-from pytest_specdecode.analysis.search_answer import schedule, search_answer
+from pytest_specdecode.analysis.prediction.level_prediction import cost_prior
+from pytest_specdecode.analysis.prediction.ngram_replay import replay_many
+from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings, RequestTokens
+from pytest_specdecode.analysis.search.answer import schedule, search_answer
+from pytest_specdecode.analysis.search.policy import Gain, Reload, SearchPolicy, Stop, _shapes
 from pytest_specdecode.config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 from pytest_specdecode.record.schema import RunRecord
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.search import SearchPolicy
-from pytest_specdecode.analysis.search_answer import search_answer
+from pytest_specdecode.analysis.search.answer import search_answer
+from pytest_specdecode.analysis.search.policy import SearchPolicy
 from pytest_specdecode.cli.predict import main as predict
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
-from pytest_specdecode.report import search as report
+from pytest_specdecode.report.sections import search as report
 
 from ..support.search_sim import Truth, measure, run_search, search_record, verdicts
 

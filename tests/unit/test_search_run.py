@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.analysis.search import SearchPolicy
+from pytest_specdecode.analysis.search.policy import SearchPolicy
 from pytest_specdecode.config.specconfig import BATCH_TABLE_KEY, SpecConfig
-from pytest_specdecode.measure.experiment import Experiment
+from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.measure.search import SearchRun, SearchStopped
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.lifecycle import experiment_services

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.analysis.side_changes import RUNNER_ENV
+from pytest_specdecode.analysis.verdict.side_changes import RUNNER_ENV
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.vllm_argv import with_speculative_config
 from pytest_specdecode.errors import ConfigError
@@ -17,10 +17,10 @@ from pytest_specdecode.record.engine_settings import parse_engine_log
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.plan import phase_order, side_change_plan
-from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.local import LocalProcessTarget
-from pytest_specdecode.targets.systemd import SETTINGS_LINES, SystemdUnit
-from pytest_specdecode.targets.unitfile import render_dropin
+from pytest_specdecode.targets.systemd.target import SETTINGS_LINES, SystemdUnit
+from pytest_specdecode.targets.systemd.unitfile import render_dropin
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import settings

@@ -16,8 +16,8 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from pytest_specdecode.measure.loadgen import RequestSpec, make_client, timed_request
-from pytest_specdecode.measure.sse_transport import LeanSSETransport
+from pytest_specdecode.measure.requests.loadgen import RequestSpec, make_client, timed_request
+from pytest_specdecode.measure.requests.sse_transport import LeanSSETransport
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 

@@ -1,4 +1,5 @@
-"""analysis/stats.py: pure statistics, no server (the calibration is in test_calibration.py)."""
+"""analysis/verdict/stats.py: pure statistics, no server (the calibration is in
+test_calibration.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from pytest_specdecode.analysis.stats import (
+from pytest_specdecode.analysis.verdict.stats import (
     Interval,
     Question,
     RestartNoise,

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from pytest_specdecode.analysis.ngram_replay import StepReplay, replay_many
-from pytest_specdecode.analysis.ngram_types import NgramSettings, RequestTokens
-from pytest_specdecode.analysis.step_check import LevelSteps, check_steps
-from pytest_specdecode.record.request_metrics import RequestSpecDecode
+from pytest_specdecode.analysis.prediction.ngram_replay import StepReplay, replay_many
+from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings, RequestTokens
+from pytest_specdecode.analysis.prediction.step_check import LevelSteps, check_steps
+from pytest_specdecode.record.requests.request_metrics import RequestSpecDecode
 from tests.support.synthetic import per_request_data
 
 DATA = per_request_data()

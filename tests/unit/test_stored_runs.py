@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.reuse import stored_baseline
 from pytest_specdecode.analysis.run import analyze, candidate_verdicts
+from pytest_specdecode.analysis.verdict.reuse import stored_baseline
 from pytest_specdecode.cli import compare_runs as compare
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.measure.environment import git_commit, gpu_list
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import markdown, plan
-from pytest_specdecode.targets.hosts import CommandResult
+from pytest_specdecode.targets.hosts.base import CommandResult
 
 from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, settings, store
 

@@ -19,8 +19,7 @@ import pytest
 
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets import gpu
-from pytest_specdecode.targets.beside_room import (
+from pytest_specdecode.targets.beside.room import (
     Placement,
     cpu_placement,
     first_free_port,
@@ -29,10 +28,11 @@ from pytest_specdecode.targets.beside_room import (
     parse_cpu_list,
     with_port,
 )
-from pytest_specdecode.targets.hosts import BaseHost, CommandResult
-from pytest_specdecode.targets.systemd import SystemdTarget
-from pytest_specdecode.targets.systemd_beside import systemd_run_argv
-from pytest_specdecode.targets.systemd_watchdog import RESTORE_SCRIPT
+from pytest_specdecode.targets.facts import gpu
+from pytest_specdecode.targets.hosts.base import BaseHost, CommandResult
+from pytest_specdecode.targets.systemd.beside import systemd_run_argv
+from pytest_specdecode.targets.systemd.target import SystemdTarget
+from pytest_specdecode.targets.systemd.watchdog import RESTORE_SCRIPT
 
 DATA = Path(__file__).parents[1] / "data" / "nvidia-smi-h200"
 UNIT = """# /etc/systemd/system/vllm.service

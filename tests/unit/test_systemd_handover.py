@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_specdecode.targets.hosts import BaseHost, CommandResult
-from pytest_specdecode.targets.systemd import SystemdTarget
-from pytest_specdecode.targets.systemd_watchdog import LOCK_DIR, RESTORING
+from pytest_specdecode.targets.hosts.base import BaseHost, CommandResult
+from pytest_specdecode.targets.systemd.target import SystemdTarget
+from pytest_specdecode.targets.systemd.watchdog import LOCK_DIR, RESTORING
 
 UNIT = """# /etc/systemd/system/vllm.service
 [Unit]

@@ -1,5 +1,6 @@
-"""Drift within a start (analysis/time_drift.py): AR(1) drift beside the request's own noise,
-from each start's residuals in time order; what an A/A run writes of it to the host profile."""
+"""Drift within a start (analysis/variance/time_drift.py): AR(1) drift beside the request's own
+noise, from each start's residuals in time order; what an A/A run writes of it to the host
+profile."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis import noise
 from pytest_specdecode.analysis.run import analyze
-from pytest_specdecode.analysis.time_drift import (
+from pytest_specdecode.analysis.variance.time_drift import (
     TimeDrift,
     block_sd,
     drift_of,
@@ -19,6 +19,7 @@ from pytest_specdecode.analysis.time_drift import (
     sent_in_blocks,
     start_residuals,
 )
+from pytest_specdecode.analysis.verdict import noise
 from pytest_specdecode.record.profile import (
     Accelerator,
     HostProfile,

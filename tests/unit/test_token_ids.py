@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.measure.loadgen import RequestSpec
-from pytest_specdecode.measure.token_ids import capture_token_ids, record_token_ids
-from pytest_specdecode.record.samples import RequestSample
-from pytest_specdecode.record.token_capture import TokenIdSupport
+from pytest_specdecode.measure.requests.loadgen import RequestSpec
+from pytest_specdecode.measure.requests.token_ids import capture_token_ids, record_token_ids
+from pytest_specdecode.record.requests.samples import RequestSample
+from pytest_specdecode.record.requests.token_capture import TokenIdSupport
 
 API = "http://vllm.test"
 PROMPT_IDS = [1, 9690, 198, 2683, 2]

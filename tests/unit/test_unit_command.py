@@ -13,11 +13,11 @@ import pytest
 
 from pytest_specdecode.config.vllm_argv import ServerCommand, host_address, parse_server_command
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.container import first_process
-from pytest_specdecode.targets.hosts import CommandResult
-from pytest_specdecode.targets.systemd import SystemdTarget
-from pytest_specdecode.targets.systemd_inspection import bus_label
-from pytest_specdecode.targets.vllm_facts import MARKER, VllmFactsError
+from pytest_specdecode.targets.facts.vllm import MARKER, VllmFactsError
+from pytest_specdecode.targets.hosts.base import CommandResult
+from pytest_specdecode.targets.hosts.container import first_process
+from pytest_specdecode.targets.systemd.inspection import bus_label
+from pytest_specdecode.targets.systemd.target import SystemdTarget
 
 PYTHON = "/opt/venv/bin/python"
 PODMAN_UNIT = """# /etc/systemd/system/vllm-podman.service

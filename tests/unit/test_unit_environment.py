@@ -7,7 +7,7 @@ and file below was started there and its argv printed.
 import pytest
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.unit_environment import (
+from pytest_specdecode.targets.systemd.unit_environment import (
     UnitEnvironment,
     expand_words,
     parse_env_file,
@@ -16,7 +16,7 @@ from pytest_specdecode.targets.unit_environment import (
     parse_show_environment,
     refuse_unset,
 )
-from pytest_specdecode.targets.unitfile import effective_exec_start, expand_exec_start
+from pytest_specdecode.targets.systemd.unitfile import effective_exec_start, expand_exec_start
 
 # Environment=A=1 "B=two words" H=h1 / Environment=H=h2 / drop-in: Environment=C=3
 SHOWN = 'Environment=A=1 "B=two words" H=h2 C=3'

@@ -7,7 +7,7 @@ import pytest
 from pytest_specdecode.config.specconfig import parse_spec_config
 from pytest_specdecode.config.target import check_unit_name
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.unitfile import (
+from pytest_specdecode.targets.systemd.unitfile import (
     DROPIN_NAME,
     dropin_path,
     dropin_run_id,
@@ -264,7 +264,7 @@ class NoHost:
 
 
 def test_the_host_side_restore_script():
-    from pytest_specdecode.targets.systemd import SystemdTarget
+    from pytest_specdecode.targets.systemd.target import SystemdTarget
 
     target = SystemdTarget(
         NoHost(), "vllm@smol.service", api_base="http://gpu-box:8000", model="smol"

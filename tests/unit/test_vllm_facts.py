@@ -20,10 +20,8 @@ from pytest_specdecode.config.specconfig import (
     validate_spec_values,
 )
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.facts_cache import FINGERPRINT
-from pytest_specdecode.targets.hosts import CommandResult
-from pytest_specdecode.targets.local import LocalProcessTarget
-from pytest_specdecode.targets.vllm_facts import (
+from pytest_specdecode.targets.facts.cache import FINGERPRINT
+from pytest_specdecode.targets.facts.vllm import (
     MARKER,
     SNIPPET,
     VllmFactsError,
@@ -36,6 +34,8 @@ from pytest_specdecode.targets.vllm_facts import (
     validated_against_target,
     with_request_metrics,
 )
+from pytest_specdecode.targets.hosts.base import CommandResult
+from pytest_specdecode.targets.local import LocalProcessTarget
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 

@@ -1,0 +1,243 @@
+"""The design: whether it can reach a verdict at all (checked before anything starts), and what
+it can call on this host (the plan, the dry run, `--spec-detect`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from ...config.settings import RunConfig, Settings
+from ...errors import ConfigError
+from ..variance.power import ASSUMED_RESIDUAL_SD, MAX_STARTS, DesignPower, design_power
+from ..variance.restarts import RestartNoise
+from ..variance.time_drift import TimeDrift, block_sd
+from .adaptive import target_se
+from .compare import METRICS
+from .stats import minimum_requests
+
+
+def family_size(settings: Settings) -> int:
+    """Comparisons in a candidate's family: every prompt type at every level, on every metric."""
+    return len(settings.prompt_types) * len(settings.run.levels) * len(METRICS)
+
+
+def check_design(settings: Settings) -> None:
+    """Refuse a design whose requests could never show a difference: every verdict would be
+    inconclusive, and the run a waste of reloads."""
+    if not settings.candidates and not settings.run.search:
+        return
+    run = settings.run
+    family = family_size(settings)
+    need = minimum_requests(family, run.alpha)
+    least = min(run.requests_at(level)[0] for level in run.levels)
+    if least * run.repeats >= need:
+        return
+    repeats = math.ceil(need / least)
+    levels = len(run.levels)
+    what = f"{len(settings.prompt_types)} prompt types" + (
+        f" x {levels} load levels" if levels > 1 else ""
+    )
+    raise ConfigError(
+        f"with {least} requests per prompt type{', level' if levels > 1 else ''} and server "
+        f"start, and {run.repeats} start{'s' if run.repeats != 1 else ''} per arm, no verdict "
+        f"can be reached: {family} comparisons ({what} x throughput and TPOT) at alpha "
+        f"{run.alpha:g} need at least {need} requests per comparison and arm. Take "
+        f"--spec-samples {need} (or --spec-repeats {repeats}); nothing was started"
+    )
+
+
+# --------------------------------------------------------------------------- what it can call
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What a design can call on one metric, from what is known of this host."""
+
+    metric: str
+    power: DesignPower
+    noise: RestartNoise
+    residual_sd: float
+    residual_measured: bool
+    drift_counted: bool = False  # the drift within a start counted in each start's mean
+
+    @property
+    def detectable(self) -> float:
+        return self.power.detectable
+
+
+def expected_requests(
+    run: RunConfig, noise: RestartNoise, residual_var: float, *, fixed: bool
+) -> int:
+    """Requests per prompt type and start the adaptive rule should stop at, on this host."""
+    least, most = run.requests_at(run.levels[0], fixed=fixed)
+    target = target_se(noise.sd, run.min_effect)
+    wanted = math.ceil(residual_var / target**2) if target > 0 else most
+    return min(most, max(least, wanted))
+
+
+def _host(
+    settings: Settings, outside: Mapping[str, RestartNoise], metric: str
+) -> tuple[RestartNoise, float, bool]:
+    """What is known of this host for a metric: the restart noise (measured, else assumed), a
+    request's residual variance, and whether that was measured."""
+    run = settings.run
+    noise = outside.get(metric) or RestartNoise.assumed(run.assumed_restart_noise)
+    measured = bool(noise.measured and noise.residual)
+    return noise, (noise.residual or 0.0) if measured else ASSUMED_RESIDUAL_SD**2, measured
+
+
+def _power(settings: Settings, noise: RestartNoise, residual_var: float, starts: int, k: int):
+    run = settings.run
+    return design_power(
+        noise,
+        residual_var=residual_var,
+        starts=starts,
+        requests=k,
+        family=family_size(settings),
+        alpha=run.alpha,
+        margin=run.min_effect,
+    )
+
+
+def reach(settings: Settings, outside: Mapping[str, RestartNoise]) -> dict[str, Reach]:
+    """Per metric, the smallest change the configured design calls with 80% power."""
+    out = {}
+    for metric in METRICS:
+        noise, residual_var, measured = _host(settings, outside, metric)
+        k = expected_requests(settings.run, noise, residual_var, fixed=settings.aa_only)
+        power = _power(settings, noise, residual_var, settings.run.repeats, k)
+        out[metric] = Reach(metric, power, noise, math.sqrt(residual_var), measured)
+    return out
+
+
+def design_to_detect(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    change: float,
+    *,
+    seconds: Callable[[int, int], float],
+) -> tuple[DesignPower, float] | None:
+    """The quickest design (starts per arm, requests per start) that calls a change of this
+    size on every metric with 80% power, and its estimated seconds; None if none can."""
+    least, most = settings.run.requests_at(settings.run.levels[0])
+    counts = sorted({least, most, max(least, min(most, 2 * least))})
+    hosts = [_host(settings, outside, metric) for metric in METRICS]
+    for starts in range(1, MAX_STARTS + 1):
+        found = []
+        for k in counts:
+            powers = [_power(settings, noise, var, starts, k) for noise, var, _ in hosts]
+            if max(p.detectable for p in powers) <= change:
+                found.append((max(powers, key=lambda p: p.detectable), seconds(starts, k)))
+        if found:
+            return min(found, key=lambda f: f[1])
+    return None
+
+
+# --------------------------------------------------------------------------- drift and levers
+
+DECIDE_AT = 0.20  # the change the plan's lever is chosen for where --spec-detect names none
+LONGER = (2, 4)  # a longer window: this many times the configured requests per start
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One way to make a design decide: what it changes, the design, what it calls, its cost."""
+
+    what: str  # "more starts", "a longer window", "interleaved", "arms side by side"
+    options: str  # the options that run it
+    starts: int
+    requests: int
+    detectable: float
+    seconds: float
+
+
+def drift_variance(drift: TimeDrift, requests: int, *, order: str, keys: int) -> float:
+    """What the drift adds to the variance of one key's start effect at `requests` per start:
+    blocked, the mean of that many consecutive requests; interleaved over `keys` prompt types,
+    of that many requests `keys` apart. Side by side ("together") the two arms see the same
+    drift at each slot, but the analysis does not take it out yet (the A/A run's restart noise
+    is not measured within its pairs, docs/statistics.md): as interleaved."""
+    if drift.sd <= 0:
+        return 0.0
+    phi = drift.phi if order == "blocked" else drift.phi ** max(1, keys)
+    return block_sd(drift.sd, phi, requests) ** 2
+
+
+def start_only(noise: RestartNoise, drift: TimeDrift, *, keys: int) -> float:
+    """The restart noise's variance without the drift a blocked A/A run counted in it: the
+    drift's mean over one key's block of the A/A's requests (its requests per start and key)."""
+    per_key = max(1, round(drift.requests / max(1, drift.starts) / max(1, keys)))
+    counted = drift_variance(drift, per_key, order="blocked", keys=keys) if drift.blocked else 0.0
+    return max(0.0, noise.sd**2 - counted)
+
+
+def _drifted(
+    noise: RestartNoise, drift: TimeDrift, requests: int, order: str, keys: int
+) -> RestartNoise:
+    """The restart noise a start's mean sees at this design: the start effect alone, plus the
+    drift's share of `requests` per key sent in this order."""
+    base = start_only(noise, drift, keys=keys)
+    sd = math.sqrt(base + drift_variance(drift, requests, order=order, keys=keys))
+    return RestartNoise(sd, noise.df, noise.source, noise.measured)
+
+
+def drift_reach(settings: Settings, found: Reach, drift: TimeDrift) -> Reach:
+    """`reach` on throughput with the drift counted: what the configured design calls once
+    each start's mean carries the drift of its window (the figure to plan by)."""
+    run = settings.run
+    keys = len(settings.prompt_types) * len(run.levels)
+    order = "together" if run.arms == "together" else run.order
+    k = found.power.requests
+    noise = _drifted(found.noise, drift, k, order, keys)
+    residual = drift.noise_sd**2 or ASSUMED_RESIDUAL_SD**2
+    power = _power(settings, noise, residual, run.repeats, k)
+    return replace(found, power=power, residual_sd=math.sqrt(residual), drift_counted=True)
+
+
+def levers(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    drift: TimeDrift,
+    change: float,
+    *,
+    seconds: Callable[[int, int, bool], float],
+) -> list[Lever]:
+    """Each lever's cheapest design that calls a change of this size on throughput with 80%
+    power, where drift is known: more starts (the order as it is), a longer window, the
+    prompt types interleaved, the arms side by side. `seconds(starts, requests, together)`."""
+    run = settings.run
+    keys = len(settings.prompt_types) * len(run.levels)
+    noise, _, _ = _host(settings, outside, "throughput")
+    residual = drift.noise_sd**2 or ASSUMED_RESIDUAL_SD**2
+    most = run.requests_at(run.levels[0])[1]
+    longer = [most * f for f in LONGER]
+    now = "together" if run.arms == "together" else run.order
+    plans = {
+        "more starts": (now, [most], range(run.repeats, MAX_STARTS + 1), ""),
+        "a longer window": (now, longer, [run.repeats], ""),
+    }
+    if now == "blocked":
+        flag = ' ([run] order = "interleaved")'
+        plans["the prompt types interleaved"] = (
+            "interleaved", [most, *longer], range(1, MAX_STARTS + 1), flag
+        )  # fmt: skip
+    if now != "together":
+        plans["arms side by side (where the host holds both servers)"] = (
+            "together", [most, *longer], range(1, MAX_STARTS + 1), " --spec-arms together"
+        )  # fmt: skip
+    out = []
+    for what, (kind, counts, starts_range, flag) in plans.items():
+        found = []
+        for n in starts_range:
+            for k in counts:
+                power = _power(settings, _drifted(noise, drift, k, kind, keys), residual, n, k)
+                if power.detectable <= change:
+                    found.append((seconds(n, k, kind == "together"), n, k, power.detectable))
+            if found:
+                break
+        if found:
+            cost, n, k, detectable = min(found)
+            options = f"--spec-repeats {n} --spec-samples {k} --spec-max-samples {k}{flag}"
+            out.append(Lever(what, options, n, k, detectable, cost))
+    return sorted(out, key=lambda lever: lever.seconds)

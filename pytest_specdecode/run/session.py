@@ -1,0 +1,674 @@
+"""The run's state for one pytest session: one object, registered as a plugin in pytest_configure.
+
+It owns the settings, the run folder, the progress log, the experiment and the end of the run.
+The hooks in plugin.py and the fixtures in fixtures.py only call into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .. import __version__
+from ..analysis.run import RunAnalysis, analyze, max_num_seqs
+from ..analysis.variance.restarts import RestartNoise
+from ..analysis.variance.time_drift import TimeDrift, drift_text
+from ..analysis.verdict import noise
+from ..analysis.verdict.compare import METRICS, PromptTypeVerdict
+from ..analysis.verdict.design import check_design
+from ..analysis.verdict.reuse import stored_baseline
+from ..config.arms import BASELINE, BASELINE_AFTER
+from ..config.settings import Settings
+from ..config.specconfig import SpecConfig, VllmFacts, validate_spec_values
+from ..errors import ConfigError, HostError, SpecDecodeError
+from ..measure.environment import environment, machine
+from ..measure.experiment.arms import Experiment
+from ..measure.search import SearchRun
+from ..measure.served_speed import served_speed
+from ..measure.traffic import quiet, rate_text
+from ..options import settings_from_options
+from ..progress import ProgressLog, write_line
+from ..record.counters import TrafficWatch
+from ..record.profile import (
+    ProfileKey,
+    accelerator_of,
+    add_entry,
+    design_of,
+    lookup,
+    profiles_dir,
+    with_held_version,
+)
+from ..record.schema import Phase, RunRecord, TargetInfo
+from ..record.search import SEARCH_PREFIX
+from ..record.store import RunStore, stored_runs
+from ..redaction import redact_argv, redact_env, redact_text
+from ..report import Written, write_reports
+from ..report import terminal as terminal_report
+from ..report.plan import (
+    RUN_LOG,
+    Timing,
+    design_lines,
+    dry_run_lines,
+    previous_timing,
+    search_text,
+    service_plan,
+    side_change_plan,
+    stored_prediction,
+    stored_search_plan,
+)
+from ..report.text import noise_text
+from ..targets.base import Service, Target
+from ..targets.facts.vllm import (
+    request_metrics_args,
+    request_metrics_plan,
+    validated_against_target,
+    with_request_metrics,
+)
+from ..targets.host_env import HostProbe, busiest
+from ..targets.lifecycle import RunEnding, experiment_services
+from .folder import api_headers, check_writable, new_run_dir
+
+PLUGIN_NAME = "specdecode-session"
+
+
+def session_of(config: pytest.Config) -> SpecDecodeSession:
+    """The run's session object: registered in pytest_configure, or now if a suite asks first."""
+    found = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if found is None:
+        try:
+            found = SpecDecodeSession(config, settings_from_options(config))
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.pluginmanager.register(found, PLUGIN_NAME)
+    return found
+
+
+class SpecDecodeSession:
+    """One experiment per pytest session."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.run_dir = new_run_dir(settings)  # created once the run really starts
+        self.experiment: Experiment | None = None
+        self.search: SearchRun | None = None  # --spec-search: its slots, resolved on demand
+        self.written: Written | None = None
+        self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
+        self.request_metrics_note: str | None = None  # why no per-request metrics, if so
+        self.progress = ProgressLog(config)
+        self._finished = False
+        self._analysis: RunAnalysis | None = None  # the run's one analysis, once it is complete
+        self._reports_existed = settings.reports_dir.exists()
+        self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
+        self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
+        self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
+        self._machine: dict[str, Any] | None = None  # the serving host's GPUs and CPU, once read
+        self._served: tuple[float | None] | None = None  # a running server's speed, once read
+
+    # -- before anything starts ---------------------------------------------------------------
+    def check_before_start(self) -> None:
+        """Refuse, before anything starts: a design that cannot reach a verdict, a reused
+        baseline that cannot be, a reports folder that cannot be written."""
+        check_design(self.settings)
+        path = self.config.getoption("spec_baseline_from")
+        if path:
+            stored_baseline(path, self.settings)
+        check_writable(self.settings.reports_dir)
+        wanted = self.settings.candidates or self.settings.run.search
+        if wanted and self.writes_html:  # a run; the dry run checks its own
+            self._use_facts(self._validated())
+
+    def _use_facts(self, facts: VllmFacts) -> None:
+        """The facts the candidates were checked against; each speculative candidate then asks
+        for per-request metrics where that vLLM knows the option."""
+        self.vllm_facts = facts
+        _, self.request_metrics_note = request_metrics_args(facts)
+        candidates = with_request_metrics(self.settings.candidates, facts)
+        self.settings = dataclasses.replace(self.settings, candidates=candidates)
+
+    def _validated(self) -> VllmFacts:
+        """The candidates checked against the target's own vLLM (read-only); its facts."""
+        target = self._open_target(self.settings.reports_dir)
+        try:
+            return validated_against_target(
+                target, self.settings.candidates, progress=self.progress
+            )
+        except HostError as exc:  # the host cannot be reached: nothing was touched
+            raise ConfigError(str(exc)) from None
+        finally:
+            target.close()  # touches the host only to undo what this run did: nothing
+
+    @property
+    def writes_html(self) -> bool:
+        """pytest-html writes report.html into the run folder: only when an experiment runs."""
+        option = self.config.option
+        return not (option.spec_dry_run or option.collectonly or getattr(option, "help", False))
+
+    # -- the dry run ----------------------------------------------------------------------------
+    def dry_run(self) -> int:
+        """Print the plan. Nothing is started, written or locked; only reads on a host."""
+        settings = self.settings
+        target = self._open_target(settings.reports_dir)
+        try:
+            checked = []
+            if settings.candidates:
+                facts = validated_against_target(
+                    target, settings.candidates, progress=self.progress
+                )
+                self._use_facts(facts)
+                settings = self.settings
+                checked = [
+                    f"validated the candidates against {facts.describe()}"
+                    + (f" ({facts.note})" if facts.note else ""),
+                    request_metrics_plan(facts),
+                ]
+            steps = [*checked, *service_plan(settings, target)]
+        except SpecDecodeError as exc:
+            write_line(f"pytest-specdecode dry run: {exc}")
+            return pytest.ExitCode.USAGE_ERROR
+        finally:
+            target.close()  # touches the host only to undo what this run did: nothing
+        lines = dry_run_lines(
+            settings,
+            steps,
+            host=target.host_name,
+            timing=self._timing(target),
+            aba=self.config.getoption("spec_aba"),
+            baseline_from=self.config.getoption("spec_baseline_from"),
+            adopts_original=target.adopts_running_original,
+            noise=self._noise_plan(target),
+            predicted=(
+                stored_search_plan(settings, host=target.host_name)
+                if settings.run.search
+                else stored_prediction(settings, host=target.host_name)
+            ),
+            design=self._design_lines(target),
+            side_changes=side_change_plan(settings, self._target_version()),
+        )
+        write_line("\n".join(lines), stream=sys.stdout)
+        return pytest.ExitCode.OK
+
+    def _target_version(self) -> str | None:
+        """The target's vLLM version where it was asked (not the offline list's)."""
+        facts = self.vllm_facts
+        return facts.version if facts is not None and not facts.offline else None
+
+    def _timing(self, target: Target) -> Timing:
+        """From this host's stored runs of its accelerator, else its profile's engine speed."""
+        key = self._plan_key(target)
+        if self._served is None:  # read once: a server already answering (nothing changes)
+            try:
+                headers = api_headers(self.settings)
+            except ConfigError:
+                headers = None  # the run refuses it elsewhere; the dry run says so
+            found = (
+                served_speed(target.api_base, headers, target.transports().sync)
+                if headers is not None
+                else None
+            )
+            self._served = (found,)
+        return previous_timing(
+            self.settings,
+            host=target.host_name,
+            default_start_s=target.typical_start_s,
+            accelerator=key.accelerator,
+            profile=lookup(self.profiles, key),
+            served=self._served[0],
+        )
+
+    def _design_lines(self, target: Target) -> list[str]:
+        """What the design can call on this host, and what would call --spec-detect's change."""
+        return design_lines(
+            self.settings,
+            self._known(self._plan_key(target)),
+            detect=self.config.getoption("spec_detect"),
+            timing=self._timing(target),
+            baseline=self.config.getoption("spec_baseline_from") is None,
+            aba=self.config.getoption("spec_aba"),
+            adopts_original=target.adopts_running_original,
+            drift=self._drift(self._plan_key(target)),
+        )
+
+    def _drift(self, key: ProfileKey) -> TimeDrift | None:
+        """The drift within a start this key's profile measured (throughput), if any."""
+        profile = lookup(self.profiles, key).profile
+        found = (
+            noise.drift_from_profile(profile, version=key.vllm_version, design=self._design())
+            if profile
+            else {}
+        )
+        return found.get("throughput")
+
+    # -- the run ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def running(self, session: pytest.Session) -> Iterator[Experiment]:
+        """Bring services up on demand; whatever happens, the teardown restores the original."""
+        settings = self.settings
+        t = settings.target
+        headers = api_headers(settings)
+        target = self._open_target(self.run_dir)
+        transports = target.transports()
+        try:  # nothing is touched until preflight has passed; its last step takes the lock
+            for step in service_plan(settings, target):
+                self.progress(f"plan: {step}")
+            if settings.run.search:
+                self.progress(f"plan: candidates {search_text(settings.run)}")
+            self.progress(f"plan: restart noise: {self._noise_plan(target)}")
+            for line in self._design_lines(target):
+                self.progress(f"plan: {line}")
+            for line in side_change_plan(settings, self._target_version()):
+                self.progress(f"plan: {line}")
+            target.preflight()
+        except SpecDecodeError as exc:
+            target.close()
+            self.progress(f"refused, nothing was touched: {exc}")
+            self._discard_run_dir()
+            pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.progress.open(self.run_dir / RUN_LOG)
+        self.progress(f"run folder {self.run_dir}")
+        store: RunStore | None = None
+        board = None
+
+        def record_ending(ending: RunEnding) -> None:  # as soon as each part of it is known
+            if store is not None:
+                store.record.ending = ending
+                store.flush()
+
+        try:
+            with experiment_services(
+                target,
+                ready_timeout_s=t.startup_timeout_s,
+                restore_timeout_s=t.restore_timeout_s,
+                progress=self.progress,
+                headers=headers,
+                transport=transports.sync,
+                record_ending=record_ending,
+                clock=transports.clock,
+            ) as board:
+                store = RunStore(self.run_dir, self._new_record(target))
+                self.experiment = Experiment(
+                    settings,
+                    board,
+                    store,
+                    progress=self.progress,
+                    headers=headers,
+                    transports=transports,
+                    outside=self._known(self._plan_key(target)),
+                    request_metrics_note=self.request_metrics_note,
+                    probe=HostProbe(target.host),
+                )
+                self._watch_host(target, board.original)
+                if settings.run.search:
+                    self.search = self._search(self.experiment, target.host_name)
+                if target.adopts_running_original and board.was_active:
+                    self._watch_traffic(board.original)
+                yield self.experiment
+        finally:  # the restore ran in experiment_services' teardown: keep what it reported
+            if store is not None and board is not None and board.restore_report is not None:
+                store.record.restore = board.restore_report
+                store.flush()
+
+    def _search(self, experiment: Experiment, host: str) -> SearchRun:
+        """--spec-search: each reload chosen by prediction, checked by the host's vLLM as any
+        candidate is, and measured by the experiment (whose teardown is the restore)."""
+        run, model = self.settings.run, self.settings.target.model
+        assert run.search is not None
+
+        def stored() -> list[tuple[str, RunRecord]]:
+            found = stored_runs(self.settings.reports_dir, host=host, model=model)
+            return [(folder.name, r) for folder, r in found if folder != self.run_dir]
+
+        def prepare(spec: SpecConfig) -> SpecConfig:
+            values = validate_spec_values(spec.values, source=spec.name, facts=self.vllm_facts)
+            checked = SpecConfig(spec.name, values)
+            facts = self.vllm_facts
+            return with_request_metrics((checked,), facts)[0] if facts else checked
+
+        return SearchRun(
+            experiment,
+            method=run.search,
+            max_reloads=run.max_reloads,
+            margin=run.min_effect,
+            stored=stored,
+            prepare=prepare,
+            progress=self.progress,
+            before_choice=self._known_noise,
+            max_num_seqs=max_num_seqs(experiment.record),
+        )
+
+    def arm(self, name: str) -> Phase:
+        """An arm's measurements over all its starts; a search's slot resolved first (raises
+        SearchStopped where the search did not reach it)."""
+        assert self.experiment is not None
+        if self.search is not None and name.startswith(SEARCH_PREFIX):
+            slot = name.removeprefix(SEARCH_PREFIX)
+            if slot.isdigit():
+                name = self.search.arm(int(slot))
+        return self.experiment.arm(name)
+
+    def start_failure_text(self, nodeid: str, exc: BaseException) -> str | None:
+        """What a test that needed an arm which failed to start reports: the whole failure
+        once, for the first such test; one line pointing at it for every later one. None for
+        any other exception."""
+        arm = self.experiment.failed_arm(exc) if self.experiment is not None else None
+        if arm is None:
+            return None
+        first = self._failures_shown.setdefault(arm, nodeid)
+        if first == nodeid:
+            return f"{type(exc).__name__}: {exc}"
+        headline = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"the {arm} arm failed to start (shown in full at {first}): {headline[:200]}"
+
+    def describe(self, candidate: str) -> str:
+        """A candidate as its tests name it: a search's slot with the config it chose."""
+        search = self.experiment.record.search if self.experiment else None
+        found = search.reload_of(candidate) if search else None
+        return f"{candidate} ({found.label})" if found else candidate
+
+    def _open_target(self, log_dir: Path) -> Target:
+        return self.config.hook.pytest_specdecode_open_target(
+            config=self.config, settings=self.settings, log_dir=log_dir, progress=self.progress
+        )
+
+    def _watch_host(self, target: Target, original: Service) -> None:
+        """Before the run: the host's other work, against which each window is judged; a busy
+        host is named in the plan with what is using it."""
+        assert self.experiment is not None
+        run = self.settings.run
+        env = self.experiment.host_before(original)
+        if env is None:
+            return
+        self.progress(f"the host before the run: {env.describe()}")
+        share = env.other_cpu_share or 0.0
+        if share <= run.busy_host_share and not env.other_gpu_processes:
+            return
+        using = "; ".join(busiest(target.host)) or "unknown"
+        after = (
+            "measured anyway, its environment beside every verdict (--spec-allow-busy-host)"
+            if run.allow_busy_host
+            else f"each window is measured again where other work moves by more than "
+            f"{run.busy_host_share:.0%} of the host beyond its usual"
+        )
+        self.progress(f"plan: a busy host: {env.describe()}; using it: {using}; {after}")
+
+    def _watch_traffic(self, original: Service) -> None:
+        """Before anything is touched: is anyone else using the service? Refuse if so, unless
+        allowed (their requests are then told apart per window)."""
+        assert self.experiment is not None
+        run = self.settings.run
+        self.progress(
+            f"watching {original.label} for {run.traffic_watch_s:g}s for other clients' traffic"
+        )
+        seen = self.experiment.watch(original, run.traffic_watch_s)
+        text = rate_text(seen, run.traffic_watch_s)
+        self.experiment.record.traffic_watch = TrafficWatch(
+            seconds=run.traffic_watch_s, traffic=seen, text=text, quiet=quiet(seen)
+        )
+        self.experiment.store.flush()
+        self.progress(f"traffic before the run: {text}")
+        if quiet(seen) or run.allow_traffic:
+            return
+        message = (
+            f"{original.label} is serving other clients ({text}): their requests would move "
+            "the timings and the acceptance counters. Refusing to touch it; nothing was "
+            "touched. Pass --spec-allow-traffic to measure it anyway (each window is then "
+            "checked, and measured again where others' requests show)"
+        )
+        self.progress(message)
+        pytest.exit(f"pytest-specdecode: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def _new_record(self, target: Target) -> RunRecord:
+        settings = self.settings
+        t = settings.target
+        record = RunRecord(
+            plugin_version=__version__,
+            config_file=str(settings.source),
+            target=TargetInfo(
+                backend=t.backend,
+                host=target.host_name,
+                api_base=target.api_base,
+                model=t.model,
+                unit=t.unit,
+                command=redact_argv(t.command),
+                env=redact_env(t.env),
+            ),
+            run=settings.run,
+            candidates={c.name: dict(c.values) for c in settings.candidates},
+            prompt_types=dict(settings.prompt_types),
+            environment={
+                **environment(target, settings.source, self._machine_of(target)),
+                "vllm": self.vllm_facts.record() if self.vllm_facts else None,
+            },
+        )
+        reuse = self.config.getoption("spec_baseline_from")
+        if reuse:
+            record.phases[BASELINE], record.baseline_from = stored_baseline(reuse, settings)
+            self.progress(f"baseline: reused from {reuse}, not measured")
+        return record
+
+    def verdict(self, candidate: str, prompt_type: str) -> PromptTypeVerdict:
+        """One candidate against the baseline on one prompt type.
+
+        Everything a verdict rests on is measured first, the same for every verdict and for the
+        reports: every start of the design, the drift check's baseline (--spec-aba), and the
+        restart noise known from stored runs of this host, model and vLLM version.
+        """
+        return self.complete_design().verdicts[candidate][prompt_type]
+
+    def complete_design(self) -> RunAnalysis:
+        """Every start of the design, then (--spec-aba) the original once more, last; then the
+        run's one analysis, computed once and handed to every test and report."""
+        assert self.experiment is not None
+        if self._analysis is not None:
+            return self._analysis
+        self.experiment.measure_all()
+        if self.search is not None:
+            self.search.complete()
+        record = self._record()
+        aba = self.config.getoption("spec_aba") and not record.arm_phases(BASELINE_AFTER)
+        if aba and record.arm_phases(BASELINE) and record.measured_candidates:
+            self.progress("drift check (ABA): measuring the original again")
+            self.experiment.baseline_after()
+        self._known_noise()
+        self._analysis = analyze(record)
+        return self._analysis
+
+    def _known_noise(self) -> None:
+        """Once the baseline's vLLM version is known: the restart noise the profile and stored
+        runs of this key (host, accelerator, model, version) measured, recorded in the run."""
+        record = self._record()
+        baseline = record.arm_phases(BASELINE)
+        if record.restart_noise_prior is not None or not baseline:
+            return
+        key = noise.key_of(record)
+        known = self._known(key)
+        prior = {m: n.to_dict() for m, n in known.items()}
+        unused = noise.not_used(lookup(self.profiles, key), self._stored(key))
+        sd = record.run.assumed_restart_noise
+        for metric in METRICS:
+            if metric in known:
+                self.progress(f"restart noise of {metric}: {noise_text(known[metric])}")
+                continue
+            prior[metric] = noise.assumed(sd, note=unused).to_dict()
+            own = "; this A/A run's starts measure it" if noise.is_aa_run(record) else ""
+            self.progress(
+                f"restart noise of {metric} before this run: none measured for "
+                f"{key.describe()}; the prior is assumed {sd:.0%}{own}"
+                + (f"; {unused}" if unused else "")
+            )
+        record.restart_noise_prior = prior
+        self.experiment.store.flush()  # type: ignore[union-attr]
+
+    def _stored(self, key: ProfileKey) -> list[tuple[str, RunRecord]]:
+        """This host's stored runs of the model, but this run (the key is checked later)."""
+        found = stored_runs(self.settings.reports_dir, host=key.host, model=key.model)
+        return [(folder.name, r) for folder, r in found if folder != self.run_dir]
+
+    def _known(self, key: ProfileKey) -> dict[str, RestartNoise]:
+        """What this key's profile and stored runs (those the profile does not already hold)
+        measured of restart noise, per metric."""
+        return noise.known(lookup(self.profiles, key), self._stored(key), design=self._design())
+
+    def _design(self) -> str:
+        """How this run's starts send their requests (record/profile.py DESIGNS)."""
+        run = self.settings.run
+        return design_of(run.order, together=run.arms == "together")
+
+    def _machine_of(self, target: Target) -> dict[str, Any]:
+        """The serving host's GPUs, CPU and accelerator: read once, on the host."""
+        if self._machine is None:
+            self._machine = machine(target.host)
+        return self._machine
+
+    def _plan_key(self, target: Target) -> ProfileKey:
+        """The key this run's restart noise will have, as far as known before it starts: the
+        vLLM version the candidates were validated against on the host; where none was asked
+        (or only the offline list answered), the one version this key's profile holds."""
+        facts = self.vllm_facts
+        found = self._machine_of(target)
+        key = ProfileKey(
+            target.host_name,
+            accelerator_of(found.get("gpus"), found.get("cpu")),
+            self.settings.target.model,
+            facts.version if facts is not None and not facts.offline else None,
+        )
+        return with_held_version(self.profiles, key)
+
+    def _noise_plan(self, target: Target) -> str:
+        """What the verdicts will know of restart noise, as far as it can be told beforehand:
+        the same key's profile and stored runs they will read, named with the key."""
+        key = self._plan_key(target)
+        found = lookup(self.profiles, key)
+        measured = noise.known(found, self._stored(key), design=self._design()).get("throughput")
+        facts = self.vllm_facts
+        asked = facts is not None and not facts.offline and facts.version == key.vllm_version
+        told = (
+            ""
+            if asked or key.vllm_version is None
+            else (
+                f"; if the server runs vLLM {key.vllm_version}, as this profile's runs did (its "
+                "version is read when it starts)"
+            )
+        )
+        if measured is not None:
+            return f"{noise_text(measured)} for {key.describe()}{told}"
+        text = noise.assumed(self.settings.run.assumed_restart_noise).source
+        unused = noise.not_used(found, self._stored(key))
+        return f"{text}, for {key.describe()}" + (f"; {unused}" if unused else "")
+
+    def _update_profile(self) -> None:
+        """An A/A run adds the restart noise it measured to its host's profile."""
+        record = self._record()
+        if not noise.is_aa_run(record):
+            return
+        entry = noise.profile_entry(
+            record, run=self.run_dir.name, date=datetime.now(UTC).isoformat(timespec="seconds")
+        )
+        if entry is None:
+            self.progress("host profile: this A/A run measured no restart noise (one start)")
+            return
+        key = noise.key_of(record)
+        try:
+            path = add_entry(self.profiles, key.host, key.accelerator, key.model, entry)
+        except (OSError, ConfigError) as exc:
+            self.progress(f"host profile: not written ({exc})")
+            return
+        measured = "; ".join(
+            f"{metric} {noise_text(RestartNoise.from_dict(dict(d)))}"
+            + (
+                f", {drift_text(TimeDrift.from_dict(dict(entry.drift[metric])))}"
+                if entry.drift and metric in entry.drift
+                else ""
+            )
+            for metric, d in entry.noise.items()
+        )
+        self.progress(
+            f"host profile {path}: this run's restart noise added ({measured}); later runs of "
+            f"{key.describe()} use it. Inside a repository, commit it"
+        )
+
+    def _record(self) -> RunRecord:
+        assert self.experiment is not None
+        return self.experiment.record
+
+    def _discard_run_dir(self) -> None:
+        """A refused run leaves nothing to review: no run folder, no HTML report."""
+        for undo in self.on_discard:
+            undo()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if not self._reports_existed:
+            with contextlib.suppress(OSError):
+                self.settings.reports_dir.rmdir()
+
+    # -- the end ------------------------------------------------------------------------------
+    def analysis(self) -> RunAnalysis | None:
+        """The run's one analysis: None until the design is complete (or the run ended)."""
+        return self._analysis
+
+    def drift(self):
+        """--spec-aba: the drift check, after everything else was measured."""
+        return self.complete_design().drift
+
+    def finish(self) -> Written | None:
+        """Once, after the restore: the analysis into results.json, the plots and summary.md.
+
+        Never raises: the samples are already stored, and the test outcome must stand.
+        """
+        if self._finished:
+            return self.written
+        self._finished = True
+        if self.experiment is None:
+            return None
+        try:
+            store = self.experiment.store
+            if self._analysis is None:  # an interrupted or partial run: what it measured
+                self._known_noise()
+                self._analysis = analyze(store.record)
+            analysis = self._analysis
+            self._update_profile()
+            store.analysis = analysis.to_json()
+            store.flush()
+            self.written = write_reports(
+                store.record,
+                analysis,
+                self.run_dir,
+                failed=_failed_tests(self.config),
+                step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
+            )
+        except Exception:
+            write_line("[specdecode] the report could not be written:\n" + traceback.format_exc())
+        return self.written
+
+    def terminal_lines(self) -> list[str]:
+        if self.experiment is None:
+            return []
+        record = self.experiment.record
+        files = {"results": self.experiment.store.path}
+        if self.written is not None:
+            files = {"summary": self.written.summary, **files}
+        analysis = self._analysis if self._analysis is not None else analyze(record)
+        lines = terminal_report.lines(record, analysis, files=files)
+        return [redact_text(line) for line in lines]
+
+
+def _failed_tests(config: pytest.Config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return []
+    return [
+        r.nodeid.split("::")[-1] + ("" if r.when == "call" else f" ({r.when})")
+        for key in ("failed", "error")
+        for r in reporter.stats.get(key, [])
+        if getattr(r, "nodeid", None)
+    ]

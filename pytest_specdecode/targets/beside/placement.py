@@ -1,0 +1,163 @@
+"""Two servers side by side (`--spec-arms together`): where each runs. Pure: argv, ports, shares.
+
+On a CPU each server gets its own cores: the cores this process may use, split in two halves,
+applied with `taskset -c` and vLLM's `VLLM_CPU_OMP_THREADS_BIND` (the CPU backend binds its
+OpenMP threads to that list). On one GPU each gets its share of the memory
+(`--gpu-memory-utilization`); with several GPUs, each its own (`CUDA_VISIBLE_DEVICES`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from ..facts.gpu import Gpu
+
+GPU_SHARE = 0.45  # --gpu-memory-utilization of each of two servers on one GPU
+PORT_FLAG = "--port"
+MEMORY_FLAG = "--gpu-memory-utilization"
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one of the two servers runs: its cores (CPU), or its GPUs and memory share."""
+
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()  # CUDA_VISIBLE_DEVICES; empty: as the original sees them
+    memory_share: float | None = None  # --gpu-memory-utilization
+
+    def argv(self, argv: Sequence[str], *, taskset: str | None = "taskset") -> list[str]:
+        """The command run in this place: `taskset -c` before it, the memory share after."""
+        out = list(argv)
+        if self.memory_share is not None:
+            out = with_option(out, MEMORY_FLAG, f"{self.memory_share:g}")
+        if self.cores and taskset:
+            out = [taskset, "-c", core_list(self.cores), *out]
+        return out
+
+    def env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.cores:
+            env[BIND_ENV] = core_list(self.cores)
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        return env
+
+    def describe(self) -> str:
+        if self.cores:
+            return f"cores {core_list(self.cores)}"
+        parts = []
+        if self.gpus:
+            parts.append(f"GPU {','.join(str(g) for g in self.gpus)}")
+        if self.memory_share is not None:
+            parts.append(f"{self.memory_share:.0%} of the GPU memory")
+        return ", ".join(parts) or "as the original"
+
+
+def core_list(cores: Iterable[int]) -> str:
+    """`0,1,2,5` → `0-2,5`, the form taskset and VLLM_CPU_OMP_THREADS_BIND read."""
+    ordered = sorted(set(cores))
+    runs: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(runs)
+
+
+def split_cores(cores: Iterable[int]) -> tuple[Placement, Placement]:
+    """The first half of the cores for the original, the rest for the second server."""
+    ordered = sorted(set(cores))
+    if len(ordered) < 2:
+        raise ValueError(f"two servers need 2 cores, {len(ordered)} may be used")
+    half = len(ordered) // 2
+    return Placement(cores=tuple(ordered[:half])), Placement(cores=tuple(ordered[half:]))
+
+
+def cpu_room(cores: Iterable[int]) -> str | None:
+    """None where two servers can each have a core of their own; else why not."""
+    usable = sorted(set(cores))
+    if len(usable) >= 2:
+        return None
+    return (
+        f"this process may use {len(usable)} core ({core_list(usable) or 'none'}); two CPU "
+        "servers side by side need one core each at least"
+    )
+
+
+def gpu_placements(
+    gpus: Sequence[Gpu], *, share: float = GPU_SHARE, tensor_parallel: int = 1
+) -> tuple[Placement, Placement] | str:
+    """Each server's GPUs or memory share, or why the GPUs cannot hold a second copy.
+
+    With 2·tp GPUs or more, each server gets tp GPUs of its own (the freest first); on fewer,
+    both share tp GPUs, each with `share` of the memory, which must be free on every one:
+    vLLM refuses to start where less than its share is free.
+    """
+    if len(gpus) >= 2 * tensor_parallel:
+        ordered = sorted(gpus, key=lambda g: (g.memory_used_mib or 0, g.index or 0))
+        first = tuple(sorted(g.index or 0 for g in ordered[:tensor_parallel]))
+        second = tuple(sorted(g.index or 0 for g in ordered[tensor_parallel : 2 * tensor_parallel]))
+        return Placement(gpus=first), Placement(gpus=second)
+    if len(gpus) < tensor_parallel:
+        return f"{len(gpus)} GPU(s), and the server needs {tensor_parallel}"
+    short = []
+    for gpu in gpus[:tensor_parallel]:
+        total, used = gpu.memory_total_mib, gpu.memory_used_mib
+        if total is None or used is None:
+            return f"GPU {gpu.index}: its memory is not known (nvidia-smi said N/A)"
+        needed = round(2 * share * total)
+        if total - used < needed:
+            short.append(
+                f"GPU {gpu.index} ({gpu.name}) has {total - used} MiB free of {total} MiB; "
+                f"two servers at {share:g} each need {needed} MiB"
+            )
+    if short:
+        return "; ".join(short)
+    return Placement(memory_share=share), Placement(memory_share=share)
+
+
+def with_option(argv: Sequence[str], flag: str, value: str) -> list[str]:
+    """`--flag value` set: every existing `--flag V` and `--flag=V` replaced by one at the end."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            skip = True
+            continue
+        if arg.startswith(flag + "="):
+            continue
+        out.append(arg)
+    return [*out, flag, value]
+
+
+def with_port(argv: Sequence[str], port: int) -> list[str]:
+    """The same command listening on `port` (vLLM's default is 8000 where none was given)."""
+    return with_option(argv, PORT_FLAG, str(port))
+
+
+def api_base_on_port(api_base: str, port: int) -> str:
+    """The same API base on another port: `http://127.0.0.1:8011` → `http://127.0.0.1:8012`."""
+    parts = urlsplit(api_base)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}"
+    if parts.username:
+        netloc = f"{parts.username}{':' + parts.password if parts.password else ''}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def shown(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """A command as a shell would run it, its variables first."""
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(env.items()))
+    return prefix + shlex.join(argv)

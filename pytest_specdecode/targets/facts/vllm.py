@@ -1,0 +1,420 @@
+"""The target's own vLLM says what is valid: its version, speculative methods and config keys.
+
+The Python that runs the server (the interpreter of the unit's ExecStart, or of the local
+command) imports `vllm.config.speculative` and prints them as JSON, without loading a model.
+Candidates are then checked against that vLLM, before anything is stopped. Where it cannot be
+asked, the offline list of vLLM 0.32 (config/specconfig.py) stands in, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ...config.specconfig import (
+    KINDS,
+    OFFLINE_FACTS,
+    SpecConfig,
+    VllmFacts,
+    validate_spec_values,
+)
+from ...config.vllm_argv import REQUEST_METRICS_FLAG, REQUEST_METRICS_LEVEL, ServerCommand
+from ...errors import HostError, SpecDecodeError
+from ..base import Progress
+from ..hosts.base import Host
+from ..hosts.container import container_host, first_process
+from . import cache as facts_cache
+
+if TYPE_CHECKING:
+    from ..base import Target
+
+MARKER = "pytest-specdecode-vllm-facts:"
+TIMEOUT_S = 180.0  # importing vllm took 6 s here (2 cores, warm cache); cold and busy, far more
+
+# Runs in the target's Python (any 3.8+ and any vLLM since SpeculativeConfig exists); prints
+# one marked JSON line. vLLM logs to stdout, so only the marked line counts.
+SNIPPET = r"""
+import json, sys
+out = {"python": sys.version.split()[0]}
+try:
+    import dataclasses, enum, inspect, types, typing
+    import vllm
+    out["version"] = str(getattr(vllm, "__version__", "unknown"))
+    try:
+        from vllm.config.speculative import SpeculativeConfig
+        out["module"] = "vllm.config.speculative"
+    except ImportError:
+        from vllm.config import SpeculativeConfig
+        out["module"] = "vllm.config"
+    UNIONS = {typing.Union, getattr(types, "UnionType", typing.Union)}
+
+    def leaves(tp, acc):
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            args = typing.get_args(tp)
+            if any(type(m).__name__ == "SkipValidation" for m in args[1:]):
+                acc.append("internal")
+            else:
+                leaves(args[0], acc)
+        elif origin in UNIONS:
+            for arg in typing.get_args(tp):
+                leaves(arg, acc)
+        elif origin is typing.Literal:
+            acc.extend(("literal", a) for a in typing.get_args(tp))
+        else:
+            acc.append(tp)
+        return acc
+
+    def kind_of(tp):
+        kinds, choices, open_str = set(), [], False
+        for leaf in leaves(tp, []):
+            if leaf == "internal":
+                return "internal", None
+            if isinstance(leaf, tuple):
+                choices.append(leaf[1])
+                kinds.add("str" if isinstance(leaf[1], str) else "any")
+                continue
+            if leaf is type(None):
+                continue
+            o = typing.get_origin(leaf) or leaf
+            if o is bool:
+                kinds.add("bool")
+            elif o is int:
+                kinds.add("int")
+            elif o is float:
+                kinds.add("float")
+            elif o is str:
+                kinds.add("str")
+                open_str = True
+            elif isinstance(o, type) and issubclass(o, enum.Enum):
+                kinds.add("str")
+                open_str = True
+            elif isinstance(o, type) and issubclass(o, (list, tuple, set, frozenset)):
+                kinds.add("list")
+            elif isinstance(o, type) and issubclass(o, dict):
+                kinds.add("dict")
+            elif isinstance(o, type) and (
+                dataclasses.is_dataclass(o) or hasattr(o, "__pydantic_fields__")
+            ):
+                kinds.add("object")
+            else:
+                kinds.add("any")
+        if "object" in kinds:
+            return "object", None
+        if kinds == {"int", "float"}:
+            kinds = {"float"}
+        kind = kinds.pop() if len(kinds) == 1 else "any"
+        closed = kind == "str" and not open_str and choices
+        return kind, (sorted(map(str, choices)) if closed else None)
+
+    try:
+        hints = typing.get_type_hints(SpeculativeConfig, include_extras=True)
+    except Exception:
+        hints = {}
+    if dataclasses.is_dataclass(SpeculativeConfig):
+        fields = [
+            (f.name, hints.get(f.name, f.type))
+            for f in dataclasses.fields(SpeculativeConfig)
+            if f.init
+        ]
+    else:
+        params = inspect.signature(SpeculativeConfig.__init__).parameters.values()
+        fields = [(p.name, p.annotation) for p in params if p.name != "self"]
+    keys, choices, internal = {}, {}, []
+    for name, tp in fields:
+        if isinstance(tp, str) or tp is inspect.Parameter.empty:
+            keys[name] = "any"
+            continue
+        kind, closed = kind_of(tp)
+        if kind in ("internal", "object"):
+            internal.append(name)
+            continue
+        keys[name] = kind
+        if closed:
+            choices[name] = closed
+    out["keys"] = keys
+    out["choices"] = choices
+    out["internal"] = internal
+    out["methods"] = choices.pop("method", None)
+    try:  # the server option of per-request speculative metrics, with its levels, if it has it
+        from vllm.engine.arg_utils import EngineArgs
+        names = {f.name: f for f in dataclasses.fields(EngineArgs)}
+        found = names.get("per_request_spec_decode_metrics")
+        if found is not None:
+            tp = found.type  # EngineArgs' own hints do not resolve (forward references)
+            if isinstance(tp, str):
+                from vllm.config.observability import ObservabilityConfig
+                tp = typing.get_type_hints(ObservabilityConfig).get(found.name, tp)
+            levels = [] if isinstance(tp, str) else leaves(tp, [])
+            out["per_request_spec_decode_metrics"] = sorted(
+                str(leaf[1]) for leaf in levels if isinstance(leaf, tuple)
+            )
+    except Exception as exc:
+        out["per_request_note"] = "%s: %s" % (type(exc).__name__, exc)
+except Exception as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+print("pytest-specdecode-vllm-facts:" + json.dumps(out))
+"""
+
+
+class VllmFactsError(SpecDecodeError):
+    """The target's vLLM could not be asked (no interpreter, import failed, no answer)."""
+
+
+# --------------------------------------------------------------------------------- pure parts
+
+
+def interpreter_from_script(path: str, head: str, *, where: str) -> list[str]:
+    """The argv that runs the Python of a console script such as `vllm`, from its first lines.
+
+    Handles `#!/path/python`, `#!/usr/bin/env python3` and pip's `#!/bin/sh` + `'''exec'`
+    form for long paths.
+    """
+    lines = head.splitlines()
+    if not lines or not lines[0].startswith("#!"):
+        raise VllmFactsError(f"{where}: {path} has no #! line, so which Python runs it is unknown")
+    interpreter, _, arg = lines[0][2:].strip().partition(" ")
+    arg = arg.strip()
+    name = posixpath.basename(interpreter)
+    if name == "env":
+        return [interpreter, *arg.split()]
+    if name in ("sh", "bash") and len(lines) > 1 and lines[1].startswith("'''exec'"):
+        try:
+            words = shlex.split(lines[1])
+        except ValueError:
+            words = []
+        if len(words) >= 2 and words[0] == "exec":
+            return [words[1]]
+    if not name.startswith("python"):
+        raise VllmFactsError(
+            f"{where}: {path} runs {interpreter!r}, not a Python this tool can ask"
+        )
+    return [interpreter, arg] if arg else [interpreter]
+
+
+def answer_line(stdout: str) -> str | None:
+    """The snippet's last marked line: vLLM logs to stdout too."""
+    return next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(MARKER)), None)
+
+
+def parse_facts(
+    stdout: str, *, host: str, interpreter: str, seconds: float | None = None
+) -> VllmFacts:
+    """The snippet's marked JSON line as VllmFacts; VllmFactsError where it tells an error."""
+    line = answer_line(stdout)
+    where = f"{host}: {interpreter}"
+    if line is None:
+        raise VllmFactsError(f"{where} printed no answer: {_tail(stdout)}")
+    try:
+        data: dict[str, Any] = json.loads(line[len(MARKER) :])
+    except json.JSONDecodeError as exc:
+        raise VllmFactsError(f"{where} printed an unreadable answer ({exc.msg})") from None
+    if "error" in data:
+        raise VllmFactsError(f"{where} could not import vLLM's speculative config: {data['error']}")
+    keys = data.get("keys")
+    if not isinstance(keys, dict) or not keys:
+        raise VllmFactsError(f"{where} listed no speculative config keys")
+    methods = data.get("methods")
+    levels = data.get("per_request_spec_decode_metrics")
+    return VllmFacts(
+        version=str(data.get("version") or "unknown"),
+        methods=frozenset(map(str, methods)) if isinstance(methods, list) else None,
+        keys={str(k): (v if v in KINDS else "any") for k, v in keys.items()},
+        choices={str(k): tuple(map(str, v)) for k, v in (data.get("choices") or {}).items()},
+        per_request_metrics=tuple(map(str, levels)) if isinstance(levels, list) else None,
+        per_request_note=str(data["per_request_note"]) if data.get("per_request_note") else None,
+        host=host,
+        interpreter=interpreter,
+        seconds=seconds,
+    )
+
+
+def check_candidates(specs: Sequence[SpecConfig], facts: VllmFacts) -> None:
+    """Each candidate against one vLLM's facts; ConfigError naming that vLLM on refusal.
+
+    The A/A candidate has no values: it is the original's own configuration."""
+    for spec in specs:
+        if not spec.is_original:
+            validate_spec_values(spec.values, source=spec.name, facts=facts)
+
+
+def request_metrics_args(facts: VllmFacts) -> tuple[tuple[str, ...], str | None]:
+    """The server arguments that make each request report its own speculative metrics
+    (record/requests/request_metrics.py), and None; or no arguments and why not.
+
+    Only where the target's own vLLM was asked and knows the option at its `detailed` level:
+    an option unknown to the server would stop the candidate from starting.
+    """
+    flag, level = REQUEST_METRICS_FLAG, REQUEST_METRICS_LEVEL
+    if facts.offline:
+        return (), f"not asked for: the target's vLLM could not be asked whether it knows {flag}"
+    levels = facts.per_request_metrics
+    if levels is None and facts.per_request_note:
+        return (), (
+            f"not asked for: whether {facts.describe()} knows {flag} could not be told "
+            f"({facts.per_request_note})"
+        )
+    if levels is None or level not in levels:
+        known = f" (it knows {flag} {'|'.join(levels)})" if levels else ""
+        return (), (
+            f"{facts.describe()} has no {flag} {level}{known}: acceptance comes from the "
+            "server's counters alone"
+        )
+    return (flag, level), None
+
+
+def request_metrics_plan(facts: VllmFacts) -> str:
+    """The plan's line: per-request metrics asked for, or why not."""
+    args, why = request_metrics_args(facts)
+    if why:
+        return f"per-request speculative metrics: {why}"
+    return (
+        f"per-request speculative metrics: each speculative candidate gets {' '.join(args)} "
+        "(each timed request then reports its own drafts and accepted tokens, step by step)"
+    )
+
+
+def with_request_metrics(specs: Sequence[SpecConfig], facts: VllmFacts) -> tuple[SpecConfig, ...]:
+    """The candidates, each speculative one asking for per-request metrics where it can."""
+    args, _ = request_metrics_args(facts)
+    return tuple(spec if spec.is_original else replace(spec, extra_args=args) for spec in specs)
+
+
+def _tail(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()][-3:]
+    return " | ".join(lines)[-400:] or "(nothing)"
+
+
+# --------------------------------------------------------------------------------- host seams
+
+_RESOLVE = r"""
+p=$1
+case "$p" in
+  */*) ;;
+  *) p=$(command -v "$p") || { echo "not found on PATH: $1" >&2; exit 127; } ;;
+esac
+printf '%s\n' "$p"
+head -c 2048 "$p"
+"""
+
+
+def interpreter_for(host: Host, exec_argv: Sequence[str], *, where: str) -> list[str]:
+    """The argv of the Python that runs `exec_argv` (python -m … or a `vllm` script)."""
+    program = exec_argv[0]
+    if posixpath.basename(program).startswith("python"):
+        return [program]
+    try:
+        result = host.run(["sh", "-c", _RESOLVE, "sh", program], timeout=30, privileged=False)
+    except HostError as exc:
+        raise VllmFactsError(f"{where}: {exc}") from None
+    if not result.ok:
+        raise VllmFactsError(f"{where}: cannot read {program}: {result.describe()}")
+    path, _, head = result.stdout.partition("\n")
+    return interpreter_from_script(path, head, where=where)
+
+
+def ask_vllm(
+    host: Host,
+    exec_argv: Sequence[str],
+    *,
+    where: str,
+    progress: Progress | None = None,
+    timeout_s: float = TIMEOUT_S,
+    report_every_s: float = 15.0,
+) -> VllmFacts:
+    """Run the snippet in the server's Python on `host`; bounded, with progress while it runs."""
+    interpreter = interpreter_for(host, exec_argv, where=where)
+    shown = shlex.join(interpreter)
+    say = progress or (lambda _message: None)
+    key = facts_cache.fingerprint(host, interpreter)
+    kept = facts_cache.recall(key)
+    if kept is not None:
+        answer, path = kept
+        try:
+            facts = parse_facts(answer, host=host.name, interpreter=shown)
+        except VllmFactsError:
+            pass  # a damaged entry: ask again
+        else:
+            say(_told(facts, f"remembered from an earlier ask of this installation ({path})"))
+            return replace(facts, remembered=str(path))
+    say(f"asking the vLLM of {where} ({shown} on {host.name}) for its speculative methods and keys")
+    start = time.monotonic()
+    with ThreadPoolExecutor(1, thread_name_prefix="specdecode-vllm-facts") as pool:
+        # The program goes by stdin (`python -`): short argv, in messages and in `ps`.
+        future = pool.submit(
+            host.run, [*interpreter, "-"], timeout=timeout_s, stdin=SNIPPET, privileged=False
+        )
+        while True:
+            try:
+                result = future.result(timeout=report_every_s)
+                break
+            except FutureTimeout:
+                say(f"  … {time.monotonic() - start:.0f}s: still importing vLLM on {host.name}")
+            except HostError as exc:  # could not start, or did not finish in time
+                raise VllmFactsError(f"{where}: {exc}") from None
+    seconds = time.monotonic() - start
+    if not result.ok and MARKER not in result.stdout:
+        raise VllmFactsError(f"{where}: {result.describe()}")
+    facts = parse_facts(result.stdout, host=host.name, interpreter=shown, seconds=seconds)
+    facts_cache.remember(key, answer_line(result.stdout) or "")
+    say(_told(facts, f"asked in {seconds:.0f}s"))
+    return facts
+
+
+def _told(facts: VllmFacts, how: str) -> str:
+    """The progress line of an answer: what it holds, and how it came."""
+    methods, keys = len(facts.methods or ()), len(facts.keys)
+    return f"{facts.describe()}: {methods} speculative methods, {keys} keys, {how}"
+
+
+def ask_in_container(
+    host: Host, server: ServerCommand, *, where: str, progress: Progress | None = None
+) -> VllmFacts:
+    """Ask the vLLM inside the unit's running container (its first process's Python)."""
+    box = container_host(host, server)
+    if box is None:
+        raise VllmFactsError(
+            f"{where} runs vLLM in a container ({server.image}) without --name, so the running "
+            "container cannot be found to ask its vLLM; give it a --name"
+        )
+    try:
+        found = box.run(["cat", "/proc/1/cmdline"], timeout=60)
+    except HostError as exc:
+        raise VllmFactsError(f"{where}: {exc}") from None
+    if not found.ok:
+        raise VllmFactsError(f"{where}: cannot read the container's command: {found.describe()}")
+    argv = first_process(found.stdout)
+    if not argv:
+        raise VllmFactsError(f"{where}: {box.name} runs no command that could be read")
+    return ask_vllm(box, argv, where=where, progress=progress)
+
+
+def facts_or_offline(target: Target, *, progress: Progress | None = None) -> VllmFacts:
+    """The target's vLLM facts; the offline list, with a note saying why, where it cannot tell.
+
+    Errors that stop the run anyway (the host cannot be reached, a unit that is not there)
+    are not hidden behind the fallback: only VllmFactsError falls back.
+    """
+    try:
+        return target.vllm_facts(progress=progress)
+    except VllmFactsError as exc:
+        note = f"the target's vLLM could not be asked: {exc}"
+        if progress is not None:
+            progress(f"{note}; using {OFFLINE_FACTS.describe()}")
+        return replace(OFFLINE_FACTS, note=note)
+
+
+def validated_against_target(
+    target: Target, specs: Sequence[SpecConfig], *, progress: Progress | None = None
+) -> VllmFacts:
+    """Ask the target's vLLM (or fall back), check every candidate, return the facts used."""
+    facts = facts_or_offline(target, progress=progress)
+    check_candidates(specs, facts)
+    return facts

@@ -1,0 +1,654 @@
+"""The GPU host's vLLM unit over a Host: the original, candidates as drop-ins, a watchdog, a lock.
+
+A candidate is the production unit itself with a runtime drop-in (see unitfile.py). What this
+writes on the host, and where:
+- /run/systemd/system/<unit>.d/zz-pytest-specdecode.conf: the candidate's drop-in. It exists only
+  while a candidate is configured; /run is cleared at boot, so a reboot restores the original;
+- /run/pytest-specdecode/: the lock (owner.txt, and `restoring` while a host-side restore runs)
+  and restore.sh, the host-side restore;
+- transient units pytest-specdecode-watchdog.{timer,service} (systemd-run). The timer runs
+  restore.sh when the controller stops renewing; an interrupted controller starts the service
+  at once. Nothing is ever written to /etc/systemd/system;
+- with `--spec-arms together`, each candidate as a transient unit beside the running unit,
+  specdecode-beside-<run>-<candidate>.service (beside.py); the unit itself is untouched.
+
+It runs only the programs in HOST_PROGRAMS (inspection.py; no shell), so that a
+non-root user can be given exactly those in a sudo rule; the Host wraps each command in
+`sudo -n` where needed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ...config.specconfig import SpecConfig, VllmFacts
+from ...config.target import check_unit_name
+from ...errors import ConfigError, HostError, ServiceError
+from ...redaction import redact_text
+from ..base import Progress, Transports
+from ..facts import gpu
+from ..facts.vllm import ask_in_container, ask_vllm
+from ..hosts.base import Host
+from .beside import BesideHost, BesideLaunch, beside_unit_prefix
+from .inspection import UnitInspection
+from .unitfile import (
+    DROPIN_NAME,
+    RUNTIME_UNIT_DIR,
+    ExpandedExecStart,
+    candidate_exec_start,
+    dropin_path,
+    dropin_run_id,
+    effective_exec_start,
+    own_dropins,
+    render_dropin,
+)
+from .watchdog import LOCK_DIR, RESTORE_SCRIPT, WATCHDOG, HostWatchdog
+
+if TYPE_CHECKING:
+    from ..hosts.tunnel import ApiTunnel
+
+# Journal lines that mean the engine is dead although the unit may still look active.
+ENGINE_DEATH = re.compile(
+    r"EngineCore failed|Engine core initialization failed|EngineDeadError|InvalidCxxCompiler"
+    r"|CUDA out of memory|OutOfMemoryError|Traceback \(most recent call last\)"
+)
+GPU_RELEASE_TIMEOUT_S = 60.0  # H200: 0.2 s after the process; big multi-GPU servers longer
+_SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ExecMainStatus")
+_INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
+# The journal lines a start's settings are read from (record/engine_settings.py).
+SETTINGS_LINES = (
+    "non-default args|Initializing a V1 LLM engine|version |WARNING|sync scheduling|"
+    "Asynchronous scheduling|"
+    "Model Runner|model runner"
+)
+_START_LOG_LINES = 20000  # a failed start's journal, read whole up to this
+
+
+class SystemdUnit:
+    """The production unit on a host, seen as one Service: the original, or one candidate.
+
+    Both are the same systemd unit. Which one runs is told by the candidate's drop-in: it is
+    written only while the unit is stopped and removed only after it stopped, so the unit runs
+    a candidate exactly when it is active with the drop-in present.
+    """
+
+    def __init__(self, target: SystemdTarget, spec: SpecConfig | None = None) -> None:
+        self.target = target
+        self.host = target.host
+        self.unit = target.unit
+        self.spec = spec
+        self.api_base = target.api_base
+        self.model = target.model
+        where = f"unit {self.unit} on {target.host_name}"
+        self.label = where if spec is None else f"candidate {spec.name}: {where} with {DROPIN_NAME}"
+        self.progress = target.progress
+        self._started_at: float | None = None
+        self._restarts_at_start = 0
+        self.gpu_notes: list[str] = []  # what the last stop saw on the GPUs besides the unit
+
+    def show(self) -> dict[str, str]:
+        result = self.host.check(
+            ["systemctl", "show", self.unit, *(f"--property={p}" for p in _SHOW)], timeout=30
+        )
+        return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+    def state(self) -> str:
+        s = self.show()
+        dropin = "present" if self.target.dropin_present() else "absent"
+        return (
+            f"{s.get('ActiveState')}/{s.get('SubState')} (NRestarts={s.get('NRestarts')}, "
+            f"candidate drop-in {dropin})"
+        )
+
+    def is_active(self) -> bool:
+        if self.show().get("ActiveState") not in ("active", "activating", "reloading"):
+            return False
+        return self.target.dropin_present() == (self.spec is not None)
+
+    def start(self) -> None:
+        if self.spec is None and self.target.dropin_present():
+            # A candidate is configured (a restore that stopped half-way): stop it, drop it.
+            self._systemctl("stop", timeout=180)
+            self.target.remove_dropin()
+        before = int(self.show().get("NRestarts") or 0)
+        self._started_at = time.time()
+        self._systemctl("start", timeout=120)
+        # A manual start may reset NRestarts: a crash loop counts from the lower of the two.
+        self._restarts_at_start = min(before, int(self.show().get("NRestarts") or 0))
+
+    def stop(self) -> None:
+        if self.spec is not None and not self.target.dropin_present():
+            # The drop-in is gone: the host rebooted, or its watchdog restored the original.
+            # The unit now runs the original, which is not this candidate's to stop.
+            return
+        before = gpu.snapshot_unit(self.host, self.unit)  # its PIDs, while they still run
+        self._systemctl("stop", timeout=180)
+        self._check_stopped(before)
+        if self.spec is not None:
+            self.target.remove_dropin()
+
+    def failure(self) -> str | None:
+        s = self.show()
+        restarts = int(s.get("NRestarts") or 0)
+        if s.get("ActiveState") == "failed":
+            return f"the unit failed (Result={s.get('Result')}, status {s.get('ExecMainStatus')})"
+        if restarts > self._restarts_at_start:
+            return (
+                f"crash loop: NRestarts climbed from {self._restarts_at_start} to {restarts} "
+                f"since the start ({s.get('ActiveState')}/{s.get('SubState')})"
+            )
+        if s.get("ActiveState") == "inactive" and self._started_at is not None:
+            return f"the unit stopped by itself (Result={s.get('Result')})"
+        death = self._engine_death()
+        if death:
+            return f"the engine died while the unit stays {s.get('ActiveState')}: {death[:200]}"
+        return None
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        """The newest journal lines: since this run started the unit, else of its current run."""
+        return self._journal(lines, since_start=self._started_at is not None)
+
+    def start_log(self) -> list[str]:
+        """The journal of the unit since this run started it (its restarts too), oldest first."""
+        return self._journal(_START_LOG_LINES, since_start=self._started_at is not None)
+
+    def settings_log(self) -> list[str]:
+        """The lines of the unit's current run that tell its settings (journalctl --grep), so
+        a unit that has served for weeks is not read whole; else its newest 5000 lines."""
+        invocation = self.host.run(
+            ["systemctl", "show", "-p", "InvocationID", "--value", self.unit], timeout=30
+        ).stdout.strip()
+        if not _INVOCATION_ID.match(invocation):
+            return []
+        match = [f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager"]
+        try:
+            found = self.host.run(["journalctl", *match, "--grep", SETTINGS_LINES], timeout=60)
+            if not found.ok and "grep" in found.stderr.lower():  # built without PCRE2
+                found = self.host.run(["journalctl", *match, "-r", "-n", "5000"], timeout=60)
+                return [redact_text(x) for x in found.stdout.splitlines() if x.strip()][::-1]
+        except HostError:
+            return []
+        return [redact_text(x) for x in found.stdout.splitlines() if x.strip()]
+
+    def _engine_death(self) -> str | None:
+        """A journal line of the unit's current run that says the engine is dead."""
+        lines = self._journal(300, since_start=False)
+        return next((line for line in lines if ENGINE_DEATH.search(line)), None)
+
+    def _journal(self, lines: int, *, since_start: bool) -> list[str]:
+        """The newest `lines` entries, oldest first (journalctl -r, reversed: no shell, no tail)."""
+        try:
+            if since_start:
+                match = ["-u", self.unit, "--since", f"@{int(self._started_at or 0) - 1}"]
+            else:
+                invocation = self.host.run(
+                    ["systemctl", "show", "-p", "InvocationID", "--value", self.unit], timeout=30
+                ).stdout.strip()
+                if not _INVOCATION_ID.match(invocation):
+                    return []
+                match = [f"_SYSTEMD_INVOCATION_ID={invocation}"]
+            result = self.host.run(
+                ["journalctl", *match, "-o", "cat", "--no-pager", "-r", "-n", str(lines)],
+                timeout=30,
+            )
+        except HostError:
+            return []
+        newest_first = [redact_text(line) for line in result.stdout.splitlines() if line.strip()]
+        return newest_first[::-1]
+
+    def _systemctl(self, verb: str, *, timeout: float) -> None:
+        result = self.host.run(["systemctl", verb, self.unit], timeout=timeout)
+        if not result.ok:
+            raise ServiceError(
+                f"`systemctl {verb} {self.unit}` failed on {self.host.name}: "
+                f"{result.describe()}; the unit is now {self.state()}"
+            )
+
+    def _check_stopped(self, before: gpu.UnitGpuSnapshot) -> None:
+        """No process of the unit lingers; its GPU memory is released (where nvidia-smi is).
+
+        GPU memory is judged by the unit's own PIDs (taken before the stop) on the GPUs they
+        used; other processes on the host are reported in `gpu_notes`, never fatal.
+        """
+        deadline = time.monotonic() + 60
+        while True:
+            s = self.show()
+            if s.get("ActiveState") in ("inactive", "failed") and s.get("MainPID") in ("0", ""):
+                break
+            if time.monotonic() > deadline:
+                raise ServiceError(f"{self.label} did not stop within 60s: {self.state()}")
+            time.sleep(1)
+        self.gpu_notes = [before.note] if before.note else []
+        if before.apps is not None:  # None: no nvidia-smi on the host, or it failed (the note)
+            release = gpu.wait_until_released(
+                lambda: gpu.poll_release(self.host, before.pids),
+                before,
+                label=self.label,
+                timeout_s=GPU_RELEASE_TIMEOUT_S,
+                progress=self.progress,
+            )
+            self.gpu_notes += release.notes(self.label, before.gpus)
+        for note in self.gpu_notes if self.progress is not None else ():
+            self.progress(f"GPU: {note}")  # reported, never fatal (not a warning: -W error)
+
+
+class BesideUnit(SystemdUnit):
+    """The candidate, as a transient unit beside the production unit (which it never touches).
+
+    Its facts are SystemdUnit's, read of the transient unit: is_active, failure, log_tail,
+    start_log and settings_log from `systemctl show` and its journal.
+    """
+
+    def __init__(
+        self,
+        target: SystemdTarget,
+        spec: SpecConfig,
+        launch: BesideLaunch,
+        *,
+        api_base: str,
+        tunnel: ApiTunnel | None = None,
+    ) -> None:
+        super().__init__(target, spec)
+        self.unit = launch.name
+        self.original_unit = target.unit
+        self.launch = launch
+        self.api_base = api_base
+        self.tunnel = tunnel
+        self.label = (
+            f"candidate {spec.name}: transient unit {launch.name} beside {target.unit} on "
+            f"{target.host_name}"
+        )
+
+    def loaded(self) -> bool:
+        """Whether systemd knows the unit now (a transient unit is gone once it stopped)."""
+        result = self.host.run(
+            ["systemctl", "show", self.unit, "--property=LoadState", "--value"], timeout=30
+        )
+        return result.ok and result.stdout.strip() == "loaded"
+
+    def is_active(self) -> bool:
+        return self.show().get("ActiveState") in ("active", "activating", "reloading")
+
+    def start(self) -> None:
+        if self.loaded():
+            raise ServiceError(
+                f"{self.label}: a unit of that name is already loaded ({self.state()}); "
+                "nothing was started"
+            )
+        self._started_at = time.time()
+        result = self.host.run(self.launch.run_argv, timeout=60)
+        if not result.ok:
+            raise ServiceError(
+                f"{self.label}: systemd-run failed: {redact_text(result.describe())}; the unit "
+                f"is now {self.state()}. The original {self.original_unit} was not touched"
+            )
+
+    def stop(self) -> None:
+        """Stop it (if systemd still has it) and check nothing of it lingers; close its tunnel."""
+        try:
+            if self.loaded():
+                before = gpu.snapshot_unit(self.host, self.unit)
+                self._systemctl("stop", timeout=180)
+                self._check_stopped(before)
+        finally:
+            if self.tunnel is not None:
+                self.tunnel.close()
+                self.tunnel = None
+
+    def state(self) -> str:
+        s = self.show()
+        return (
+            f"{s.get('ActiveState')}/{s.get('SubState')} (MainPID={s.get('MainPID')}, "
+            f"Result={s.get('Result')})"
+        )
+
+    def failure(self) -> str | None:
+        if self._started_at is not None and not self.loaded():
+            return "the transient unit is gone: its process exited (--collect removed it)"
+        return super().failure()
+
+
+class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
+    """A production unit on a host, and candidates as runtime drop-ins of that same unit.
+
+    What it reads on the host is UnitInspection's; the lock, the watchdog and the handover are
+    HostWatchdog's; candidates beside the running unit (`--spec-arms together`), BesideHost's.
+    """
+
+    adopts_running_original = True  # the running unit is the baseline, measured as it runs
+    typical_start_s = 300.0
+
+    def __init__(
+        self,
+        host: Host,
+        unit: str,
+        *,
+        api_base: str,
+        model: str,
+        watchdog_s: float = 1800.0,
+        heartbeat_host: Host | None = None,
+        progress: Progress | None = None,
+        vllm_images: Sequence[str] = (),
+        restore_timeout_s: float = 3600.0,
+    ) -> None:
+        self.host = host
+        self.progress = progress
+        self.host_name = host.name
+        self.unit = check_unit_name(unit)
+        self.dropin = dropin_path(unit)
+        self.api_base = api_base
+        self.model = model
+        self.watchdog_s = watchdog_s
+        self.restore_timeout_s = restore_timeout_s  # bounds the host-side wait for the port
+        self.vllm_images = tuple(vllm_images)
+        # It goes into the restore script and the lock: nothing a shell could misread.
+        machine = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
+        self.run_id = f"{machine}-{os.getpid()}-{int(time.time())}"
+        self.dependents: dict[str, bool] = {}  # units a stop of ours also stops -> active then
+        self._heartbeat_host = heartbeat_host
+        self._heartbeat: threading.Thread | None = None
+        self._stop_heartbeat = threading.Event()
+        self._original: SystemdUnit | None = None
+        self._unit_text: str | None = None
+        self._command: ExpandedExecStart | None = None
+        self._boot_id: str | None = None
+        self._locked = False
+        self._armed = False
+        self._handed_over = False
+        self._closing = False
+        self._wrote_dropin = False
+        self._beside_units: list[BesideUnit] = []
+        self.tunnel: ApiTunnel | None = None
+
+    def use_tunnel(self, tunnel: ApiTunnel) -> None:
+        """Reach the API through SSH: every service of this target answers at `tunnel.url`."""
+        assert self._original is None, "set the tunnel before the services are made"
+        self.tunnel = tunnel
+        self.api_base = tunnel.url
+
+    # -- Target -------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        self._refuse_if_locked()  # first: another run's lock explains every other state
+        self._check_programs()
+        text = self.unit_text()
+        self._refuse_own_dropin(text)
+        render_dropin(self.unit, text, _PROBE_SPEC, run_id=self.run_id, images=self.vllm_images)
+        state = self.original().show()
+        if state.get("ActiveState") != "active":
+            raise ConfigError(
+                f"unit {self.unit} on {self.host_name} is {state.get('ActiveState')}/"
+                f"{state.get('SubState')}, not active: refusing to experiment. The tool restores "
+                "the original to the state it found, and only a serving original is a baseline"
+            )
+        self._check_port_owner()
+        if self.tunnel is not None:
+            self.tunnel.remote_answers()  # refuses an sshd that forbids forwarding
+        writable = self.host.run(["test", "-w", RUNTIME_UNIT_DIR], timeout=30)
+        if not writable.ok:
+            raise ConfigError(
+                f"{self.host_name}: {RUNTIME_UNIT_DIR} is not writable by "
+                f"{self.host.name.split('@')[0]}; the candidate's drop-in cannot be written "
+                "(connect as root, or as a user with the sudo rule of docs/remote-host.md)"
+            )
+        self.dependents = self._find_dependents()
+        self._boot_id = self._read_boot_id()
+        self._lock()
+        try:
+            self._arm_watchdog()  # from now on a silent controller is restored after
+        except BaseException:
+            self.close()
+            raise
+
+    def vllm_facts(self, progress: Progress | None = None) -> VllmFacts:
+        """Asked of the Python in the unit's ExecStart, over SSH (in its running container, for
+        a container unit); reads, never changes."""
+        where = f"unit {self.unit} on {self.host_name}"
+        command = self.command()
+        if command.server.image is not None:
+            return ask_in_container(self.host, command.server, where=where, progress=progress)
+        return ask_vllm(self.host, command.argv, where=where, progress=progress)
+
+    def original(self) -> SystemdUnit:
+        if self._original is None:
+            self._original = SystemdUnit(self)
+        return self._original
+
+    def before_swap(self) -> None:
+        self._arm_watchdog()
+
+    def candidate(self, spec: SpecConfig) -> SystemdUnit:
+        """Configure the (stopped) unit as the candidate: write its drop-in, reload, check it."""
+        self._arm_watchdog()
+        self._check_port_free()
+        content = render_dropin(
+            self.unit, self.unit_text(), spec, run_id=self.run_id, images=self.vllm_images
+        )
+        self._wrote_dropin = True
+        self.write_file(self.dropin, content)
+        self.host.check(["systemctl", "daemon-reload"], timeout=60)
+        self._check_dropin_took_effect(spec)
+        return SystemdUnit(self, spec)
+
+    def beside(self, spec: SpecConfig) -> BesideUnit:
+        """The candidate as a transient unit beside the running original, not yet started.
+
+        Refused (ConfigError) where room_beside says there is no room; the original is never
+        touched. The watchdog is armed first: its restore.sh stops this run's transient units.
+        """
+        launch = self.beside_launch(spec)
+        self._arm_watchdog()
+        api_base, tunnel = self.beside_api(launch)
+        service = BesideUnit(self, spec, launch, api_base=api_base, tunnel=tunnel)
+        self._beside_units.append(service)
+        return service
+
+    def live_beside(self) -> list[BesideLaunch]:
+        """This run's transient units that systemd still has (they hold a port and cores)."""
+        return [u.launch for u in self._beside_units if u.loaded()]
+
+    def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
+        steps = [
+            f"on {self.host_name}: lock {LOCK_DIR}; arm the watchdog: systemd-run --unit "
+            f"{WATCHDOG} --on-active={self.watchdog_s:.0f}s /bin/sh {RESTORE_SCRIPT} (renewed "
+            f"while this controller runs); measure {self.unit} as it runs"
+        ]
+        if self.tunnel is not None:
+            command = self.command()
+            origin = f" (ExecStart as systemd expands it: {command.sources()})"
+            steps.append(
+                f"reach the API through SSH: {self.tunnel.describe()}"
+                + (origin if command.used else "")
+            )
+        for spec in specs:
+            text = render_dropin(
+                self.unit, self.unit_text(), spec, run_id=self.run_id, images=self.vllm_images
+            )
+            steps += [
+                f"systemctl stop {self.unit} (the original or the previous candidate); check "
+                "that its process is gone and the port free",
+                f"write {self.dropin} (runtime only: /run is cleared at boot, so a reboot brings "
+                "back the original by itself):\n" + _indent(text),
+                f"systemctl daemon-reload; systemctl start {self.unit} (now candidate {spec.name})",
+            ]
+        steps += [
+            f"restore: systemctl stop {self.unit}; rm {self.dropin}; systemctl daemon-reload; "
+            f"systemctl start {self.unit}; wait until healthy; start again the units that its "
+            "stop also stopped (BindsTo=/Requires=/PartOf=) and that were active; disarm the "
+            "watchdog; unlock. On Ctrl-C, SIGTERM or SIGHUP the host runs this restore itself at "
+            f"once ({WATCHDOG}.service runs {RESTORE_SCRIPT})",
+        ]
+        return steps
+
+    def transports(self) -> Transports:
+        return Transports()
+
+    def await_host_restore(self, timeout_s: float, progress: Progress) -> None:
+        """Wait until the host-side restore script has run to its end."""
+        start = time.monotonic()
+        last = start
+        while self.host.run(["test", "-e", RESTORE_SCRIPT], timeout=30).ok:
+            if time.monotonic() - start > timeout_s:
+                raise ServiceError(
+                    f"the host-side restore on {self.host_name} did not finish within "
+                    f"{timeout_s:.0f}s; the unit is {self.original().state()}"
+                    + self._watchdog_journal()
+                )
+            if time.monotonic() - last >= 15:
+                last = time.monotonic()
+                progress(f"  … the host is restoring {self.unit}: {self.original().state()}")
+            time.sleep(1)
+
+    def reachable(self) -> bool:
+        try:
+            return self.host.run(["true"], timeout=15).ok
+        except HostError:
+            return False
+
+    def after_restore(self) -> list[str]:
+        """Start again the dependents that were active at the start; say what was done."""
+        notes: list[str] = []
+        boot = self._read_boot_id()
+        if self._boot_id and boot and boot != self._boot_id:
+            notes.append(
+                f"{self.host_name} rebooted during the run: the candidate's runtime drop-in went "
+                "with /run, and the original came back by itself"
+            )
+        wanted = [u for u, active in self.dependents.items() if active]
+        if not wanted:
+            return notes
+        states = self._active_states(wanted)
+        stopped = [u for u in wanted if states.get(u) != "active"]
+        if stopped:
+            self.host.run(["systemctl", "start", *stopped], timeout=180)
+            states = self._active_states(wanted)
+            back = [u for u in stopped if states.get(u) == "active"]
+            if back:
+                depend = "it depends" if len(back) == 1 else "they depend"
+                notes.append(
+                    f"started again {', '.join(back)} (stopped with {self.unit}, which {depend} "
+                    "on; active when the run began)"
+                )
+            still = [f"{u} is {states.get(u)}" for u in stopped if u not in back]
+            if still:
+                raise ServiceError(
+                    f"units that depend on {self.unit} on {self.host_name} did not start again: "
+                    + "; ".join(still)
+                )
+        if len(stopped) < len(wanted):
+            notes.append(
+                "active again: "
+                + ", ".join(u for u in wanted if u not in stopped)
+                + f" (they depend on {self.unit})"
+            )
+        return notes
+
+    def close(self) -> None:
+        """Called after the restore: remove this run's traces, then let go of the host."""
+        self._closing = True
+        try:
+            if self._handed_over:
+                self._stop_heartbeat.set()  # the host's restore removes the rest itself
+            elif self._locked and not self._lock_is_ours():
+                # Rebooted, or restored by the watchdog and perhaps locked by another run since:
+                # nothing on the host is this run's any more.
+                self._stop_heartbeat.set()
+                self._locked = self._armed = False
+            else:
+                self._remove_dropin_if_written()
+                self._stop_beside_units()
+                self._disarm_watchdog()
+                self._unlock()
+        finally:
+            for service in self._beside_units:
+                if service.tunnel is not None:
+                    service.tunnel.close()
+            self.host.close()
+            if self._heartbeat_host is not None:
+                self._heartbeat_host.close()
+            if self.tunnel is not None:
+                self.tunnel.close()
+
+    def _stop_beside_units(self) -> None:
+        """Stop whatever transient unit of this run is still there (the restore stops each one
+        it started; this is for one it could not)."""
+        if self._beside_units:
+            pattern = f"{beside_unit_prefix(self.run_id)}*.service"
+            self.host.run(["systemctl", "stop", pattern], timeout=180)
+
+    # -- host files: every write and every removal goes through these two -------------------
+    def write_file(
+        self, path: str, content: str, mode: str = "0644", *, host: Host | None = None
+    ) -> None:
+        """Atomically: a temporary file beside it, then rename. Content goes by stdin only.
+
+        `install -D` creates missing parent directories (0755), e.g. a drop-in's `<unit>.d/`.
+        """
+        if not re.fullmatch(r"0[0-7]{3}", mode) or not path.startswith("/") or ".." in path:
+            raise ValueError(f"write_file: refusing path {path!r} or mode {mode!r}")
+        tmp = f"{path}.tmp"
+        on = host or self.host
+        on.check(["install", "-m", mode, "-D", "/dev/stdin", tmp], stdin=content, timeout=60)
+        on.check(["mv", "-f", tmp, path], timeout=30)
+
+    def remove_files(self, *paths: str, empty_dir: str | None = None) -> None:
+        """rm -rf the paths; then rmdir `empty_dir` if nothing else is in it."""
+        self.host.check(["rm", "-rf", "--", *paths], timeout=30)
+        if empty_dir:
+            self.host.run(["rmdir", "--ignore-fail-on-non-empty", "--", empty_dir], timeout=30)
+
+    # -- the candidate's drop-in ---------------------------------------------------------------
+    def dropin_present(self) -> bool:
+        return self.host.run(["test", "-e", self.dropin], timeout=30).ok
+
+    def remove_dropin(self) -> None:
+        """Remove the drop-in (the unit is stopped) and reload: the original is configured."""
+        self.remove_files(self.dropin, empty_dir=self.dropin.rsplit("/", 1)[0])
+        self.host.check(["systemctl", "daemon-reload"], timeout=60)
+
+    def _remove_dropin_if_written(self) -> None:
+        if self._wrote_dropin and self.dropin_present():
+            self.host.run(["systemctl", "stop", self.unit], timeout=180)
+            self.remove_dropin()
+
+    def _check_dropin_took_effect(self, spec: SpecConfig) -> None:
+        """After the reload, `systemctl cat` must show our command as the one systemd runs."""
+        text = self.host.check(["systemctl", "cat", self.unit], timeout=30).stdout
+        where = f"unit {self.unit} on {self.host_name}"
+        want = candidate_exec_start(self.unit_text(), spec, where=where, images=self.vllm_images)
+        try:
+            got = effective_exec_start(text, where=where, images=self.vllm_images)
+            ok = got.prefix + " ".join(t.raw for t in got.tokens) == want
+        except ConfigError:
+            ok = False
+        if not ok:
+            self.remove_dropin()
+            raise ServiceError(
+                f"{where}: after writing {self.dropin} and daemon-reload, the unit's ExecStart "
+                "is not the candidate's (another drop-in overrides it?); the drop-in was removed"
+            )
+
+    def _refuse_own_dropin(self, text: str) -> None:
+        """A drop-in of this tool already in place means a candidate may be what runs now."""
+        found = own_dropins(text)
+        if not found:
+            return
+        path, body = found[0]
+        raise ConfigError(
+            f"unit {self.unit} on {self.host_name} has pytest-specdecode's drop-in {path} (run "
+            f"{dropin_run_id(body) or 'unknown'}), and no run holds the host's lock: it may be "
+            f"running a candidate, not the original. Remove it, run `systemctl daemon-reload` "
+            f"and restart {self.unit} (or reboot the host). Nothing was touched"
+        )
+
+
+_PROBE_SPEC = SpecConfig("probe", {"method": "ngram", "num_speculative_tokens": 1})
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
