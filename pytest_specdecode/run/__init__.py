@@ -1,1 +1,7 @@
-"""The run: `SpecDecodeSession`, the one plugin object (session.py), and its folder (folder.py)."""
+"""The run: the steps of one pytest session's experiment.
+
+- session.py: `SpecDecodeSession`, the one plugin object: the plan, the run, the end;
+- host_noise.py: what the host's profile and stored runs know (the plan's noise), and what an
+  A/A run adds to the profile;
+- folder.py: the run's own folder, proved writable first, and the API's auth headers.
+"""

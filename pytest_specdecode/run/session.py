@@ -13,41 +13,26 @@ import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from .. import __version__
 from ..analysis.run import RunAnalysis, analyze, max_num_seqs
-from ..analysis.variance.restarts import RestartNoise
-from ..analysis.variance.time_drift import TimeDrift, drift_text
-from ..analysis.verdict import noise
-from ..analysis.verdict.compare import METRICS, PromptTypeVerdict
+from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design
 from ..analysis.verdict.reuse import stored_baseline
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig, VllmFacts, validate_spec_values
 from ..errors import ConfigError, HostError, SpecDecodeError
-from ..measure.environment import environment, machine
+from ..measure.environment import environment
 from ..measure.experiment.arms import Experiment
 from ..measure.search import SearchRun
-from ..measure.served_speed import served_speed
 from ..measure.traffic import quiet, rate_text
 from ..options import settings_from_options
 from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
-from ..record.profile import (
-    ProfileKey,
-    accelerator_of,
-    add_entry,
-    design_of,
-    lookup,
-    profiles_dir,
-    with_held_version,
-)
 from ..record.schema import Phase, RunRecord, TargetInfo
 from ..record.search import SEARCH_PREFIX
 from ..record.store import RunStore, stored_runs
@@ -56,17 +41,13 @@ from ..report import Written, write_reports
 from ..report import terminal as terminal_report
 from ..report.plan import (
     RUN_LOG,
-    Timing,
-    design_lines,
     dry_run_lines,
-    previous_timing,
     search_text,
     service_plan,
     side_change_plan,
     stored_prediction,
     stored_search_plan,
 )
-from ..report.text import noise_text
 from ..targets.base import Service, Target
 from ..targets.facts.vllm import (
     request_metrics_args,
@@ -77,6 +58,7 @@ from ..targets.facts.vllm import (
 from ..targets.host_env import HostProbe, busiest
 from ..targets.lifecycle import RunEnding, experiment_services
 from .folder import api_headers, check_writable, new_run_dir
+from .host_noise import HostNoise
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -110,10 +92,14 @@ class SpecDecodeSession:
         self._analysis: RunAnalysis | None = None  # the run's one analysis, once it is complete
         self._reports_existed = settings.reports_dir.exists()
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
-        self.profiles = profiles_dir(config.getoption("spec_host_profiles"), settings.host_profiles)
         self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
-        self._machine: dict[str, Any] | None = None  # the serving host's GPUs and CPU, once read
-        self._served: tuple[float | None] | None = None  # a running server's speed, once read
+        self.host_noise = HostNoise.of_option(
+            config.getoption("spec_host_profiles"),
+            settings,
+            run_dir=self.run_dir,
+            progress=self.progress,
+            facts=lambda: self.vllm_facts,
+        )
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
@@ -182,11 +168,11 @@ class SpecDecodeSession:
             settings,
             steps,
             host=target.host_name,
-            timing=self._timing(target),
+            timing=self.host_noise.timing(target, self.settings),
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
-            noise=self._noise_plan(target),
+            noise=self.host_noise.noise_plan(target),
             predicted=(
                 stored_search_plan(settings, host=target.host_name)
                 if settings.run.search
@@ -203,51 +189,15 @@ class SpecDecodeSession:
         facts = self.vllm_facts
         return facts.version if facts is not None and not facts.offline else None
 
-    def _timing(self, target: Target) -> Timing:
-        """From this host's stored runs of its accelerator, else its profile's engine speed."""
-        key = self._plan_key(target)
-        if self._served is None:  # read once: a server already answering (nothing changes)
-            try:
-                headers = api_headers(self.settings)
-            except ConfigError:
-                headers = None  # the run refuses it elsewhere; the dry run says so
-            found = (
-                served_speed(target.api_base, headers, target.transports().sync)
-                if headers is not None
-                else None
-            )
-            self._served = (found,)
-        return previous_timing(
-            self.settings,
-            host=target.host_name,
-            default_start_s=target.typical_start_s,
-            accelerator=key.accelerator,
-            profile=lookup(self.profiles, key),
-            served=self._served[0],
-        )
-
     def _design_lines(self, target: Target) -> list[str]:
         """What the design can call on this host, and what would call --spec-detect's change."""
-        return design_lines(
+        return self.host_noise.design_lines(
+            target,
             self.settings,
-            self._known(self._plan_key(target)),
             detect=self.config.getoption("spec_detect"),
-            timing=self._timing(target),
             baseline=self.config.getoption("spec_baseline_from") is None,
             aba=self.config.getoption("spec_aba"),
-            adopts_original=target.adopts_running_original,
-            drift=self._drift(self._plan_key(target)),
         )
-
-    def _drift(self, key: ProfileKey) -> TimeDrift | None:
-        """The drift within a start this key's profile measured (throughput), if any."""
-        profile = lookup(self.profiles, key).profile
-        found = (
-            noise.drift_from_profile(profile, version=key.vllm_version, design=self._design())
-            if profile
-            else {}
-        )
-        return found.get("throughput")
 
     # -- the run ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -263,7 +213,7 @@ class SpecDecodeSession:
                 self.progress(f"plan: {step}")
             if settings.run.search:
                 self.progress(f"plan: candidates {search_text(settings.run)}")
-            self.progress(f"plan: restart noise: {self._noise_plan(target)}")
+            self.progress(f"plan: restart noise: {self.host_noise.noise_plan(target)}")
             for line in self._design_lines(target):
                 self.progress(f"plan: {line}")
             for line in side_change_plan(settings, self._target_version()):
@@ -304,7 +254,7 @@ class SpecDecodeSession:
                     progress=self.progress,
                     headers=headers,
                     transports=transports,
-                    outside=self._known(self._plan_key(target)),
+                    outside=self.host_noise.known(self.host_noise.plan_key(target)),
                     request_metrics_note=self.request_metrics_note,
                     probe=HostProbe(target.host),
                 )
@@ -447,7 +397,7 @@ class SpecDecodeSession:
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
             environment={
-                **environment(target, settings.source, self._machine_of(target)),
+                **environment(target, settings.source, self.host_noise.machine_of(target)),
                 "vllm": self.vllm_facts.record() if self.vllm_facts else None,
             },
         )
@@ -485,118 +435,9 @@ class SpecDecodeSession:
         return self._analysis
 
     def _known_noise(self) -> None:
-        """Once the baseline's vLLM version is known: the restart noise the profile and stored
-        runs of this key (host, accelerator, model, version) measured, recorded in the run."""
-        record = self._record()
-        baseline = record.arm_phases(BASELINE)
-        if record.restart_noise_prior is not None or not baseline:
-            return
-        key = noise.key_of(record)
-        known = self._known(key)
-        prior = {m: n.to_dict() for m, n in known.items()}
-        unused = noise.not_used(lookup(self.profiles, key), self._stored(key))
-        sd = record.run.assumed_restart_noise
-        for metric in METRICS:
-            if metric in known:
-                self.progress(f"restart noise of {metric}: {noise_text(known[metric])}")
-                continue
-            prior[metric] = noise.assumed(sd, note=unused).to_dict()
-            own = "; this A/A run's starts measure it" if noise.is_aa_run(record) else ""
-            self.progress(
-                f"restart noise of {metric} before this run: none measured for "
-                f"{key.describe()}; the prior is assumed {sd:.0%}{own}"
-                + (f"; {unused}" if unused else "")
-            )
-        record.restart_noise_prior = prior
-        self.experiment.store.flush()  # type: ignore[union-attr]
-
-    def _stored(self, key: ProfileKey) -> list[tuple[str, RunRecord]]:
-        """This host's stored runs of the model, but this run (the key is checked later)."""
-        found = stored_runs(self.settings.reports_dir, host=key.host, model=key.model)
-        return [(folder.name, r) for folder, r in found if folder != self.run_dir]
-
-    def _known(self, key: ProfileKey) -> dict[str, RestartNoise]:
-        """What this key's profile and stored runs (those the profile does not already hold)
-        measured of restart noise, per metric."""
-        return noise.known(lookup(self.profiles, key), self._stored(key), design=self._design())
-
-    def _design(self) -> str:
-        """How this run's starts send their requests (record/profile.py DESIGNS)."""
-        run = self.settings.run
-        return design_of(run.order, together=run.arms == "together")
-
-    def _machine_of(self, target: Target) -> dict[str, Any]:
-        """The serving host's GPUs, CPU and accelerator: read once, on the host."""
-        if self._machine is None:
-            self._machine = machine(target.host)
-        return self._machine
-
-    def _plan_key(self, target: Target) -> ProfileKey:
-        """The key this run's restart noise will have, as far as known before it starts: the
-        vLLM version the candidates were validated against on the host; where none was asked
-        (or only the offline list answered), the one version this key's profile holds."""
-        facts = self.vllm_facts
-        found = self._machine_of(target)
-        key = ProfileKey(
-            target.host_name,
-            accelerator_of(found.get("gpus"), found.get("cpu")),
-            self.settings.target.model,
-            facts.version if facts is not None and not facts.offline else None,
-        )
-        return with_held_version(self.profiles, key)
-
-    def _noise_plan(self, target: Target) -> str:
-        """What the verdicts will know of restart noise, as far as it can be told beforehand:
-        the same key's profile and stored runs they will read, named with the key."""
-        key = self._plan_key(target)
-        found = lookup(self.profiles, key)
-        measured = noise.known(found, self._stored(key), design=self._design()).get("throughput")
-        facts = self.vllm_facts
-        asked = facts is not None and not facts.offline and facts.version == key.vllm_version
-        told = (
-            ""
-            if asked or key.vllm_version is None
-            else (
-                f"; if the server runs vLLM {key.vllm_version}, as this profile's runs did (its "
-                "version is read when it starts)"
-            )
-        )
-        if measured is not None:
-            return f"{noise_text(measured)} for {key.describe()}{told}"
-        text = noise.assumed(self.settings.run.assumed_restart_noise).source
-        unused = noise.not_used(found, self._stored(key))
-        return f"{text}, for {key.describe()}" + (f"; {unused}" if unused else "")
-
-    def _update_profile(self) -> None:
-        """An A/A run adds the restart noise it measured to its host's profile."""
-        record = self._record()
-        if not noise.is_aa_run(record):
-            return
-        entry = noise.profile_entry(
-            record, run=self.run_dir.name, date=datetime.now(UTC).isoformat(timespec="seconds")
-        )
-        if entry is None:
-            self.progress("host profile: this A/A run measured no restart noise (one start)")
-            return
-        key = noise.key_of(record)
-        try:
-            path = add_entry(self.profiles, key.host, key.accelerator, key.model, entry)
-        except (OSError, ConfigError) as exc:
-            self.progress(f"host profile: not written ({exc})")
-            return
-        measured = "; ".join(
-            f"{metric} {noise_text(RestartNoise.from_dict(dict(d)))}"
-            + (
-                f", {drift_text(TimeDrift.from_dict(dict(entry.drift[metric])))}"
-                if entry.drift and metric in entry.drift
-                else ""
-            )
-            for metric, d in entry.noise.items()
-        )
-        self.progress(
-            f"host profile {path}: this run's restart noise added ({measured}); later runs of "
-            f"{key.describe()} use it. Inside a repository, commit it"
-        )
+        """The restart noise known of this host, recorded once the baseline's version is."""
+        if self.host_noise.record_prior(self._record()):
+            self.experiment.store.flush()  # type: ignore[union-attr]
 
     def _record(self) -> RunRecord:
         assert self.experiment is not None
@@ -636,7 +477,7 @@ class SpecDecodeSession:
                 self._known_noise()
                 self._analysis = analyze(store.record)
             analysis = self._analysis
-            self._update_profile()
+            self.host_noise.update_profile(store.record)
             store.analysis = analysis.to_json()
             store.flush()
             self.written = write_reports(

@@ -18,7 +18,7 @@ from pytest_specdecode.record.store import RunStore, stored_runs
 def known(
     reports: Path, profiles: Path, record: RunRecord, *, version: str | None, run_dir: Path
 ) -> dict[str, noise.RestartNoise]:
-    """As the session's `_known`: the host profile, and stored runs but this one."""
+    """As `HostNoise.known` (run/host_noise.py): the host profile, and stored runs but this one."""
     key = dataclasses.replace(noise.key_of(record), vllm_version=version)
     key = with_held_version(profiles, key)
     stored = [
