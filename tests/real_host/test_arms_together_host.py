@@ -28,7 +28,8 @@ from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.hosts.ssh import SSHHost
 from pytest_specdecode.targets.systemd.beside import BESIDE_PREFIX
-from pytest_specdecode.targets.systemd.target import BesideUnit, SystemdTarget
+from pytest_specdecode.targets.systemd.target import SystemdTarget
+from pytest_specdecode.targets.systemd.units import BesideUnit
 
 from ..support.testbed import REPO, Testbed
 

@@ -19,7 +19,7 @@ from pytest_specdecode.config.ssh_config import SSHSpec
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.targets.facts import gpu
 from pytest_specdecode.targets.hosts.ssh import SSHHost
-from pytest_specdecode.targets.systemd import target as systemd
+from pytest_specdecode.targets.systemd import units as systemd_units
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 
 from ..support.testbed import Testbed
@@ -94,7 +94,7 @@ def test_the_units_own_processes_release_and_a_foreign_one_is_only_reported(host
 
 def test_a_child_left_behind_by_killmode_process_fails_the_check(host, monkeypatch):
     # KillMode=process: the stop ends the main process only, and its child keeps "its GPU".
-    monkeypatch.setattr(systemd, "GPU_RELEASE_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(systemd_units, "GPU_RELEASE_TIMEOUT_S", 3.0)
     main, child = None, None
     pids = start(host, UNITS[0], "sleep 600 & exec sleep 601", kill_mode="process", count=2)
     try:

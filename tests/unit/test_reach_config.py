@@ -326,7 +326,8 @@ class RecordingHost:
 
 
 def test_files_are_written_with_install_and_mv_and_journals_read_without_a_shell():
-    from pytest_specdecode.targets.systemd.target import SystemdTarget, SystemdUnit
+    from pytest_specdecode.targets.systemd.target import SystemdTarget
+    from pytest_specdecode.targets.systemd.units import SystemdUnit
 
     host = RecordingHost()
     target = SystemdTarget(host, "vllm.service", api_base="http://gpu:8000", model="m")

@@ -19,8 +19,8 @@ from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.plan import phase_order, side_change_plan
 from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.local import LocalProcessTarget
-from pytest_specdecode.targets.systemd.target import SETTINGS_LINES, SystemdUnit
 from pytest_specdecode.targets.systemd.unitfile import render_dropin
+from pytest_specdecode.targets.systemd.units import SETTINGS_LINES, SystemdUnit
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 from ..support.synthetic import settings
