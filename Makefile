@@ -21,6 +21,7 @@ testbed-build:
 test: testbed-build
 	bash scripts/setup-dev
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports --no-cache
 	@echo "bash scripts/setup-embedded &  # beside the unit tests"
 	@echo ".venv/bin/pytest tests/unit -n 2 --dist worksteal -p no:cacheprovider"
 	@bash scripts/setup-embedded & embedded=$$!; \
@@ -30,4 +31,4 @@ test: testbed-build
 	.venv/bin/pytest tests/real_host tests/real_vllm -n 2 --dist loadscope -v -p no:cacheprovider --durations=30
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/lint-imports

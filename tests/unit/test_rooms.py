@@ -1,0 +1,62 @@
+"""The house's shape: the import contracts hold (import-linter, pyproject.toml), every room is
+small enough to read, and docs/architecture.md names only files that exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "pytest_specdecode"
+MOST_MODULES = 12  # a folder's own .py files, __init__.py included
+MOST_LINES = 600
+ARMS = PACKAGE / "measure" / "experiment" / "arms.py"  # where the arms are started
+
+
+def test_the_import_contracts_hold() -> None:
+    """`lint-imports` reads the contracts from pyproject.toml: layers, and no circle."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run(
+        [str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_no_room_holds_more_than_twelve_modules() -> None:
+    crowded = {
+        str(folder.relative_to(REPO)): n
+        for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]
+        if (n := len(list(folder.glob("*.py")))) > MOST_MODULES
+    }
+    assert crowded == {}
+
+
+def test_no_module_is_over_six_hundred_lines_and_the_arms_under_four_hundred() -> None:
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MOST_LINES
+    }
+    assert long == {}
+    assert len(ARMS.read_text().splitlines()) < 400
+
+
+@pytest.mark.parametrize("page", ["docs/architecture.md", "CONTRIBUTING.md"])
+def test_the_maps_name_only_files_that_exist(page: str) -> None:
+    """A path in backticks, from the repository's root or the package's; a bare file name, in
+    its room's line, anywhere in the package."""
+    text = (REPO / page).read_text()
+    named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)*\.(?:py|md|toml))[`:]", text))
+    assert len(named) > 30  # each follows the code file by file
+    anywhere = {p.name for p in PACKAGE.rglob("*.py")}
+    missing = sorted(
+        n
+        for n in named
+        if not ((REPO / n).exists() or (PACKAGE / n).exists() or ("/" not in n and n in anywhere))
+    )
+    assert missing == []
