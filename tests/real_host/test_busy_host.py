@@ -38,8 +38,9 @@ Other work on both cores (make test's other worker starting a server, or install
 the engine part of its core in clean rounds, and the hog's rise falls below the bound: a CI run
 saw the host 99% busy before the run and no round set aside. So the test starts on a free core
 (the machine under 75% busy, waited for up to 4 min) and, where the host was busy before the run
-all the same, runs once more on a free core; it fails where the hog goes unseen from a quiet
-start.
+all the same, runs once more on a free core. Where the host is full before that run too, it
+skips: a hog cannot rise above a full host, so the test cannot check what it is for. It fails
+where the hog goes unseen from a quiet start.
 8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): 122-137 s
 here, with or without a busy loop beside it.
 """
@@ -68,7 +69,7 @@ BUSY_HOST_SHARE = 0.25  # the default
 ATTEMPTS = 4
 SAMPLES = 6  # rounds of one request each
 FREE_CORE_SHARE = 0.75  # of the machine busy, less: the hog can rise above it by the bound
-BEFORE = re.compile(r"the host before the run: other work (?P<share>\d+)% of")
+BEFORE = re.compile(r"the host before the run: other work (?P<share>\d+)% of \d+ CPUs")
 CANDIDATE = "[baseline-again]"
 # the progress line of a round of the candidate on which the host was seen busy
 SEEN = re.compile(
@@ -208,7 +209,12 @@ def test_a_cpu_hog_in_the_candidates_window_is_measured_again_and_an_aa_run_call
         testbed.wait_serving()
         wait_for_a_free_core(testbed)
         seen, err, out, returncode = hog_run(pytester, testbed, cmd)
-    assert seen is not None, err  # the hog ran through every round unseen
+    before = BEFORE.search(err)
+    if seen is None and before is not None and int(before["share"]) >= FREE_CORE_SHARE * 100:
+        # Full before both runs: a hog cannot rise above it, so nothing here can show whether
+        # it would be seen. Not a failure of the product: the test cannot check what it is for.
+        pytest.skip(f"the host was full before each run ({before[0]}): a hog cannot be seen")
+    assert seen is not None, err  # the hog ran through every round unseen from a free core
     assert not testbed.ssh("systemctl", "is-active", "--quiet", HOG_UNIT).ok
     round_ = f"round {seen['round']}"
 
