@@ -69,7 +69,7 @@ BUSY_HOST_SHARE = 0.25  # the default
 ATTEMPTS = 4
 SAMPLES = 6  # rounds of one request each
 FREE_CORE_SHARE = 0.75  # of the machine busy, less: the hog can rise above it by the bound
-BEFORE = re.compile(r"the host before the run: other work (?P<share>\d+)% of \d+ CPUs")
+BEFORE = re.compile(r"the host before the run: other work (?P<share>\d+)% of (?:\d+|\?) CPUs")
 CANDIDATE = "[baseline-again]"
 # the progress line of a round of the candidate on which the host was seen busy
 SEEN = re.compile(
