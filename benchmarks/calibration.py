@@ -6,7 +6,9 @@ would know (tests/support/chain.py). The host: four prompt types of twelve promp
 levels spread by 10%, a request's own noise 4%, and a shift per server start shared by its
 prompt types (the restart noise). Run from the repository root:
 
-    .venv/bin/python -m benchmarks.calibration [--runs 300] [--table routes|adaptive|pairing|drift]
+    .venv/bin/python -m benchmarks.calibration [--runs 300] [--table NAME]
+
+NAME: routes (the default), adaptive, pairing, drift or sides (side by side, by pairs).
 """
 
 from __future__ import annotations
@@ -115,12 +117,44 @@ def drift_table(runs: int, seed: int, tmp: Path) -> None:
                   f"{power.regressed:.1%} | {aa.requests:.1f} |", flush=True)  # fmt: skip
 
 
+# The H200's side-by-side figures (issue 37): a request's own spread 9% (a cell's SE 2.6% of
+# 12), drift 7% at phi 0.88, each server's start effect 1.5% as the simulation's (the H200's
+# own A/A pair agreed to 0.1%: the second row).
+SIDE_HOSTS = {
+    "start effects 1.5%": SimHost(start_sd=0.015, request_sd=0.09, drift_sd=0.07, drift_phi=0.88),
+    "start effects 0.1%": SimHost(start_sd=0.001, request_sd=0.09, drift_sd=0.07, drift_phi=0.88),
+}
+SIDE_RUN = RunConfig(samples=48, max_samples=48)
+SIDE_ROUTES = {
+    "A/A of 3 pairs, then 1 pair": Route(1, 3, 1, SIDE_RUN, "together"),
+    "A/A of 8 pairs, then 1 pair": Route(1, 8, 1, SIDE_RUN, "together"),
+    "A/A of 3 pairs, then 3 pairs": Route(1, 3, 3, SIDE_RUN, "together"),
+    "one at a time, A/A of 8 starts, then 1 start": Route(1, 4, 1, SIDE_RUN, "interleaved"),
+}
+
+
+def sides_table(runs: int, seed: int, tmp: Path) -> None:
+    """Side by side, analysed by pairs, against one at a time: 48 requests per prompt type."""
+    print("| host | route | false regressed | false improved | power, true -10% | "
+          "half-width, median (widest) | by pairs |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name, host in SIDE_HOSTS.items():
+        for route_name, route in SIDE_ROUTES.items():
+            aa = rates(host, route, effect=0.0, runs=runs, seed=seed, tmp=tmp / "s")
+            power = rates(host, route, effect=-0.10, runs=runs, seed=seed + 1, tmp=tmp / "t")
+            print(f"| {name} | {route_name} | {aa.regressed:.1%} | {aa.improved:.1%} | "
+                  f"{power.regressed:.1%} | ±{aa.median_width:.1%} (±{aa.widest:.1%}) | "
+                  f"{aa.by_pairs:.0%} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument(
-        "--table", choices=("routes", "adaptive", "pairing", "drift"), default="routes"
+        "--table",
+        choices=("routes", "adaptive", "pairing", "drift", "sides"),
+        default="routes",
     )
     args = parser.parse_args()
     print(f"{args.runs} runs per row, seed {args.seed}\n")
@@ -130,6 +164,7 @@ def main() -> None:
             "adaptive": adaptive_table,
             "pairing": pairing_table,
             "drift": drift_table,
+            "sides": sides_table,
         }
         table[args.table](args.runs, args.seed, Path(tmp))
 

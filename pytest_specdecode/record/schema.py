@@ -46,6 +46,14 @@ class ClientLoad:
         self.max_send_lag_s = max(self.max_send_lag_s, stats.max_send_lag_ms / 1000)
 
 
+def metric_value(sample: RequestSample, values: str) -> float | None:
+    """A request's value of a metric (`tokens_per_s` or `tpot_ms`) where it enters the
+    statistics (finite and > 0), else None."""
+    tpot = sample.tpot_s
+    value = sample.tokens_per_s if values == "tokens_per_s" else tpot * 1000 if tpot else 0
+    return value if math.isfinite(value) and value > 0 else None
+
+
 @dataclass
 class Measurement:
     """One prompt type in one phase: its requests, and the server's acceptance over them."""
@@ -79,12 +87,15 @@ class Measurement:
     def by_prompt(self, values: str) -> list[tuple[float, int | None]]:
         """The values of a metric (`tokens_per_s` or `tpot_ms`) that enter the statistics,
         each with the index of the prompt its request sent (None where not recorded)."""
-        out = []
+        return [(v, s.prompt_index) for s in self.samples if (v := metric_value(s, values))]
+
+    def by_slot(self, values: str) -> dict[int, list[float]]:
+        """The values of a metric that enter the statistics, by the slot each request was sent
+        in (measure/experiment/order.py); requests without a slot are left out."""
+        out: dict[int, list[float]] = {}
         for s in self.samples:
-            tpot = s.tpot_s
-            value = s.tokens_per_s if values == "tokens_per_s" else tpot * 1000 if tpot else 0
-            if math.isfinite(value) and value > 0:
-                out.append((value, s.prompt_index))
+            if s.slot is not None and (value := metric_value(s, values)):
+                out.setdefault(s.slot, []).append(value)
         return out
 
     @property

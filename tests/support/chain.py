@@ -115,7 +115,13 @@ def _record(route: Route, host: SimHost, candidate: str, repeats: int) -> RunRec
 
 
 def _sample(
-    prompt_type: str, phase: str, index: int, rate: float, prompt: int | None, at: float = 0.0
+    prompt_type: str,
+    phase: str,
+    index: int,
+    rate: float,
+    prompt: int | None,
+    at: float = 0.0,
+    slot: int | None = None,
 ) -> RequestSample:
     return RequestSample(
         prompt_type=prompt_type,
@@ -129,6 +135,7 @@ def _sample(
         prompt_tokens=40,
         chunks=TOKENS,
         prompt_index=prompt,
+        slot=slot,
     )
 
 
@@ -198,6 +205,9 @@ def _measure_run(
             for t in host.prompt_types:
                 phase.measurements[t] = Measurement(prompt_type=t)
             started.append((phase, true, shifts))
+        if design == "together":  # served side by side: each the other's partner
+            first, second = started[0][0], started[-1][0]
+            first.together_with, second.together_with = second.name, first.name
         position = 0  # the slot in time: a stopped prompt type's slots are not spent
         for t, i in slots:
             sent = False
@@ -216,7 +226,8 @@ def _measure_run(
                 )  # fmt: skip
                 told = int(i) if host.pairing == "paired" else None
                 at = clock + (position * len(started) + k) * SECONDS_PER_REQUEST
-                m.samples.append(_sample(t, phase.name, len(m.samples), rate, told, at))
+                sample = _sample(t, phase.name, len(m.samples), rate, told, at, position)
+                m.samples.append(sample)
                 sent = True
             position += sent
         clock += (len(slots) * len(started) + 100) * SECONDS_PER_REQUEST
@@ -299,6 +310,9 @@ class Rates:
     inconclusive: float  # share of runs with any prompt type undecided
     requests: float  # mean measured requests per prompt type and start of the run
     missed: float = 0.0  # share of the comparisons whose interval misses the true change
+    widest: float = 0.0  # the widest interval's half-width, as a ratio's (±)
+    median_width: float = 0.0  # the median interval's half-width
+    by_pairs: float = 0.0  # share of the comparisons analysed by pairs (side by side)
 
     def mc_error(self, p: float) -> float:
         """Two standard errors of a Monte Carlo share near p."""
@@ -307,7 +321,8 @@ class Rates:
 
 def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, tmp: Path) -> Rates:
     rng = np.random.default_rng(seed)
-    regressed = improved = undecided = requests = missed = comparisons = 0
+    regressed = improved = undecided = requests = missed = comparisons = pairs = 0
+    widths: list[float] = []
     truth = math.log1p(effect)
     for i in range(runs):
         reports = tmp / f"r{i}"
@@ -322,8 +337,12 @@ def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, t
             true = truth if c.higher_is_better else -truth  # TPOT moves the other way
             comparisons += 1
             missed += not c.interval.low <= true <= c.interval.high
+            low, high = c.ratio_ci
+            widths.append(max(high - 1, 1 - low))
+            pairs += c.interval.by == "pairs"
     per_start = requests / (runs * len(host.prompt_types) * 2 * route.repeats)
     return Rates(
         runs, regressed / runs, improved / runs, undecided / runs, per_start,
-        missed / max(comparisons, 1),
+        missed / max(comparisons, 1), max(widths, default=0.0),
+        float(np.median(widths)) if widths else 0.0, pairs / max(comparisons, 1),
     )  # fmt: skip

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from scipy import optimize as _opt
 from scipy import stats as _st
 
+from .pairs import pair_outside_evidence
 from .restarts import RestartNoise, outside_evidence, t_quantile
 
 __all__ = [
@@ -52,17 +53,24 @@ def design_power(
     alpha: float,
     margin: float,
     residual_df: float = 100.0,
+    pairs: bool = False,
 ) -> DesignPower:
-    """The smallest relative change (either way) this design calls with 80% power."""
+    """The smallest relative change (either way) this design calls with 80% power. `pairs`:
+    side by side, `starts` pairs analysed by their slots (pairs.py; `noise` per server)."""
     within = residual_var / requests
-    outside = outside_evidence(noise, within=within, residual_df=residual_df)
-    run_df = 2.0 * (starts - 1)
-    in_run = max(0.0, noise.sd**2) + within  # what repeated starts would show
+    if pairs:  # a pair's mean: two servers' start effects and its slots' differences
+        outside = pair_outside_evidence(noise, within=2.0 * within, slot_df=residual_df)
+        run_df = float(starts - 1)
+        in_run = 2.0 * (max(0.0, noise.sd**2) + within)
+    else:
+        outside = outside_evidence(noise, within=within, residual_df=residual_df)
+        run_df = 2.0 * (starts - 1)
+        in_run = max(0.0, noise.sd**2) + within  # what repeated starts would show
     df = run_df + outside.df
     if df <= 0:
         return DesignPower(starts, requests, math.inf, math.inf, 0.0)
     tau2 = (run_df * in_run + outside.df * outside.variance) / df
-    se = math.sqrt(tau2 * 2.0 / starts)
+    se = math.sqrt(tau2 / starts if pairs else tau2 * 2.0 / starts)
     return DesignPower(starts, requests, _detectable(se, df, family, alpha, margin), se, df)
 
 

@@ -330,13 +330,18 @@ def _contradicts(outside: RestartNoise, ss: float, df: float, within: float) -> 
 def outside_evidence(outside: RestartNoise, *, within: float, residual_df: float) -> Evidence:
     """The outside knowledge as an estimate of tau^2 for starts whose requests' share is
     `within`: its restart noise plus that share. Its degrees of freedom (Satterthwaite) carry
-    the estimate's own uncertainty (its start variance over its df) and the residual's."""
+    the estimate's own uncertainty (its start variance over its df) and the residual's; they
+    never fall below the fewest of its parts' own, nor below 1: where the restart noise's
+    estimate clipped to 0, its start variance over its df alone would take them near 0, and
+    the t quantile to infinity."""
     value = max(0.0, _between(outside)) + within
-    spread_part = outside.start_variance**2 / outside.df if outside.df > 0 else math.inf
+    if outside.df <= 0 or value <= 0:
+        return Evidence(value, 0.0, outside.source)
+    spread_part = outside.start_variance**2 / outside.df
     within_part = within**2 / residual_df if residual_df else (math.inf if within else 0.0)
-    uncertainty = spread_part + within_part
-    df = value**2 / uncertainty if uncertainty > 0 and value > 0 else 0.0
-    return Evidence(value, df, outside.source)
+    found = value**2 / (spread_part + within_part)
+    floor = min(outside.df, residual_df) if within and residual_df else outside.df
+    return Evidence(value, max(1.0, floor, found), outside.source)
 
 
 def t_quantile(p: float, df: float) -> float:

@@ -144,6 +144,32 @@ def _starts(
     return [g for g in groups if g]
 
 
+def pair_differences(
+    baseline: Sequence[Phase], candidate: Sequence[Phase], prompt_type: str, values: str
+) -> list[list[float]] | None:
+    """Side by side (`--spec-arms together`): per pair, a baseline start and the candidate's
+    start served beside it, each shared slot's `log(candidate) - log(baseline)` (the mean of
+    each side's requests in the slot). None where no start of either arm had a partner."""
+    partners = {p.name: p for p in candidate}
+    out = []
+    for base in baseline:
+        cand = partners.get(base.together_with or "")
+        if cand is None or cand.together_with != base.name:
+            continue
+        if prompt_type not in base.measurements or prompt_type not in cand.measurements:
+            continue
+        b = base.measurements[prompt_type].by_slot(values)
+        c = cand.measurements[prompt_type].by_slot(values)
+        shared = sorted(b.keys() & c.keys())
+        if shared:
+            out.append([_mean_log(c[s]) - _mean_log(b[s]) for s in shared])
+    return out or None
+
+
+def _mean_log(values: Sequence[float]) -> float:
+    return sum(math.log(v) for v in values) / len(values)
+
+
 def compared_prompt_types(baseline: Sequence[Phase], candidate: Sequence[Phase]) -> list[str]:
     """Prompt types with measured requests on both sides, in the candidate's order."""
     names: list[str] = []
@@ -238,6 +264,7 @@ def _question(
         kin=starts(kin, name, values),
         kin_prompts=start_prompts(kin, name, values),
         same_configuration=same_configuration,
+        pairs=pair_differences(baseline, candidate, name, values),
     )
 
 

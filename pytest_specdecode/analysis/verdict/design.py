@@ -87,7 +87,16 @@ def _host(
     return noise, (noise.residual or 0.0) if measured else ASSUMED_RESIDUAL_SD**2, measured
 
 
-def _power(settings: Settings, noise: RestartNoise, residual_var: float, starts: int, k: int):
+def _power(
+    settings: Settings,
+    noise: RestartNoise,
+    residual_var: float,
+    starts: int,
+    k: int,
+    *,
+    pairs: bool | None = None,
+):
+    """`pairs`: side by side, analysed by pairs (None: as the run's design says)."""
     run = settings.run
     return design_power(
         noise,
@@ -97,6 +106,7 @@ def _power(settings: Settings, noise: RestartNoise, residual_var: float, starts:
         family=family_size(settings),
         alpha=run.alpha,
         margin=run.min_effect,
+        pairs=run.arms == "together" if pairs is None else pairs,
     )
 
 
@@ -156,9 +166,8 @@ def drift_variance(drift: TimeDrift, requests: int, *, order: str, keys: int) ->
     """What the drift adds to the variance of one key's start effect at `requests` per start:
     blocked, the mean of that many consecutive requests; interleaved over `keys` prompt types,
     of that many requests `keys` apart. Side by side ("together") the two arms see the same
-    drift at each slot, but the analysis does not take it out yet (the A/A run's restart noise
-    is not measured within its pairs, docs/statistics.md): as interleaved."""
-    if drift.sd <= 0:
+    drift at each slot, and the analysis by pairs takes it out of each slot's difference: none."""
+    if drift.sd <= 0 or order == "together":
         return 0.0
     phi = drift.phi if order == "blocked" else drift.phi ** max(1, keys)
     return block_sd(drift.sd, phi, requests) ** 2
@@ -231,7 +240,8 @@ def levers(
         found = []
         for n in starts_range:
             for k in counts:
-                power = _power(settings, _drifted(noise, drift, k, kind, keys), residual, n, k)
+                drifted = _drifted(noise, drift, k, kind, keys)
+                power = _power(settings, drifted, residual, n, k, pairs=kind == "together")
                 if power.detectable <= change:
                     found.append((seconds(n, k, kind == "together"), n, k, power.detectable))
             if found:

@@ -31,9 +31,10 @@ from ...record.profile import (
     speed_of,
 )
 from ...record.schema import RunRecord
+from ..variance.pairs import fit_pairs, pair_noise_of
 from ..variance.restarts import RestartNoise, StartFit, fit_starts, pooled, restart_noise_of
 from ..variance.time_drift import TimeDrift, drift_of, sent_in_blocks, start_residuals
-from .compare import METRICS, start_prompts, starts
+from .compare import METRICS, pair_differences, start_prompts, starts
 
 
 def configurations(record: RunRecord) -> list[list[str]]:
@@ -56,16 +57,53 @@ def fit_of(record: RunRecord, arms: Sequence[str], key: str, values: str) -> Sta
 
 
 def of_run(record: RunRecord) -> dict[str, RestartNoise]:
-    """Everything a run measured of restart noise, per metric: stored, it informs next runs."""
+    """Everything a run measured of restart noise, per metric: stored, it informs next runs.
+    Side by side, its pairs measure it (analysis/variance/pairs.py); else only configurations
+    started more than once do, and the source counts only their starts."""
+    if side_by_side(record):
+        return of_pairs(record)
     out = {}
     configs = configurations(record)
-    count = sum(len(record.arm_phases(a)) for arms in configs for a in arms)
+    count = sum(
+        n
+        for arms in configs
+        if (n := sum(len([p for p in record.arm_phases(a) if not p.reused_from]) for a in arms)) > 1
+    )
     for metric, (values, _) in METRICS.items():
         per_config = []
         for arms in configs:
             fits = [fit_of(record, arms, key, values) for key in record.keys]
             per_config.append([f for f in fits if f is not None])
         found = restart_noise_of(per_config, source=f"{count} server starts of this run")
+        if found is not None:
+            out[metric] = found
+    return out
+
+
+def side_by_side(record: RunRecord) -> bool:
+    """Whether the run served its arms side by side, in pairs of starts."""
+    return any(p.together_with for p in record.phases.values() if not p.reused_from)
+
+
+def of_pairs(record: RunRecord) -> dict[str, RestartNoise]:
+    """What a side-by-side run's pairs measured, per metric: each arm's pairs with the baseline
+    (an A/A arm's about zero: one configuration), per server (pairs.py)."""
+    base = [p for p in record.arm_phases(BASELINE) if not p.reused_from]
+    arms = [a for a in dict.fromkeys(p.arm for p in record.phases.values()) if a != BASELINE]
+    out = {}
+    for metric, (values, _) in METRICS.items():
+        configs, pairs = [], 0
+        for arm in arms:
+            phases = record.arm_phases(arm)
+            fits = [
+                f
+                for key in record.keys
+                if (f := fit_pairs(pair_differences(base, phases, key, values) or []))
+            ]
+            pairs += max((f.pairs for f in fits), default=0)
+            configs.append((fits, arm == AA_ARM))
+        source = f"{pairs} pair{'s' if pairs != 1 else ''} of starts side by side in this run"
+        found = pair_noise_of(configs, source=source)
         if found is not None:
             out[metric] = found
     return out

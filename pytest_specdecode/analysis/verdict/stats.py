@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as _st
 
+from ..variance.pairs import fit_pairs, pair_variance
 from ..variance.power import MAX_STARTS, starts_to_decide
 from ..variance.restarts import (
     RestartNoise,
@@ -76,6 +77,7 @@ class Interval:
     se: float
     df: float
     confidence: float
+    by: str = "starts"  # "pairs": side by side, each slot's difference (variance/pairs.py)
 
     @property
     def ratio(self) -> float:
@@ -103,6 +105,8 @@ class Question:
     kin: Sequence[Sequence[float]] = ()
     kin_prompts: Sequence[Sequence[int | None]] | None = None
     same_configuration: bool = False  # both sides run the original's configuration
+    # Side by side: per pair of starts served together, each shared slot's log(c) - log(b)
+    pairs: Sequence[Sequence[float]] | None = None
 
     @property
     def sides(
@@ -250,7 +254,8 @@ def _logs(groups: Sequence[Sequence[float]], name: str) -> list[np.ndarray]:
 
 
 def nested_interval(question: Question, *, noise: RestartNoise, confidence: float) -> Interval:
-    """Interval of log(candidate / baseline), requests nested within server starts.
+    """Interval of log(candidate / baseline), requests nested within server starts; side by
+    side, within the pairs' slots too, where that is the narrower.
 
     Each start is summarised by its effect in `log value = start + prompt + residual` (the
     prompts' own levels removed where the requests pair by prompt; else its mean). The variance
@@ -260,6 +265,37 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    by_starts = _starts_interval(question, noise=noise, confidence=confidence)
+    by_pairs = paired_interval(question, noise=noise, confidence=confidence)
+    if by_pairs is None or _width(by_pairs) > _width(by_starts):
+        return by_starts  # never wider than the same data analysed one arm at a time
+    return by_pairs
+
+
+def _width(interval: Interval) -> float:
+    return interval.high - interval.low
+
+
+def paired_interval(
+    question: Question, *, noise: RestartNoise, confidence: float
+) -> Interval | None:
+    """Side by side: the change as the mean of each pair's mean slot difference, its variance
+    the pairs' offsets and the slot-to-slot spread (analysis/variance/pairs.py); None where
+    the arms were not served side by side."""
+    fit = fit_pairs([np.asarray(d, dtype=float) for d in question.pairs or ()])
+    if fit is None:
+        return None
+    estimate = fit.estimate
+    tau2, df, _ = pair_variance(fit, outside=noise)
+    if not df or not math.isfinite(tau2):
+        return Interval(estimate, -math.inf, math.inf, math.inf, 0.0, confidence, by="pairs")
+    se = math.sqrt(tau2 / fit.pairs)
+    t = t_quantile(0.5 + confidence / 2, df)
+    return Interval(estimate, estimate - t * se, estimate + t * se, se, df, confidence, "pairs")
+
+
+def _starts_interval(question: Question, *, noise: RestartNoise, confidence: float) -> Interval:
+    """Each server start on its own: the starts' effects, their variance pooled (restarts.py)."""
     fit, members = _fit(question)
     baseline, candidate = members[0], members[1]
     kin = members[2] if len(members) > 2 else []

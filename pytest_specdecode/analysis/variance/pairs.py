@@ -1,0 +1,160 @@
+"""Side by side, the unit is the slot: two servers started as a pair, each slot's prompt sent to
+both, one right after the other. Pure.
+
+Each slot gives one difference `d = log(candidate) - log(baseline)`: the prompt's own level and
+the drift both servers share cancel in it. Within pair `p`,
+
+    d = change + offset_p + slot noise
+
+where the pair's offset is the difference of its two servers' start effects (and, where the
+two places differ, the position's bias), and the slot noise is each server's own part of the
+request. A pair's mean slot difference then has variance `omega^2 + sigma_d^2 / k`:
+
+- `sigma_d^2`, the slot-to-slot spread within pairs: many degrees of freedom, from this run;
+- `omega^2`, the pairs' offsets: from this run's own pairs where there are two or more (their
+  means' spread, `pairs - 1` degrees of freedom), and from outside: side-by-side A/A pairs
+  (a profile entry of the "together" design) or any restart noise known of the host, as
+  `2 sigma_b^2`, pooled by degrees of freedom as the starts' evidence is (restarts.py).
+
+Outside knowledge is kept per server, as a `RestartNoise` whose `sd` is one server's start
+effect and whose `residual` is half a slot difference's variance: so a pair's variance is
+`2 tau^2` for the `tau^2` of one start, and the design's power (power.py) reads it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as _st
+
+from .restarts import CONFLICT_P, Evidence, RestartNoise, _between, pooled
+
+
+@dataclass(frozen=True)
+class PairFit:
+    """The slots of a comparison's pairs: each pair's mean difference, and the spread."""
+
+    means: np.ndarray  # per pair, the mean of its slots' differences
+    slots: np.ndarray  # per pair, how many slots
+    slot_var: float  # of one slot's difference about its pair's mean; nan without df
+    slot_df: float
+
+    @property
+    def pairs(self) -> int:
+        return int(self.means.size)
+
+    @property
+    def estimate(self) -> float:
+        return float(self.means.mean())
+
+    @property
+    def within(self) -> float:
+        """The slot noise's share of one pair's mean (of its variance)."""
+        if not self.slot_df:
+            return 0.0
+        return self.slot_var * float(np.mean(1.0 / self.slots))
+
+    def spread(self, *, about_zero: bool = False) -> tuple[float, float]:
+        """The pairs' means' sum of squares and its degrees of freedom: about their mean, or
+        about zero where the two sides run one configuration (an A/A run)."""
+        if about_zero:
+            return float(np.sum(self.means**2)), float(self.pairs)
+        if self.pairs < 2:
+            return 0.0, 0.0
+        return float(np.sum((self.means - self.means.mean()) ** 2)), float(self.pairs - 1)
+
+
+def fit_pairs(diffs: Sequence[np.ndarray]) -> PairFit | None:
+    """Per pair, its slots' log differences; None where no pair has a slot."""
+    found = [np.asarray(d, dtype=float) for d in diffs if len(d)]
+    if not found:
+        return None
+    df = sum(d.size - 1 for d in found)
+    ss = sum(float(np.sum((d - d.mean()) ** 2)) for d in found)
+    return PairFit(
+        means=np.array([d.mean() for d in found]),
+        slots=np.array([d.size for d in found], dtype=float),
+        slot_var=ss / df if df else math.nan,
+        slot_df=float(df),
+    )
+
+
+def pair_noise(fit: PairFit, *, about_zero: bool, source: str) -> RestartNoise | None:
+    """What pairs measure of the host, per server (the module's docstring): one start's effect
+    from the spread of the pairs' means less the slot noise, halved; None without df."""
+    ss, df = fit.spread(about_zero=about_zero)
+    if not df:
+        return None
+    spread = ss / df / 2.0
+    within = fit.within / 2.0
+    residual = fit.slot_var / 2.0 if fit.slot_df else None
+    between = max(0.0, spread - within)
+    return RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
+
+
+def pair_variance(fit: PairFit, *, outside: RestartNoise) -> tuple[float, float, list[Evidence]]:
+    """The variance of one pair's mean difference, its degrees of freedom, and the evidence it
+    was pooled from: this run's pairs (two or more) and the outside knowledge."""
+    within = fit.within
+    evidence = []
+    ss, df = fit.spread()
+    if df:
+        evidence.append(Evidence(ss / df, df, "this run's pairs"))
+    found = pair_outside_evidence(outside, within=within, slot_df=fit.slot_df)
+    if found.df > 0 and not (df and _contradicts_pairs(outside, ss, df, within)):
+        evidence.append(found)
+    total = sum(e.df for e in evidence)
+    if not total:
+        return math.inf, 0.0, evidence
+    return sum(e.df * e.variance for e in evidence) / total, total, evidence
+
+
+def pair_outside_evidence(outside: RestartNoise, *, within: float, slot_df: float) -> Evidence:
+    """The outside knowledge as the variance of one pair's mean: two servers' start effects and
+    this run's slot noise. Its degrees of freedom (Satterthwaite) never fall below the fewest of
+    its parts' own, nor below 1."""
+    offsets = 2.0 * max(0.0, _between(outside))
+    value = offsets + within
+    if outside.df <= 0 or value <= 0:
+        return Evidence(value, 0.0, outside.source)
+    offset_part = (2.0 * outside.start_variance) ** 2 / outside.df
+    within_part = within**2 / slot_df if slot_df else (math.inf if within else 0.0)
+    found = value**2 / (offset_part + within_part)
+    floor = min(outside.df, slot_df) if within and slot_df else outside.df
+    return Evidence(value, max(1.0, floor, found), outside.source)
+
+
+def _contradicts_pairs(outside: RestartNoise, ss: float, df: float, within: float) -> bool:
+    """An assumed restart noise that this run's own pairs rule out (p < CONFLICT_P) is set
+    aside, as restarts.py does for starts."""
+    if outside.measured:
+        return False
+    expected = 2.0 * outside.sd**2 + within
+    return expected > 0 and float(_st.chi2.sf(ss / expected, df)) < CONFLICT_P
+
+
+def pair_noise_of(
+    configurations: Sequence[tuple[Sequence[PairFit], bool]], *, source: str
+) -> RestartNoise | None:
+    """What a run's pairs measured, per server: each configuration's pairs (with whether it is
+    the original's again, an A/A arm) over its keys. A pair's offset is shared by its keys, so
+    they are averaged and the configuration counts its pairs' degrees of freedom once; the
+    configurations pool by df (restarts.pooled)."""
+    estimates = []
+    for fits, about_zero in configurations:
+        found = [n for f in fits if (n := pair_noise(f, about_zero=about_zero, source=source))]
+        if not found:
+            continue
+        known = [n.residual for n in found if n.residual is not None]
+        spread = float(np.mean([n.start_variance for n in found]))
+        within = float(np.mean([n.within for n in found]))
+        between = max(0.0, spread - within)
+        residual = float(np.mean(known)) if known else None
+        df = max(n.df for n in found)
+        estimates.append(
+            RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
+        )
+    return pooled(estimates, source=source)
