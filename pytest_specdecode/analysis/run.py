@@ -336,6 +336,8 @@ def _warnings(
 ) -> list[str]:
     """What a reviewer should not miss, one sentence each."""
     out = [f"{arm} failed: {why}" for arm, why in record.failures.items()]
+    if record.environment.get("speed_against_profile"):
+        out.append(str(record.environment["speed_against_profile"]))
     watch = record.traffic_watch
     if watch is not None and not watch.quiet:
         out.append(f"other clients used the service before the run: {watch.text}")

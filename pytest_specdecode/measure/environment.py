@@ -58,13 +58,44 @@ def parse_cpu_model(text: str) -> str | None:
     return None
 
 
+_MACHINE_QUERY = (
+    "nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null | grep -i '^GPU-' "
+    "&& exit 0; cat /etc/machine-id 2>/dev/null"
+)
+
+
+def machine_of(output: str) -> str | None:
+    """Which machine this is, as a fingerprint: a hash of its GPUs' UUIDs where nvidia-smi
+    lists any, else of /etc/machine-id (a hash: the id itself is not for sharing). Two leases
+    of "the same" GPU model, or two CPUs of one name, are told apart by it."""
+    lines = sorted(line.strip() for line in output.splitlines() if line.strip())
+    if not lines:
+        return None
+    kind = "gpus" if lines[0].upper().startswith("GPU-") else "machine-id"
+    return f"{kind}:{hashlib.sha256(chr(10).join(lines).encode()).hexdigest()[:12]}"
+
+
+def machine_id(host: Host) -> str | None:
+    """The serving host's fingerprint (`machine_of`); None where neither can be read."""
+    try:
+        result = host.run(["sh", "-c", _MACHINE_QUERY], timeout=30, privileged=False)
+    except Exception:  # a fact, not a precondition: never stop a run over it
+        return None
+    return machine_of(result.stdout) if result.ok else None
+
+
 def machine(host: Host) -> dict[str, Any]:
-    """What runs the model on the serving host: its GPUs, its CPU, and the accelerator that
-    keys its host profile (record/profile.py)."""
+    """What runs the model on the serving host: its GPUs, its CPU, the accelerator that keys
+    its host profile (record/profile.py), and which machine it is (`machine_of`)."""
     gpus = gpu_list(host)
     cpu = cpu_model(host)
     found = accelerator_of(gpus, cpu)
-    return {"gpus": gpus, "cpu": cpu, "accelerator": found.to_json() if found else None}
+    return {
+        "gpus": gpus,
+        "cpu": cpu,
+        "accelerator": found.to_json() if found else None,
+        "machine": machine_id(host),
+    }
 
 
 def git_commit(path: Path) -> str | None:

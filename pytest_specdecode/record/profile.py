@@ -176,11 +176,14 @@ class ProfileEntry:
     # None in an entry written before drift was measured
     drift: Mapping[str, Mapping[str, Any]] | None = None
     design: str = "blocked"  # DESIGNS; entries written before it was kept: inferred on reading
+    # which machine measured it (measure/environment.py machine_of); None: not recorded
+    machine: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run": self.run,
             "design": self.design,
+            "machine": self.machine,
             "date": self.date,
             "vllm_version": self.vllm_version,
             "gpus": None if self.gpus is None else list(self.gpus),
@@ -206,6 +209,7 @@ class ProfileEntry:
             speed=EngineSpeed.from_json(speed) if speed else None,
             drift={str(k): dict(v) for k, v in drift.items()} if drift else None,
             design=str(data.get("design") or _design_before_kept(drift)),
+            machine=data.get("machine"),
         )
 
 

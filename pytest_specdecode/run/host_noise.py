@@ -7,6 +7,9 @@ A/A run: its entry is added to the profile. The session asks; this object reads 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +33,7 @@ from ..record.profile import (
     design_of,
     lookup,
     profiles_dir,
+    speed_of,
     with_held_version,
 )
 from ..record.schema import RunRecord
@@ -38,6 +42,8 @@ from ..report.plan import Timing, design_lines, previous_timing
 from ..report.text import noise_text
 from ..targets.base import Target
 from .folder import api_headers
+
+SPEED_GAP = 0.2  # a baseline this much faster or slower than its profile's is named
 
 
 class HostNoise:
@@ -114,7 +120,7 @@ class HostNoise:
         the same key's profile and stored runs they will read, named with the key."""
         key = self.plan_key(target)
         found = lookup(self.profiles, key)
-        measured = noise.known(found, self._stored(key), design=self._design()).get("throughput")
+        measured = self.known(key).get("throughput")
         facts = self._facts()
         asked = facts is not None and not facts.offline and facts.version == key.vllm_version
         told = (
@@ -151,10 +157,14 @@ class HostNoise:
         )
         return with_held_version(self.profiles, key)
 
-    def known(self, key: ProfileKey) -> dict[str, RestartNoise]:
+    def known(self, key: ProfileKey, machine: str | None = None) -> dict[str, RestartNoise]:
         """What this key's profile and stored runs (those the profile does not already hold)
-        measured of restart noise, per metric."""
-        return noise.known(lookup(self.profiles, key), self._stored(key), design=self._design())
+        measured of restart noise, per metric; another machine's only as a prior (`machine`:
+        this one's, else the serving host's as read for the plan)."""
+        here = machine or (self._machine or {}).get("machine")
+        return noise.known(
+            lookup(self.profiles, key), self._stored(key), design=self._design(), machine=here
+        )
 
     # -- during and after the run -------------------------------------------------------------
     def record_prior(self, record: RunRecord) -> bool:
@@ -165,7 +175,7 @@ class HostNoise:
         if record.restart_noise_prior is not None or not baseline:
             return False
         key = noise.key_of(record)
-        known = self.known(key)
+        known = self.known(key, record.environment.get("machine"))
         prior = {m: n.to_dict() for m, n in known.items()}
         unused = noise.not_used(lookup(self.profiles, key), self._stored(key))
         sd = record.run.assumed_restart_noise
@@ -181,7 +191,38 @@ class HostNoise:
                 + (f"; {unused}" if unused else "")
             )
         record.restart_noise_prior = prior
+        slower = self._speed_note(record, key)
+        if slower:
+            record.environment["speed_against_profile"] = slower
+            self._progress(slower)
         return True
+
+    def _speed_note(self, record: RunRecord, key: ProfileKey) -> str | None:
+        """Where this run's baseline ran far from the speed its profile stored (another lease
+        of "the same" GPU, another CPU of one name): one sentence, else None."""
+        found = lookup(self.profiles, key).profile
+        timed = [e for e in found.matching(key.vllm_version) if e.speed] if found else []
+        base = [p for p in record.arm_phases(BASELINE) if not p.reused_from]
+        now = speed_of(dataclasses.replace(record, phases={p.name: p for p in base}))
+        if not timed or now is None:
+            return None
+        stored = statistics.median(e.speed.s_per_token for e in timed if e.speed)
+        ratio = now.s_per_token / stored
+        if abs(math.log(ratio)) < math.log(1 + SPEED_GAP):
+            return None
+        how = (
+            f"{ratio:.1f} times slower"
+            if ratio >= 2
+            else (f"{ratio - 1:.0%} slower" if ratio > 1 else f"{1 / ratio - 1:.0%} faster")
+        )
+        machines = {e.machine for e in timed}
+        here = record.environment.get("machine")
+        other = "" if machines == {here} else " (measured on another machine, or one not recorded)"
+        return (
+            f"this machine's baseline ran {how} than the host profile's stored runs of "
+            f"{key.describe()}{other}: {now.s_per_token * 1000:.1f} against "
+            f"{stored * 1000:.1f} ms per output token"
+        )
 
     def update_profile(self, record: RunRecord) -> None:
         """An A/A run adds the restart noise it measured to its host's profile."""

@@ -232,9 +232,11 @@ def plan_line(out: str) -> str:
 def test_the_plan_and_the_verdicts_quote_the_same_noise(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    here = Accelerator.from_json(machine(LocalHost())["accelerator"])  # the scripted host's
+    found = machine(LocalHost())  # the scripted host's: this machine
+    here = Accelerator.from_json(found["accelerator"])
     profiles = tmp_path / "profiles"
-    own = add_entry(profiles, "scripted-host", here, MODEL, entry("aa-here", "0.32.0", 0.03))
+    this = entry("aa-here", "0.32.0", 0.03, machine=found["machine"])
+    own = add_entry(profiles, "scripted-host", here, MODEL, this)
     add_entry(profiles, "scripted-host", H200, MODEL, entry("aa-gpu", "0.32.0", 0.20))
     out, results = scripted_run(pytester, profiles)
     line = plan_line(out)
@@ -243,6 +245,28 @@ def test_the_plan_and_the_verdicts_quote_the_same_noise(
     used = results["analysis"]["verdicts"]["ngram"]["coding"]["throughput"]["restart_noise"]
     assert prior["measured"] and prior["sd"] == pytest.approx(0.03)
     assert used["sd"] == pytest.approx(0.03) and used["source"] == prior["source"]
+
+
+@pytest.mark.usefixtures("_importable_support")
+@pytest.mark.parametrize("measured_on", ["gpus:0123456789ab", None])
+def test_another_machines_profile_is_only_a_prior_and_the_plan_says_so(
+    pytester: pytest.Pytester, tmp_path: Path, measured_on: str | None
+) -> None:
+    """The same accelerator and vLLM, measured on another machine (or one that did not record
+    which): the plan and the verdicts use it as a prior of its own weight, named as such."""
+    here = Accelerator.from_json(machine(LocalHost())["accelerator"])
+    profiles = tmp_path / "profiles"
+    other = entry("aa-elsewhere", "0.32.0", 0.03, machine=measured_on)
+    path = add_entry(profiles, "scripted-host", here, MODEL, other)
+    out, results = scripted_run(pytester, profiles)
+    line = plan_line(out)
+    assert line.startswith("a prior of 3.0%, weighted as 7 degrees of freedom: measured on "
+                           "another machine of this accelerator"), line  # fmt: skip
+    assert f"host profile {path}" in line, line
+    prior = results["restart_noise_prior"]["throughput"]
+    used = results["analysis"]["verdicts"]["ngram"]["coding"]["throughput"]["restart_noise"]
+    assert prior["measured"] is False and prior["sd"] == pytest.approx(0.03)
+    assert used["sd"] == pytest.approx(0.03) and used["source"].startswith("a prior of 3.0%")
 
 
 @pytest.mark.usefixtures("_importable_support")
@@ -332,3 +356,49 @@ def test_a_scripted_aa_run_says_what_it_measured(pytester: pytest.Pytester, tmp_
     assert "restart noise of throughput before this run: none measured for " in out, out
     assert "this A/A run's starts measure it" in out, out
     assert "an A/A run (--spec-config baseline" not in out, out
+
+
+def test_a_baseline_far_from_its_profiles_speed_is_named(tmp_path: Path) -> None:
+    """The same accelerator, model and vLLM, a machine that runs 2.4 times slower (seen on a
+    second "AMD EPYC"): the run says so in its progress and its warnings."""
+    from pytest_specdecode.record.profile import EngineSpeed
+    from pytest_specdecode.run.host_noise import HostNoise
+
+    s = settings(tmp_path)
+    profiles = tmp_path / "profiles"
+    st = store(tmp_path, s)
+    rec = st.record
+    rec.environment.update({"cpu": "AMD EPYC", "machine": "machine-id:aaaaaaaaaaaa"})
+    add_phase(rec, BASELINE, {"coding": 10.0, "math": 10.0})  # 64 tokens at 10 tok/s
+    fast = EngineSpeed(30.0, 1 / 24.0)  # the profile's runs: 24 tok/s
+    key = noise.key_of(rec)
+    measured = entry("aa", "0.32.0", 0.03, speed=fast, machine="machine-id:bbbbbbbbbbbb")
+    add_entry(profiles, key.host, key.accelerator, key.model, measured)
+    lines: list[str] = []
+    host = HostNoise(s, profiles=profiles, run_dir=st.path.parent, progress=lines.append,
+                     facts=lambda: None)  # type: ignore[arg-type]  # fmt: skip
+    assert host.record_prior(rec)
+    note = rec.environment["speed_against_profile"]
+    assert note.startswith("this machine's baseline ran 2.4 times slower than the host profile")
+    assert "(measured on another machine, or one not recorded)" in note and note in lines
+    assert note in analyze(rec).warnings
+    # within 20% of the stored speed: nothing said
+    rec.restart_noise_prior = None
+    rec.environment.pop("speed_against_profile")
+    rec.phases.clear()
+    add_phase(rec, BASELINE, {"coding": 22.0, "math": 22.0})
+    assert host.record_prior(rec) and "speed_against_profile" not in rec.environment
+
+
+def test_a_machine_is_told_by_its_gpus_uuids_else_its_machine_id() -> None:
+    from pytest_specdecode.measure.environment import machine_of
+
+    two = "GPU-695d5997-a103-0d89-580b-71c5e61fbbe2\nGPU-11111111-2222-3333-4444-555555555555\n"
+    found = machine_of(two)
+    assert found is not None and found.startswith("gpus:") and len(found) == len("gpus:") + 12
+    assert machine_of("\n".join(reversed(two.split("\n")))) == found  # whatever their order
+    assert machine_of(two.replace("GPU-1", "GPU-2")) != found  # another lease's GPUs
+    mid = machine_of("4b3c2a1f0e9d8c7b6a5f4e3d2c1b0a99\n")
+    assert mid is not None and mid.startswith("machine-id:") and "4b3c2a" not in mid
+    assert machine_of("") is None
+    assert machine(LocalHost())["machine"] is not None  # this machine tells one or the other

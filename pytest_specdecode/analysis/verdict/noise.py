@@ -16,7 +16,7 @@ This run's own repeated starts are in-run evidence, pooled with it by the interv
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,7 +32,14 @@ from ...record.profile import (
 )
 from ...record.schema import RunRecord
 from ..variance.pairs import fit_pairs, pair_noise_of
-from ..variance.restarts import RestartNoise, StartFit, fit_starts, pooled, restart_noise_of
+from ..variance.restarts import (
+    ASSUMED_WEIGHT,
+    RestartNoise,
+    StartFit,
+    fit_starts,
+    pooled,
+    restart_noise_of,
+)
 from ..variance.time_drift import TimeDrift, drift_of, sent_in_blocks, start_residuals
 from .compare import METRICS, pair_differences, start_prompts, starts
 
@@ -142,7 +149,12 @@ def outside(record: RunRecord) -> dict[str, RestartNoise]:
     sd = record.run.assumed_restart_noise
     return {
         metric: prior[metric]
-        if metric in prior and (prior[metric].measured or prior[metric].sd == sd)
+        if metric in prior
+        and (
+            prior[metric].measured
+            or prior[metric].sd == sd
+            or prior[metric].source.startswith(PRIOR)
+        )
         else assumed(sd)
         for metric in METRICS
     }
@@ -210,25 +222,64 @@ def same_key(record: RunRecord, key: ProfileKey) -> bool:
     )
 
 
+PRIOR = "a prior"  # how the source of another machine's noise begins
+
+
 def known(
     found: ProfileLookup,
     stored: Sequence[tuple[str, RunRecord]],
     *,
     design: str | None = None,
+    machine: str | None = None,
 ) -> dict[str, RestartNoise]:
     """The outside knowledge for a run of this key, per metric: its profile's entries of this
     vLLM version, and the stored runs of this key (by folder name) that the profile does not
-    already hold; of `design` (profile.DESIGNS) where any were measured in it."""
+    already hold; of `design` (profile.DESIGNS) where any were measured in it.
+
+    `machine` (measure/environment.py machine_of): this run's. Then only what this machine
+    measured is measured knowledge; what another machine of the same accelerator measured (or
+    one that did not record its machine) is used only as a prior, named as such (`as_prior`),
+    where this machine measured nothing of the metric. None: no machine is told apart."""
     profile = found.profile
     in_profile = profile.runs if profile else set()
     records = of_design([r for name, r in stored if name not in in_profile], design)
-    version = found.key.vllm_version
-    extra = (
-        from_profile(profile, version=version, where=str(found.path), design=design)
-        if profile
-        else None
+
+    def of(keep: Callable[[str | None], bool]) -> dict[str, RestartNoise]:
+        extra = (
+            from_profile(
+                profile, version=found.key.vllm_version, where=str(found.path), design=design,
+                keep=keep,
+            )
+            if profile
+            else None
+        )  # fmt: skip
+        mine = [r for r in records if keep(r.environment.get("machine"))]
+        return from_stored(mine, key=found.key, extra=extra)
+
+    if machine is None:
+        return of(lambda _: True)
+    here = of(lambda m: m == machine)
+    elsewhere = of(lambda m: m != machine)
+    return {
+        metric: here[metric] if metric in here else as_prior(elsewhere[metric])
+        for metric in METRICS
+        if metric in here or metric in elsewhere
+    }
+
+
+def as_prior(measured: RestartNoise) -> RestartNoise:
+    """Another machine's measurement as a prior for this one: its estimate, weighted as its
+    degrees of freedom or the assumption's weight, whichever is fewer; set aside where this
+    run's own starts rule it out (restarts.py)."""
+    return RestartNoise(
+        measured.sd,
+        min(measured.df, ASSUMED_WEIGHT),
+        f"{PRIOR} of {measured.sd:.1%}, weighted as {min(measured.df, ASSUMED_WEIGHT):g} degrees "
+        f"of freedom: measured on another machine of this accelerator, or one not recorded "
+        f"({measured.source})",
+        measured=False,
+        residual=measured.residual,
     )
-    return from_stored(records, key=found.key, extra=extra)
 
 
 def of_design(records: Sequence[RunRecord], design: str | None) -> list[RunRecord]:
@@ -296,11 +347,18 @@ def pooled_drift(found: Sequence[TimeDrift]) -> TimeDrift:
 
 
 def from_profile(
-    profile: HostProfile, *, version: str | None, where: str, design: str | None = None
+    profile: HostProfile,
+    *,
+    version: str | None,
+    where: str,
+    design: str | None = None,
+    keep: Callable[[str | None], bool] | None = None,
 ) -> dict[str, RestartNoise]:
     """What a host's profile holds of this vLLM version, pooled per metric: the entries of
-    `design` where any were measured in it, else all of them, named."""
+    `design` where any were measured in it, else all of them, named; `keep`: of the machines
+    it keeps (by fingerprint)."""
     entries, measured_in = profile.of_design(version, design)
+    entries = [e for e in entries if keep is None or keep(e.machine)]
     starts = sum(e.starts for e in entries)
     text = (
         f"host profile {where}: {len(entries)} A/A run{'s' if len(entries) != 1 else ''}, "
@@ -335,6 +393,7 @@ def profile_entry(record: RunRecord, *, run: str, date: str) -> ProfileEntry | N
         speed=speed_of(record),
         drift={metric: d.to_dict() for metric, d in drifts_of_run(record).items()} or None,
         design=record_design(record),
+        machine=record.environment.get("machine"),
     )
 
 
