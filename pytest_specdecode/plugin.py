@@ -239,10 +239,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--spec-arms",
-        choices=("one-at-a-time", "together"),
+        choices=("auto", "one-at-a-time", "together"),
         default=None,
-        help="serve one arm at a time (default), or the baseline and each candidate together, "
-        "as two servers, each request sent to both in turn (docs/options.md)",
+        help="serve the baseline and each candidate together, as two servers, each request "
+        "sent to both in turn, or one arm at a time; auto (default): together where the host "
+        "holds both, and the plan says why (docs/options.md)",
     )
     add(
         "--spec-baseline-from",

@@ -17,6 +17,7 @@ from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dyn
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
 from .search.answer import SearchAnswer, search_answer
+from .variance.pairs import PositionBias
 from .variance.time_drift import TimeDrift
 from .verdict import noise
 from .verdict.checks import Equivalence, differences, equivalences, facts
@@ -115,6 +116,8 @@ class RunAnalysis:
     splits: dict[str, ControlSplit] = field(default_factory=dict)
     # per metric, the drift within this run's starts beside their restart noise (time_drift.py)
     time_drift: dict[str, TimeDrift] = field(default_factory=dict)
+    # side by side, an A/A run: per metric, the second place's speed beside the first
+    position_bias: dict[str, PositionBias] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -145,6 +148,7 @@ class RunAnalysis:
             "restart_noise": {m: n.to_dict() for m, n in self.noise.items()},
             "measured_restart_noise": {m: n.to_dict() for m, n in self.measured_noise.items()},
             "time_drift": {m: d.to_dict() for m, d in self.time_drift.items()},
+            "position_bias": {m: b.to_dict() for m, b in self.position_bias.items()},
             "equivalence": {
                 c: {name: e.to_json() for name, e in per.items()}
                 for c, per in self.equivalence.items()
@@ -230,6 +234,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
             record, verdicts, noise=assumed, kin=original_kin(record, (BASELINE,))
         ),
         time_drift=noise.drifts_of_run(record),
+        position_bias=noise.position_bias(record),
     )
 
 

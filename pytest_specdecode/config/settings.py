@@ -95,7 +95,8 @@ class RunConfig:
     max_reloads: int = 3  # the search's budget: candidates it may start
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
     order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
-    arms: Literal["one-at-a-time", "together"] = "one-at-a-time"  # together: two servers at once
+    # "together": two servers at once; "auto": together where the host has room (run/arms.py)
+    arms: Literal["auto", "one-at-a-time", "together"] = "auto"
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
@@ -155,7 +156,7 @@ _TOP_KEYS = {
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 SEARCH_METHODS = ("ngram",)  # what --spec-search can search
 ORDERS = ("interleaved", "blocked")  # [run] order: a start's requests
-ARMS_MODES = ("one-at-a-time", "together")  # [run] arms: --spec-arms
+ARMS_MODES = ("auto", "one-at-a-time", "together")  # [run] arms: --spec-arms
 _THRESHOLD_KEYS = {"min_tokens_per_s", "max_tpot_ms"}
 _PROMPT_TYPE_KEYS = {"max_tokens"} | _THRESHOLD_KEYS | PROMPT_KEYS
 

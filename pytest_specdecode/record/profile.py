@@ -178,12 +178,19 @@ class ProfileEntry:
     design: str = "blocked"  # DESIGNS; entries written before it was kept: inferred on reading
     # which machine measured it (measure/environment.py machine_of); None: not recorded
     machine: str | None = None
+    # side by side: per metric, the second place's speed beside the first (analysis pairs.py)
+    position_bias: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "run": self.run,
             "design": self.design,
             "machine": self.machine,
+            "position_bias": (
+                None
+                if self.position_bias is None
+                else {k: dict(v) for k, v in self.position_bias.items()}
+            ),
             "date": self.date,
             "vllm_version": self.vllm_version,
             "gpus": None if self.gpus is None else list(self.gpus),
@@ -210,6 +217,7 @@ class ProfileEntry:
             drift={str(k): dict(v) for k, v in drift.items()} if drift else None,
             design=str(data.get("design") or _design_before_kept(drift)),
             machine=data.get("machine"),
+            position_bias=data.get("position_bias"),
         )
 
 

@@ -234,6 +234,9 @@ class Phase:
     order_seed: int | None = None  # the interleaved order's seed (measure/experiment/order.py)
     together_with: str | None = None  # --spec-arms together: the phase served beside it
     sent_first: list[str] = field(default_factory=list)  # together: per slot, whose went first
+    # together: which of the two places it ran in (0: the original's own, 1: the second's);
+    # the places alternate between pairs where the target can swap them
+    position: int | None = None
 
     @property
     def acceptance(self) -> Acceptance:
@@ -257,6 +260,7 @@ class Phase:
             "order_seed": self.order_seed,
             "together_with": self.together_with,
             "sent_first": self.sent_first,
+            "position": self.position,
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
         }
@@ -280,6 +284,7 @@ class Phase:
             order_seed=data.get("order_seed"),
             together_with=data.get("together_with"),
             sent_first=list(data.get("sent_first") or []),
+            position=data.get("position"),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
             },

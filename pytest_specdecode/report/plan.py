@@ -310,8 +310,10 @@ def dry_run_lines(
     predicted: Sequence[str] = (),
     design: Sequence[str] = (),
     side_changes: Sequence[str] = (),
+    arms: str = "",
 ) -> list[str]:
-    """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines."""
+    """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines; `arms`:
+    how the arms are served, and why (run/arms.py)."""
     t = settings.target
     baseline = baseline_from is None
     phases, least, most = count_requests(settings, baseline=baseline, aba=aba)
@@ -343,6 +345,7 @@ def dry_run_lines(
     if order:
         first = order[0] + (" (as it runs)" if adopts_original and order[0] == BASELINE else "")
         lines.append(f"server starts, in order: {', '.join([first, *order[1:]])}")
+    lines += [arms] if arms else []
     lines += order_lines(run)
     if noise:
         lines.append(f"restart noise: {noise}")

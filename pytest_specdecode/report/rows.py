@@ -219,6 +219,8 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
                 False,
             )
         )
+    for metric, bias in analysis.position_bias.items():
+        out.append(Check(f"Position bias side by side, {metric}: {bias.text()}", False))
     if record.baseline_from:
         out.append(Check(f"Baseline reused from {record.baseline_from.path}", False))
     if restore is not None and not (restore.errors or restore.failed):

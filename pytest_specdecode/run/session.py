@@ -33,6 +33,7 @@ from ..measure.traffic import quiet, rate_text
 from ..options import settings_from_options
 from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
+from ..record.profile import lookup
 from ..record.schema import Phase, RunRecord, TargetInfo
 from ..record.search import SEARCH_PREFIX
 from ..record.store import RunStore, stored_runs
@@ -57,6 +58,7 @@ from ..targets.facts.vllm import (
 )
 from ..targets.host_env import HostProbe, busiest
 from ..targets.lifecycle import RunEnding, experiment_services
+from .arms import choose_arms, with_arms
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
 
@@ -158,6 +160,8 @@ class SpecDecodeSession:
                     + (f" ({facts.note})" if facts.note else ""),
                     request_metrics_plan(facts),
                 ]
+            arms = self._choose_arms(target)
+            settings = self.settings
             steps = [*checked, *service_plan(settings, target)]
         except SpecDecodeError as exc:
             write_line(f"pytest-specdecode dry run: {exc}")
@@ -180,6 +184,7 @@ class SpecDecodeSession:
             ),
             design=self._design_lines(target),
             side_changes=side_change_plan(settings, self._target_version()),
+            arms=arms,
         )
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
@@ -188,6 +193,20 @@ class SpecDecodeSession:
         """The target's vLLM version where it was asked (not the offline list's)."""
         facts = self.vllm_facts
         return facts.version if facts is not None and not facts.offline else None
+
+    def _choose_arms(self, target: Target) -> str:
+        """`[run] arms = "auto"` resolved on this host (run/arms.py): the settings from here on
+        serve the arms side by side or one at a time; the plan's line says which, and why."""
+        key = self.host_noise.plan_key(target)
+        mode, why = choose_arms(
+            self.settings,
+            target,
+            machine=self.host_noise.machine_of(target),
+            profile=lookup(self.host_noise.profiles, key).profile,
+            version=key.vllm_version,
+        )
+        self.settings = self.host_noise.settings = with_arms(self.settings, mode)
+        return f"arms: {'side by side' if mode == 'together' else 'one at a time'}: {why}"
 
     def _design_lines(self, target: Target) -> list[str]:
         """What the design can call on this host, and what would call --spec-detect's change."""
@@ -203,12 +222,13 @@ class SpecDecodeSession:
     @contextlib.contextmanager
     def running(self, session: pytest.Session) -> Iterator[Experiment]:
         """Bring services up on demand; whatever happens, the teardown restores the original."""
-        settings = self.settings
-        t = settings.target
-        headers = api_headers(settings)
+        t = self.settings.target
+        headers = api_headers(self.settings)
         target = self._open_target(self.run_dir)
         transports = target.transports()
         try:  # nothing is touched until preflight has passed; its last step takes the lock
+            self.progress(f"plan: {self._choose_arms(target)}")
+            settings = self.settings
             for step in service_plan(settings, target):
                 self.progress(f"plan: {step}")
             if settings.run.search:

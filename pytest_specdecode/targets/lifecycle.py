@@ -129,6 +129,7 @@ class Switchboard:
         self.last_startup_s: float | None = None  # the last activate's start, to serving
         self.active_spec: SpecConfig | None = None
         self.beside: Service | None = None  # the second server, while two serve together
+        self.swapped = False  # the last pair: the two in each other's places
         self._stopped: list[str] = []  # what the restore stopped besides the candidate
         self._beside_errors: list[str] = []
         self.restore_report: RestoreReport | None = None
@@ -169,7 +170,7 @@ class Switchboard:
 
     @contextmanager
     def together(
-        self, spec: SpecConfig, *, restart_original: bool
+        self, spec: SpecConfig, *, restart_original: bool, swap: bool = False
     ) -> Iterator[tuple[Service, Service]]:
         """The original serving (as it is; started or restarted where asked and allowed) and a
         second server with `spec`'s configuration beside it, both ready. The second is stopped
@@ -177,12 +178,14 @@ class Switchboard:
 
         They start one after the other, never at once: on a GPU, vLLM's memory profiling would
         count the other's allocations as its own. The original is restarted where its place
-        changed (the local target's half of the cores).
+        changed (the local target's half of the cores). `swap`: the two take each other's
+        places, where the target can swap them (`swaps_places`); `self.swapped` says whether.
         """
         why = room_beside(self.target, spec)
         if why:
             raise ConfigError(f"--spec-arms together refused on {self.target.host_name}: {why}")
-        second = self.target.beside(spec)
+        self.swapped = swap and bool(getattr(self.target, "swaps_places", False))
+        second = self.target.beside(spec, swap=True) if self.swapped else self.target.beside(spec)
         restart = restart_original or bool(getattr(self.original, "stale", False))
         original = self.activate(None, restart=restart)
         self.beside = second

@@ -301,13 +301,16 @@ class LocalProcessTarget:
             f"({shown(second, {**spec.env, **theirs.env()})})"
         )
 
-    def beside(self, spec: SpecConfig) -> LocalProcessService:
+    swaps_places = True  # side by side, the two may take each other's cores or GPUs
+
+    def beside(self, spec: SpecConfig, *, swap: bool = False) -> LocalProcessService:
         """The candidate's server on a port of its own, with its half of the cores or its GPU
-        share; the original is placed on the other half for its next start. Not started."""
+        share; the original is placed on the other half for its next start. Not started.
+        `swap`: each in the other's place (the ports stay: the original keeps its own)."""
         layout = self._layout()
         if isinstance(layout, str):
             raise ConfigError(layout)
-        mine, theirs = layout
+        mine, theirs = layout[::-1] if swap else layout
         taskset = shutil.which("taskset")
         original = self.original()
         original.place(

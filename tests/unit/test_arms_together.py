@@ -118,6 +118,17 @@ def test_on_a_cpu_each_server_gets_half_the_cores_bound_by_taskset_and_vllm(tmp_
     assert "cores 0-1" in original.placement and "cores 2-3,5" in second.placement
 
 
+def test_swapped_each_takes_the_others_cores_and_the_ports_stay(tmp_path):
+    """Every second pair: the places alternate, so that a faster core weighs on both arms."""
+    target = local_target(tmp_path, cores=(0, 1, 2, 3))
+    assert target.swaps_places
+    second = target.beside(SPEC, swap=True)
+    original = target.original()
+    assert original.argv[1:3] == ["-c", "2-3"] and second.argv[1:3] == ["-c", "0-1"]
+    assert "cores 2-3" in original.placement and "cores 0-1" in second.placement
+    assert original.api_base == target.api_base != second.api_base
+
+
 def test_core_split_and_lists():
     a, b = split_cores([3, 1, 0, 2])
     assert (a.cores, b.cores) == ((0, 1), (2, 3))
@@ -224,7 +235,7 @@ def settings_for(tmp_path: Path, arms: str):
 
 def test_the_setting_is_checked(tmp_path):
     assert settings_for(tmp_path, "together").run.arms == "together"
-    with pytest.raises(ConfigError, match="arms must be one of one-at-a-time, together"):
+    with pytest.raises(ConfigError, match="arms must be one of auto, one-at-a-time, together"):
         settings_for(tmp_path, "both")
 
 

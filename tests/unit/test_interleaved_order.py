@@ -203,12 +203,14 @@ class TogetherBoard(Switchboard):
     original serving, a candidate's scripted server beside it on its own port."""
 
     calls: list[tuple[str, bool]]
+    swaps: list[bool]
 
     @contextmanager
     def together(
-        self, spec: SpecConfig, *, restart_original: bool
+        self, spec: SpecConfig, *, restart_original: bool, swap: bool = False
     ) -> Iterator[tuple[ScriptedService, ScriptedService]]:
         self.calls.append((spec.name, restart_original))
+        self.swaps.append(swap)
         original = self.activate(None, restart=restart_original)
         target: ScriptedTarget = self.target  # type: ignore[assignment]
         crash = target._scripts.get(spec.name, Script()).crash_at_start
@@ -229,7 +231,7 @@ def together_experiment(
         target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
         transport=target.transports().sync, clock=target.time.clock,
     )  # fmt: skip
-    board.calls = []
+    board.calls, board.swaps = [], []
     exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
     return board, exp, store
 
@@ -287,6 +289,17 @@ def test_repeats_together_restart_a_local_original_for_the_second_pair(tmp_path:
         ("baseline#2", "ngram#2"),
         ("ngram#2", "baseline#2"),
     ]
+    # each pair's places recorded (this board cannot swap them: the first's, each time)
+    assert [p.position for p in rec.phases.values()] == [0, 1, 0, 1]
+
+
+def test_the_places_alternate_between_pairs(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    s = settings(tmp_path, samples=2, run_extra='arms = "together"\nrepeats = 3')
+    board, exp, _ = together_experiment(tmp_path, ScriptedTarget(Script()), s)
+    exp.arm("ngram")
+    board.restore()
+    assert board.swaps == [False, True, False]
 
 
 def test_a_candidate_that_cannot_start_beside_leaves_the_baseline_measured_alone(
@@ -346,7 +359,7 @@ def test_the_order_and_the_arms_are_validated_and_planned(tmp_path: Path) -> Non
     from pytest_specdecode.errors import ConfigError
     from pytest_specdecode.report.plan import order_lines, phase_order
 
-    assert RunConfig().order == "interleaved" and RunConfig().arms == "one-at-a-time"
+    assert RunConfig().order == "interleaved" and RunConfig().arms == "auto"
     for bad in ('order = "random"', 'arms = "both"', 'seed = "x"'):
         with pytest.raises(ConfigError, match=bad.split(" ")[0]):
             settings(tmp_path, run_extra=bad)

@@ -147,3 +147,40 @@ def test_pairs_measure_the_offset_and_the_slot_noise():
     assert one is not None
     assert pair_noise(one, about_zero=False, source="sim") is None
     assert pair_noise(one, about_zero=True, source="sim").df == 1  # type: ignore[union-attr]
+
+
+def test_an_aa_run_side_by_side_reports_its_places_own_speeds(tmp_path) -> None:
+    """The second place 8% faster, the places alternated over four A/A pairs: the bias comes
+    back from the record (noise.position_bias), and the run's checks name it."""
+    from pytest_specdecode.analysis.run import analyze
+    from pytest_specdecode.analysis.verdict import noise
+    from pytest_specdecode.config.arms import AA_ARM, BASELINE
+    from pytest_specdecode.report.rows import checks
+
+    from ..support.synthetic import add_phase, record, settings
+
+    s = settings(tmp_path, candidates=("baseline",), samples=12)
+    rec = record(s)
+    rng = np.random.default_rng(4)
+    for p in range(4):
+        swapped = p % 2 == 1
+        names = (BASELINE, AA_ARM) if p == 0 else (f"{BASELINE}#{p + 1}", f"{AA_ARM}#{p + 1}")
+        places = (1, 0) if swapped else (0, 1)
+        phases = []
+        for name, arm, place in zip(names, (BASELINE, AA_ARM), places, strict=True):
+            rate = 20.0 * (1.08 if place == 1 else 1.0)
+            phase = add_phase(rec, name, {"coding": rate, "math": rate}, arm=arm, seed=p)
+            phase.position = place
+            for m in phase.measurements.values():
+                for i, x in enumerate(m.samples):
+                    x.slot = i
+                    x.e2e_s *= math.exp(rng.normal(0, 0.01))
+            phases.append(phase)
+        phases[0].together_with, phases[1].together_with = phases[1].name, phases[0].name
+    bias = noise.position_bias(rec)["throughput"]
+    assert bias.pairs == 4 and bias.alternated
+    assert math.expm1(bias.estimate) == pytest.approx(0.08, abs=0.01)
+    assert bias.low is not None and bias.low < bias.estimate < (bias.high or 0)
+    shown = [c.text for c in checks(rec, analyze(rec))]
+    assert any(t.startswith("Position bias side by side, throughput: the second place ran +")
+               for t in shown), shown  # fmt: skip

@@ -158,3 +158,53 @@ def pair_noise_of(
             RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
         )
     return pooled(estimates, source=source)
+
+
+@dataclass(frozen=True)
+class PositionBias:
+    """Side by side, an A/A run: how much faster the second place ran than the first (log)."""
+
+    estimate: float
+    low: float | None  # its 90% interval; None from one pair
+    high: float | None
+    pairs: int
+    alternated: bool  # the places alternated between pairs
+
+    def text(self) -> str:
+        where = (
+            f" [{math.expm1(self.low):+.1%}, {math.expm1(self.high):+.1%}] (90% interval)"
+            if self.low is not None and self.high is not None
+            else " (one pair: no interval)"
+        )
+        how = (
+            "the places alternated between pairs, so it weighs on both arms alike"
+            if self.alternated
+            else "the places did not alternate: each arm kept its own"
+        )
+        return (
+            f"the second place ran {math.expm1(self.estimate):+.1%}{where} beside the first, "
+            f"over {self.pairs} A/A pair{'s' if self.pairs != 1 else ''}; {how}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "pairs": self.pairs,
+            "alternated": self.alternated,
+        }
+
+
+def bias_of(second_minus_first: Sequence[float], *, alternated: bool) -> PositionBias | None:
+    """From each A/A pair's mean log difference, the second place's less the first's."""
+    values = np.asarray(second_minus_first, dtype=float)
+    if values.size == 0:
+        return None
+    estimate = float(values.mean())
+    if values.size < 2:
+        return PositionBias(estimate, None, None, 1, alternated)
+    half = (
+        float(_st.t.ppf(0.95, values.size - 1)) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    )
+    return PositionBias(estimate, estimate - half, estimate + half, int(values.size), alternated)

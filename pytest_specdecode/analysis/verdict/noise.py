@@ -31,7 +31,7 @@ from ...record.profile import (
     speed_of,
 )
 from ...record.schema import RunRecord
-from ..variance.pairs import fit_pairs, pair_noise_of
+from ..variance.pairs import PositionBias, bias_of, fit_pairs, pair_noise_of
 from ..variance.restarts import (
     ASSUMED_WEIGHT,
     RestartNoise,
@@ -111,6 +111,34 @@ def of_pairs(record: RunRecord) -> dict[str, RestartNoise]:
             configs.append((fits, arm == AA_ARM))
         source = f"{pairs} pair{'s' if pairs != 1 else ''} of starts side by side in this run"
         found = pair_noise_of(configs, source=source)
+        if found is not None:
+            out[metric] = found
+    return out
+
+
+def position_bias(record: RunRecord) -> dict[str, PositionBias]:
+    """Side by side, an A/A run's pairs, per metric: the second place's speed beside the first
+    (each pair's mean over its keys, signed by where the original again sat)."""
+    base = [p for p in record.arm_phases(BASELINE) if not p.reused_from]
+    again = record.arm_phases(AA_ARM)
+    out = {}
+    for metric, (values, _) in METRICS.items():
+        partners = {p.name: p for p in again}
+        signed = []
+        for b in base:
+            a = partners.get(b.together_with or "")
+            if a is None or b.position is None:
+                continue
+            means = [
+                float(np.mean(d[0]))
+                for key in record.keys
+                if (d := pair_differences([b], [a], key, values))
+            ]
+            if means:  # log(again / baseline): the second place's less the first's, or reversed
+                signed.append(float(np.mean(means)) * (1 if b.position == 0 else -1))
+        found = bias_of(
+            signed, alternated=len({p.position for p in base if p.position is not None}) > 1
+        )
         if found is not None:
             out[metric] = found
     return out
@@ -394,6 +422,7 @@ def profile_entry(record: RunRecord, *, run: str, date: str) -> ProfileEntry | N
         drift={metric: d.to_dict() for metric, d in drifts_of_run(record).items()} or None,
         design=record_design(record),
         machine=record.environment.get("machine"),
+        position_bias={m: b.to_dict() for m, b in position_bias(record).items()} or None,
     )
 
 

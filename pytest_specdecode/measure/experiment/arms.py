@@ -94,6 +94,7 @@ class Experiment:
             else {}
         )
         self._next = 0
+        self._pairs = 0  # pairs of starts served side by side so far
         self._errors: dict[str, Exception] = {}
         self._chosen: dict[str, SpecConfig] = {}  # candidates chosen during the run (a search)
 
@@ -211,11 +212,19 @@ class Experiment:
         spec = self.candidate(arm)
         # a repeat restarts a local original; a systemd original keeps serving as it is
         restart = self.settings.target.backend == "local" and bool(self.record.arm_phases(BASELINE))
+        # the places alternate between pairs, so that a place's own speed (seen: one core 8.9%
+        # faster than the other) weighs on both arms alike
+        swap = self._pairs % 2 == 1
+        self._pairs += 1
         try:
-            with self.board.together(spec, restart_original=restart) as (original, second):
+            with self.board.together(spec, restart_original=restart, swap=swap) as (
+                original,
+                second,
+            ):
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
                 cand = self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
                 base.together_with, cand.together_with = cand.name, base.name
+                base.position, cand.position = (1, 0) if self.board.swapped else (0, 1)
                 seed = order_seed(self.settings.run.seed, name)
                 base.order_seed = cand.order_seed = seed
                 self.progress(
