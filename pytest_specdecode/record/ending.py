@@ -20,6 +20,7 @@ class RestoreReport:
     serving: bool = False  # it answered /health and /v1/models with its model again
     observed: bool = True  # False: the host restores; the controller stopped watching
     notes: list[str] = field(default_factory=list)
+    never_stopped: bool = False  # the original served throughout: nothing of it was touched
 
     @property
     def failed(self) -> bool:
@@ -39,7 +40,12 @@ class RestoreReport:
                 state = "active and serving" if self.serving else "active but NOT serving"
             else:
                 state = "stopped"
-            text = f"{self.original} restored to {state} in {self.seconds:.0f}s"
+            text = (
+                f"{self.original} was never stopped: it served throughout, and is {state} "
+                f"(checked in {self.seconds:.0f}s)"
+                if self.never_stopped
+                else f"{self.original} restored to {state} in {self.seconds:.0f}s"
+            )
         text += "".join(f"; {note}" for note in self.notes)
         return text + ("; problems on the way: " + "; ".join(self.errors) if self.errors else "")
 
@@ -54,6 +60,7 @@ class RestoreReport:
             serving=bool(data.get("serving", False)),
             observed=bool(data.get("observed", True)),
             notes=list(data.get("notes", [])),
+            never_stopped=bool(data.get("never_stopped", False)),
         )
 
 
@@ -68,6 +75,7 @@ class RunEnding:
     restore_s: float | None = None  # first signal (or restore start) until the original is as found
     restore_observed: bool | None = None  # None: no restore yet
     note: str | None = None
+    original_never_stopped: bool = False  # side by side beside a unit that kept serving
 
     def describe(self) -> str:
         if self.how == "finished":
@@ -77,7 +85,9 @@ class RunEnding:
         if self.handed_over:
             text += f"; the restore was handed over after {self.handover_s or 0:.1f}s"
             text += f" ({self.handed_over})"
-        if self.restore_s is not None:
+        if self.original_never_stopped:
+            text += "; the original was never stopped: it served throughout"
+        elif self.restore_s is not None:
             text += f"; the original was back as found {self.restore_s:.0f}s after"
             text += " the signal" if self.signals else " the restore began"
         elif self.restore_observed is False:

@@ -130,6 +130,7 @@ class Switchboard:
         self.active_spec: SpecConfig | None = None
         self.beside: Service | None = None  # the second server, while two serve together
         self.swapped = False  # the last pair: the two in each other's places
+        self.original_stopped = False  # whether this run ever stopped the original
         self._stopped: list[str] = []  # what the restore stopped besides the candidate
         self._beside_errors: list[str] = []
         self.restore_report: RestoreReport | None = None
@@ -159,6 +160,7 @@ class Switchboard:
         self.target.before_swap()
         if self.active is not None:
             self._progress(f"stopping {self.active.label}")
+            self.original_stopped = self.original_stopped or self.active is self.original
             self.active.stop()
             self.active = None
         wanted = self.original if spec is None else self.target.candidate(spec)
@@ -251,6 +253,8 @@ class Switchboard:
                 errors.append(str(exc))
             self.active = self.original if is_active else None
         notes = [*self._stopped, *notes]
+        untouched = observed and self.was_active and not self.original_stopped and bool(is_active)
+        self.ending.original_never_stopped = untouched
         self.restore_report = RestoreReport(
             original=self.original.label,
             was_active=self.was_active,
@@ -260,6 +264,7 @@ class Switchboard:
             serving=self._serving,
             observed=observed,
             notes=notes,
+            never_stopped=untouched,
         )
         self.ending.signals = list(self.interrupts.signals)  # a second one may have come
         self.ending.restore_observed = observed
@@ -337,7 +342,10 @@ class Switchboard:
 
     def _stop_original(self) -> None:
         if self.original.is_active():
-            self._progress(f"restore: stopping {self.original.label} (it was not running)")
+            self._progress(
+                f"restore: stopping {self.original.label} (it was not running before the run)"
+            )
+            self.original_stopped = True
             self.original.stop()
 
     def _step(

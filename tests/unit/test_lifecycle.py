@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.store import RunStore
@@ -153,3 +154,23 @@ def test_a_clean_restore_reports_no_problems(tmp_path: Path) -> None:
     exp = run(tmp_path, target, "ngram")
     report = exp.board.restore_report
     assert report is not None and report.errors == [] and not report.failed
+
+
+def test_an_original_never_stopped_is_said_so_not_restored(tmp_path: Path) -> None:
+    """Measured as it runs and never stopped (a systemd unit beside which a candidate ran): the
+    restore and the run's ending say it served throughout, not that it was put back."""
+    target = ScriptedTarget(Script(), running=True)
+    exp = run(tmp_path, target, BASELINE)
+    report = exp.board.restore_report
+    assert report is not None and report.never_stopped and not report.failed
+    assert report.describe().startswith(
+        "scripted service 'original' was never stopped: it served throughout, and is active "
+        "and serving"
+    )
+    assert "the original was never stopped: it served throughout" in exp.board.ending.describe()
+    # once the run stops it (a candidate of the unit), the restore puts it back as before
+    (tmp_path / "again").mkdir()
+    again = run(tmp_path / "again", ScriptedTarget(Script(), running=True), "ngram")
+    assert again.board.restore_report is not None
+    assert not again.board.restore_report.never_stopped
+    assert "restored to active and serving" in again.board.restore_report.describe()
