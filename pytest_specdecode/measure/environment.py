@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,13 @@ _NOT_SUITE = {"__pycache__", "node_modules", "reports", "venv"}
 _MOST_FILES = 5000
 
 
-def suite_content(path: Path) -> str | None:
+def suite_content(path: Path, *, besides: Sequence[Path] = ()) -> str | None:
     """Where the suite is not a git checkout: its folder and a hash of its files' content
-    (sources and data, not caches, venvs or reports), e.g. "/srv/suite, content 3f2a9c01b7e4
-    (14 files)"; None where nothing could be read."""
+    (sources and data, not caches, venvs or reports, nor `besides`: the host profiles, whose
+    measured noise is no suite content), e.g. "/srv/suite, content 3f2a9c01b7e4 (14 files)";
+    None where nothing could be read."""
     where = (path if path.is_dir() else path.parent).resolve()
+    skipped = [b.resolve() for b in besides]
     digest = hashlib.sha256()
     count = 0
     try:
@@ -135,6 +138,7 @@ def suite_content(path: Path) -> str | None:
             for f in where.rglob("*")
             if f.suffix in _SUITE_FILES
             and f.is_file()
+            and not any(f.is_relative_to(b) for b in skipped)
             and not any(part in _NOT_SUITE or part.startswith(".") for part in
                         f.relative_to(where).parts[:-1])
         )  # fmt: skip
@@ -149,11 +153,16 @@ def suite_content(path: Path) -> str | None:
 
 
 def environment(
-    target: Target, config_file: Path, facts: dict[str, Any] | None = None
+    target: Target,
+    config_file: Path,
+    facts: dict[str, Any] | None = None,
+    *,
+    besides: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Recorded in the run record before anything is measured; `facts`: `machine`'s, if read."""
+    """Recorded in the run record before anything is measured; `facts`: `machine`'s, if read;
+    `besides`: folders whose files are no suite content (the host profiles)."""
     commit = git_commit(config_file)
     found: dict[str, Any] = {**(facts or machine(target.host)), "git_commit": commit}
     if commit is None:
-        found["suite_content"] = suite_content(config_file)
+        found["suite_content"] = suite_content(config_file, besides=besides)
     return found

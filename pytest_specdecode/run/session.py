@@ -417,7 +417,12 @@ class SpecDecodeSession:
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
             environment={
-                **environment(target, settings.source, self.host_noise.machine_of(target)),
+                **environment(
+                    target,
+                    settings.source,
+                    self.host_noise.machine_of(target),
+                    besides=(self.host_noise.profiles,),
+                ),
                 "vllm": self.vllm_facts.record() if self.vllm_facts else None,
             },
         )

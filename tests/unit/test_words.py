@@ -135,8 +135,14 @@ def test_a_suite_outside_git_is_named_by_its_folder_and_content(tmp_path: Path) 
     assert found is not None and found.startswith(f"{suite.resolve()}, content ")
     assert found.endswith("(2 files)")
     assert suite_content(suite) == found  # the same suite, the same hash
+    # an A/A run writes its host profile beside the suite: measured noise, not suite content
+    profiles = suite / "host-profiles-h200"
+    profiles.mkdir()
+    (profiles / "localhost--gpu-1x-NVIDIA_H200--m.json").write_text("{}\n")
+    assert suite_content(suite, besides=[profiles]) == found
+    assert suite_content(suite) != found
     (suite / "test_x.py").write_text("def test(): assert 1\n")
-    assert suite_content(suite) != found  # another content, another hash
+    assert suite_content(suite, besides=[profiles]) != found  # another content, another hash
     said = suite_text({"git_commit": None, "suite_content": found}, markdown=True)
     assert said == f"`{found}` (not a git checkout)" and "unknown" not in said
     assert suite_text({"git_commit": "0123456789abcdef"}, markdown=True) == "`0123456789ab`"
