@@ -210,6 +210,9 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
         ]
     if analysis.drift is not None and not analysis.drift.unreliable:
         out.append(Check(f"Drift (ABA): {analysis.drift.text()}", False))
+    if analysis.verdicts:
+        for metric, noise in analysis.noise.items():
+            out.append(Check(f"The intervals' restart noise, {metric}: {noise_text(noise)}", False))
     for metric, noise in analysis.measured_noise.items():
         drift = analysis.time_drift.get(metric)
         beside = f" (start effects); {drift_text(drift)}" if drift else ""

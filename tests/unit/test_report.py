@@ -76,6 +76,8 @@ def test_summary_markdown_is_a_pr_comment(run) -> None:
     assert "- Output, ngram/coding: identical to the baseline (6/6 outputs)" in md
     assert "vLLM 0.32.0" in md and "suite `0123456789ab`" in md
     assert "run folder `R`" in md
+    # the restart noise behind the intervals, and where it came from
+    assert "- The intervals' restart noise, throughput: unmeasured: assumed 5%" in md
 
 
 def test_equivalence_exact_and_common_prefix(tmp_path: Path) -> None:
@@ -189,6 +191,9 @@ def test_summary_html_has_table_verdicts_and_embedded_plots(run, tmp_path: Path)
             in (page)
         )
     assert "Result: Regression." in page
+    assert "The intervals&#x27; restart noise, throughput: unmeasured: assumed 5%" in page or (
+        "The intervals' restart noise, throughput: unmeasured: assumed 5%" in page
+    )
 
 
 def test_extra_html_per_test(run) -> None:
