@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..analysis.run import RunAnalysis
 from ..analysis.variance.time_drift import drift_text
-from ..analysis.verdict.compare import PromptTypeVerdict
+from ..analysis.verdict.compare import PromptTypeVerdict, start_prompts
 from ..analysis.verdict.stats import Verdict
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
@@ -210,6 +210,7 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
         ]
     if analysis.drift is not None and not analysis.drift.unreliable:
         out.append(Check(f"Drift (ABA): {analysis.drift.text()}", False))
+    out += [Check(text, False) for text in _prompt_coverage(record, analysis)]
     if analysis.verdicts:
         for metric, noise in analysis.noise.items():
             out.append(Check(f"The intervals' restart noise, {metric}: {noise_text(noise)}", False))
@@ -228,4 +229,26 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
         out.append(Check(f"Baseline reused from {record.baseline_from.path}", False))
     if restore is not None and not (restore.errors or restore.failed):
         out.append(Check(f"Restore: {restore.describe()}", False))
+    return out
+
+
+def _prompt_coverage(record: RunRecord, analysis: RunAnalysis) -> list[str]:
+    """Where the two arms timed different prompts (an adaptive stop): which prompts the
+    candidate's figure covers, for it is its level on the baseline's prompts."""
+    out = []
+    base = record.arm_phases(BASELINE)
+    for candidate, per in analysis.verdicts.items():
+        for key in per:
+            prompts = [
+                {i for start in start_prompts(arm, key, "tokens_per_s") for i in start}
+                for arm in (base, record.arm_phases(candidate))
+            ]
+            if None in prompts[0] | prompts[1] or prompts[0] == prompts[1]:
+                continue
+            shared = prompts[0] & prompts[1]
+            out.append(
+                f"Figures, {candidate}/{key}: on the {len(shared)} prompts both arms timed "
+                f"({candidate} timed {len(prompts[1])}, the baseline {len(prompts[0])}): the "
+                "candidate's figure is its level on the baseline's prompts"
+            )
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE_AFTER
+from pytest_specdecode.config.prompts import Prompt
 from pytest_specdecode.report import html, markdown, plan, write_reports
 from pytest_specdecode.report.plots import write_plots
 from pytest_specdecode.report.rows import TABLE_HEADER, checks, headline, rows
@@ -298,3 +300,30 @@ def test_dry_run_lines_count_requests_and_estimate(tmp_path: Path) -> None:
     )
     assert any(line.startswith("requests: 12 to 34 = 1 phases") for line in reused)
     assert "server starts, in order: ngram" in reused
+
+
+def test_a_figure_names_the_prompts_it_covers_where_the_arms_timed_different_ones(
+    tmp_path: Path,
+) -> None:
+    """The H200's baseline stopped at 8 requests, its candidate ran 12: the figures are the
+    candidate's level on the 8 prompts both timed, and the reports say so."""
+    s = settings(tmp_path, samples=12)
+    rec = record(s)
+    rec.prompt_types = {
+        name: dataclasses.replace(pt, prompts=tuple(Prompt(f"{name} {i}") for i in range(12)))
+        for name, pt in rec.prompt_types.items()
+    }
+    add_phase(rec, "baseline", {"coding": 20.0, "math": 20.0})
+    add_phase(rec, "ngram", {"coding": 15.0, "math": 15.0}, seed=1)
+    for m in rec.phases["baseline"].measurements.values():
+        for i, x in enumerate(m.samples):
+            x.prompt_index = i
+        m.samples = m.samples[:8]
+    for m in rec.phases["ngram"].measurements.values():
+        for i, x in enumerate(m.samples):
+            x.prompt_index = i
+    md = markdown.summary(rec, analyze(rec))
+    assert (
+        "Figures, ngram/coding: on the 8 prompts both arms timed (ngram timed 12, the baseline "
+        "8): the candidate's figure is its level on the baseline's prompts" in md
+    ), md
