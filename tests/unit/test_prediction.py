@@ -336,3 +336,21 @@ def test_the_prediction_is_compared_where_adaptive_arms_stop_at_different_counts
     assert timed_on in lost
     prefix = "ngram/coding@c1: not predicted: the baseline has no token ids"
     assert any(reason.startswith(prefix) for reason in lost), lost
+
+
+def test_an_aa_run_predicts_nothing_of_its_own_arm_and_says_what_to_do_next(tmp_path) -> None:
+    """The H200's A/A run said 'baseline-again: method None drafts with a model', and that no
+    candidate had been measured."""
+    from pytest_specdecode.analysis.prediction.predict import AA_NEXT, predict_run
+    from pytest_specdecode.config.arms import AA_ARM, BASELINE
+
+    from ..support.synthetic import recorded_run
+
+    rec = recorded_run(tmp_path)
+    rec.candidates = {AA_ARM: {}}
+    rec.phases = {n: p for n, p in rec.phases.items() if p.arm == BASELINE}
+    found = predict_run(rec)
+    assert found.candidates[AA_ARM].reason == (
+        "the original's configuration, without speculation: nothing to replay"
+    )
+    assert found.recommendation is not None and found.recommendation.reason == AA_NEXT

@@ -62,6 +62,8 @@ class NgramSettings:
 
 def unsupported_reason(values: Mapping[str, Any]) -> str | None:
     """Why a speculative config cannot be replayed, or None when it can."""
+    if not values:
+        return "the original's configuration, without speculation: nothing to replay"
     method = values.get("method")
     if method is None and values.get("model") in _NGRAM_METHODS:
         method = "ngram"

@@ -181,6 +181,8 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
     predictions = predict(bases, replays, fit, restart_sd=restart.sd) if replays else {}
     advice = (
         recommend(predictions, measured=[n.settings for n in measured.values() if n.settings])
+        if predictions and not noise.is_aa_run(record)
+        else Recommendation(None, None, None, AA_NEXT)
         if predictions
         else None
     )
@@ -201,6 +203,12 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         warnings=warnings,
     )
 
+
+AA_NEXT = (
+    "this A/A run measured the host's noise, and no speculative candidate; its baseline's "
+    "token ids predict any n-gram config: specdecode-predict on this run's folder, or a run "
+    "with --spec-config ngram"
+)
 
 # --- the inputs (the record's prompts and token ids: inputs.py) -------------------------
 
