@@ -234,3 +234,27 @@ def test_a_systemd_start_log_is_its_invocations_journal_lines_that_tell_settings
     host = JournalHost(lines, grep=False)
     assert systemd_unit(host).settings_log() == lines
     assert parse_engine_log(lines).model_runner == "V1"
+
+
+def test_the_split_says_what_the_control_ran_with_and_what_its_log_did_not_confirm() -> None:
+    """The H200's control logged `model runner not logged`: its split named "model runner V1"
+    among the side changes as if reproduced."""
+    from pytest_specdecode.analysis.verdict.control import _checked
+    from pytest_specdecode.record.engine_settings import EngineSettings
+    from pytest_specdecode.record.schema import Phase
+
+    def phase(name: str, async_on: bool, runner: str | None) -> Phase:
+        p = Phase(name=name, arm=name, spec=None)
+        p.engine = EngineSettings(version="0.26.0", async_scheduling=async_on, model_runner=runner)
+        return p
+
+    base = phase("baseline", True, "V2")
+    cand = phase("ngram", False, "V1")
+    assert _checked([base], [cand], phase("ngram-control", False, None)) == (
+        "it ran with: async scheduling disabled, model runner not logged; not confirmed by its "
+        "log: "
+        "model runner V1 (baseline: V2)"
+    )
+    assert _checked([base], [cand], phase("ngram-control", False, "V1")) == (
+        "it ran with: async scheduling disabled, model runner V1"
+    )

@@ -17,7 +17,7 @@ from typing import Any
 from ...config.arms import BASELINE
 from ...record.schema import Phase, RunRecord
 from .compare import PromptTypeVerdict, compare_arms
-from .side_changes import control_name
+from .side_changes import control_name, side_changes
 from .stats import Comparison, RestartNoise
 
 PARTS = (
@@ -37,6 +37,7 @@ class ControlSplit:
     flag: Mapping[str, PromptTypeVerdict]  # baseline → candidate
     speculation: Mapping[str, PromptTypeVerdict]  # control → candidate
     side: Mapping[str, PromptTypeVerdict]  # baseline → control
+    checked: str = ""  # what the control's own log says it ran with, and what it did not confirm
 
     @property
     def keys(self) -> list[str]:
@@ -52,6 +53,7 @@ class ControlSplit:
             "candidate": self.candidate,
             "control": self.control,
             "added": self.added,
+            "checked": self.checked,
             "parts": {
                 name: {k: v.to_json() for k, v in getattr(self, name).items()} for name, _ in PARTS
             },
@@ -84,8 +86,27 @@ def control_splits(
             flag=flag,
             speculation=_compare(record, control, mine, (name, candidate), noise, kin),
             side=_compare(record, baseline, control, (BASELINE, name), noise, kin),
+            checked=_checked(baseline, mine, first),
         )
     return out
+
+
+def _checked(baseline: Sequence[Phase], candidate: Sequence[Phase], control: Phase) -> str:
+    """What the control's own log says it ran with, and which of the candidate's side changes
+    that log does not show (not logged, or otherwise): reproduced as asked, not confirmed."""
+    engines = [baseline[0].engine, candidate[0].engine, control.engine] if baseline else []
+    if not engines or any(e is None or not e.known for e in engines):
+        return "its log did not tell what it ran with: no side change is confirmed"
+    base, cand, mine = engines
+    assert base is not None and cand is not None and mine is not None
+    shown = {c.setting: c.candidate for c in side_changes(base, mine)}
+    unconfirmed = [
+        c.text()
+        for c in side_changes(base, cand)
+        if c.setting != "warning" and shown.get(c.setting) != c.candidate
+    ]
+    text = f"it ran with: {mine.describe()}"
+    return text + (f"; not confirmed by its log: {'; '.join(unconfirmed)}" if unconfirmed else "")
 
 
 def _compare(

@@ -25,9 +25,10 @@ def split_lines(analysis: RunAnalysis, candidate: str) -> list[str]:
     split = analysis.splits.get(candidate)
     if split is None:
         return []
+    checked = f"; {split.checked}" if split.checked else ""
     out = [
-        f"{candidate} split by its control arm {split.control} (the original + {split.added}), "
-        f"throughput change [{_confidence(split)} interval]:"
+        f"{candidate} split by its control arm {split.control} (the original + {split.added}"
+        f"{checked}), throughput change [{_confidence(split)} interval]:"
     ]
     for key in split.keys:
         parts = [f"{label} {_change(split.part(name, key))}" for name, label in PARTS]
