@@ -30,6 +30,7 @@ from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 from ..record.profile import Accelerator, ProfileLookup, recorded_accelerator, speed_of
+from ..record.schema import RunRecord
 from ..record.search import slot_name
 from ..record.store import stored_runs
 from ..targets.base import Target, room_beside
@@ -52,6 +53,9 @@ class Timing:
     start_s: float
     s_per_token: float | None
     source: str  # where these numbers come from
+    # this host's own pace: a stored run's wall time over its plan's estimate (what the plain
+    # estimate leaves out: warm-up, token ids, waits, stops), where it recorded both
+    pace: float = 1.0
 
 
 def previous_timing(
@@ -62,26 +66,37 @@ def previous_timing(
     accelerator: Accelerator | None = None,
     profile: ProfileLookup | None = None,
     served: float | None = None,
+    machine: str | None = None,
 ) -> Timing:
     """The engine's speed on this host and accelerator: the newest stored run of the model
-    there, else the newest speed its host profile holds, else `served` (the running server's
-    own /metrics: s per output token); else, on a CPU, a stated assumption, and elsewhere none
-    (the requests' time is then not estimated)."""
-    for folder, record in stored_runs(settings.reports_dir, host=host, model=settings.target.model):
-        if recorded_accelerator(record.environment) != accelerator:
-            continue
+    there (of this very machine first, where `machine` is known), else the newest speed its
+    host profile holds, else `served` (the running server's own /metrics: s per output token);
+    else, on a CPU, a stated assumption, and elsewhere none (the requests' time is then not
+    estimated)."""
+    found_runs = [
+        (folder, record)
+        for folder, record in stored_runs(
+            settings.reports_dir, host=host, model=settings.target.model
+        )
+        if recorded_accelerator(record.environment) == accelerator
+    ]
+    mine = [r for r in found_runs if machine and r[1].environment.get("machine") == machine]
+    for folder, record in [*mine, *found_runs]:
         speed = speed_of(record)
         if speed is None:
             continue
+        pace = pace_of(record)
         return Timing(
             start_s=speed.start_s if speed.start_s is not None else default_start_s,
             s_per_token=speed.s_per_token,
-            source=f"from the stored run {folder.name}",
+            source=f"from the stored run {folder.name}"
+            + (f", which took {pace:.1f} times its plan's estimate" if pace != 1.0 else ""),
+            pace=pace,
         )
     found = profile.profile if profile else None
     timed = [e for e in found.entries if e.speed is not None] if found else []
     if profile is not None and timed:
-        entry = max(timed, key=lambda e: e.date)
+        entry = max(timed, key=lambda e: (bool(machine) and e.machine == machine, e.date))
         assert entry.speed is not None
         return Timing(
             start_s=entry.speed.start_s or default_start_s,
@@ -218,11 +233,36 @@ def count_starts(settings: Settings, *, baseline: bool, aba: bool, adopts_origin
     return starts + int(adopts_original and not last_is_original)
 
 
+PACE_BOUNDS = (0.5, 5.0)  # a stored run's own pace is trusted within these
+
+
+def pace_of(record: RunRecord) -> float:
+    """A stored run's wall time over the estimate its plan gave (both recorded in its
+    environment, `run_s` and `planned_s`), within PACE_BOUNDS; 1 where either is missing."""
+    run_s, planned_s = record.environment.get("run_s"), record.environment.get("planned_s")
+    if not isinstance(run_s, int | float) or not isinstance(planned_s, int | float):
+        return 1.0
+    if planned_s <= 0:
+        return 1.0
+    low, high = PACE_BOUNDS
+    return min(high, max(low, run_s / planned_s))
+
+
 def estimate_seconds(
     settings: Settings, timing: Timing, *, baseline: bool, aba: bool, adopts_original: bool
 ) -> tuple[float, int]:
     """(seconds, server starts): starts, plus the most requests at their full max_tokens (none
-    where the engine's speed is unknown: then the starts alone)."""
+    where the engine's speed is unknown: then the starts alone); at this host's own pace."""
+    seconds, starts = plain_seconds(
+        settings, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
+    )
+    return seconds * timing.pace, starts
+
+
+def plain_seconds(
+    settings: Settings, timing: Timing, *, baseline: bool, aba: bool, adopts_original: bool
+) -> tuple[float, int]:
+    """`estimate_seconds` before this host's pace: what a run records as its plan's."""
     starts = count_starts(settings, baseline=baseline, aba=aba, adopts_original=adopts_original)
     if timing.s_per_token is None:
         return starts * timing.start_s, starts

@@ -92,6 +92,7 @@ class HostNoise:
             accelerator=key.accelerator,
             profile=lookup(self.profiles, key),
             served=self._served[0],
+            machine=self.machine_of(target).get("machine"),
         )
 
     def design_lines(

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ from ..report import terminal as terminal_report
 from ..report.plan import (
     RUN_LOG,
     dry_run_lines,
+    plain_seconds,
     search_text,
     service_plan,
     side_change_plan,
@@ -95,6 +97,8 @@ class SpecDecodeSession:
         self._reports_existed = settings.reports_dir.exists()
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
+        self._started = time.monotonic()  # the run's wall time: recorded, for the next plans
+        self._planned_s: float | None = None
         self.host_noise = HostNoise.of_option(
             config.getoption("spec_host_profiles"),
             settings,
@@ -226,9 +230,17 @@ class SpecDecodeSession:
         headers = api_headers(self.settings)
         target = self._open_target(self.run_dir)
         transports = target.transports()
+        self._started = time.monotonic()
         try:  # nothing is touched until preflight has passed; its last step takes the lock
             self.progress(f"plan: {self._choose_arms(target)}")
             settings = self.settings
+            self._planned_s = plain_seconds(
+                settings,
+                self.host_noise.timing(target, settings),
+                baseline=self.config.getoption("spec_baseline_from") is None,
+                aba=self.config.getoption("spec_aba"),
+                adopts_original=target.adopts_running_original,
+            )[0]
             for step in service_plan(settings, target):
                 self.progress(f"plan: {step}")
             if settings.run.search:
@@ -417,6 +429,7 @@ class SpecDecodeSession:
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
             environment={
+                "planned_s": self._planned_s,  # the plan's estimate, before this host's pace
                 **environment(
                     target,
                     settings.source,
@@ -502,6 +515,7 @@ class SpecDecodeSession:
                 self._known_noise()
                 self._analysis = analyze(store.record)
             analysis = self._analysis
+            store.record.environment["run_s"] = time.monotonic() - self._started
             self.host_noise.update_profile(store.record)
             store.analysis = analysis.to_json()
             store.flush()

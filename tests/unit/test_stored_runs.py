@@ -208,6 +208,17 @@ def test_previous_timing_from_a_stored_run(tmp_path: Path) -> None:
     assert timing.s_per_token == pytest.approx(1 / 20.0, rel=0.05)
     assert timing.source == "from the stored run 20260101T000000Z-ngram"
     assert plan.previous_timing(s, host="root@gpu:22", default_start_s=300.0).start_s == 300.0
+    # A run that took twice its plan's estimate (warm-up, token ids, waits, stops the plain
+    # estimate leaves out): the next plan's estimate goes at that pace, and says so.
+    st.record.environment.update({"planned_s": 180.0, "run_s": 370.0})
+    st.flush()
+    paced = plan.previous_timing(s, **kwargs)
+    assert paced.pace == pytest.approx(370 / 180)
+    assert paced.source.endswith("which took 2.1 times its plan's estimate")
+    args = {"baseline": True, "aba": False, "adopts_original": False}
+    assert plan.estimate_seconds(s, paced, **args)[0] == pytest.approx(
+        plan.plain_seconds(s, paced, **args)[0] * 370 / 180
+    )
 
 
 class FakeHost:
