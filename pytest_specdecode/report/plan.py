@@ -172,7 +172,7 @@ def search_text(run: RunConfig) -> str:
     return (
         f"chosen by --spec-search {run.search}: up to {run.max_reloads} reloads, "
         f"{', '.join(slot_name(i) for i in range(1, run.max_reloads + 1))}, each picked by "
-        "prediction from what was measured before it"
+        "prediction from what was measured before it, each in one server start"
     )
 
 
@@ -460,10 +460,14 @@ def design_lines(
         for r in found.values()
     )
     run = settings.run
+    starts = (
+        f"{run.repeats} pair{'s' if run.repeats != 1 else ''} of starts side by side, by pairs"
+        if run.arms == "together"
+        else f"{run.repeats} start{'s' if run.repeats != 1 else ''} per arm"
+    )
     lines = [
-        f"what this design can call with 80% power: {calls} ({told}; {residual}; "
-        f"{run.repeats} start{'s' if run.repeats != 1 else ''} per arm, about "
-        f"{first.power.requests} requests per prompt type and start; margin "
+        f"what this design can call with 80% power: {calls} ({told}; {residual}; {starts}, "
+        f"about {first.power.requests} requests per prompt type and start; margin "
         f"±{run.min_effect:.0%})"
     ]
 

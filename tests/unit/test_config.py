@@ -104,3 +104,20 @@ def test_prompt_types_and_their_older_name_workloads_read_alike(tmp_path):
     both = MINIMAL + '[prompt_types.math]\nprompt = "x"\n'
     with pytest.raises(ConfigError, match="both \\[prompt_types\\] and \\[workloads\\]"):
         load_settings(write(tmp_path, both))
+
+
+def test_the_search_runs_on_the_shipped_suite_as_it_is() -> None:
+    """The shipped suite's design is three starts per arm; the search starts each config once.
+    Only an explicit --spec-repeats is refused (issue 38: `pytest suites/ --spec-search ngram`
+    answered 'drop --spec-repeats 3', which the user had not passed)."""
+    from pathlib import Path
+
+    from pytest_specdecode.config.settings import load_settings
+    from pytest_specdecode.errors import ConfigError
+
+    suite = Path(__file__).resolve().parents[2] / "suites" / "specdecode.toml"
+    assert load_settings(suite).run.repeats == 3
+    searched = load_settings(suite, run_overrides={"search": "ngram"})
+    assert searched.run.search == "ngram" and searched.run.repeats == 1
+    with pytest.raises(ConfigError, match="drop --spec-repeats 3"):
+        load_settings(suite, run_overrides={"search": "ngram", "repeats": 3})
