@@ -182,6 +182,7 @@ class Comparison:
             "ratio": _json_float(self.ratio),
             "ratio_ci": [_json_float(low), _json_float(high)],
             "confidence": self.interval.confidence,
+            "analysed_by": self.interval.by,
             "change": _json_float(self.change),
             "p_value": _json_float(self.p_value),
             "p_adjusted": _json_float(self.p_adjusted),
@@ -363,7 +364,8 @@ def decide(
     `same_configuration` (an A/A comparison: its starts measure the restart noise) only shape
     what an undecided verdict says it would take."""
     low, high = (math.expm1(min(x, 700.0)) for x in (interval.low, interval.high))
-    where = f"the {interval.confidence:.2%} interval of the change [{_pct(low)}, {_pct(high)}]"
+    by = " by pairs" if interval.by == "pairs" else ""
+    where = f"the {interval.confidence:.2%} interval of the change{by} [{_pct(low)}, {_pct(high)}]"
     if not (math.isfinite(low) and math.isfinite(high)):
         return Verdict.INSUFFICIENT, (
             "no interval: one request per start and no restart noise known; take more requests"

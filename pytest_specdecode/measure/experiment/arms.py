@@ -228,8 +228,8 @@ class Experiment:
                 seed = order_seed(self.settings.run.seed, name)
                 base.order_seed = cand.order_seed = seed
                 self.progress(
-                    f"arms side by side: [{base.name}] on {original.label} and [{cand.name}] on "
-                    f"{second.label}, each slot sent to one, then the other, never both at once"
+                    f"arms side by side: [{base.name}] on {_where(original)} and [{cand.name}] on "
+                    f"{_where(second)}, each slot sent to one, then the other, never both at once"
                 )
                 starts = [Start(base, original), Start(cand, second)]
                 self._rounds.measure(starts, RoundOrder(seed))
@@ -332,6 +332,12 @@ def merged(phases: Sequence[Phase]) -> Phase:
             acceptance=combine([m.acceptance for m in parts]),
         )
     return out
+
+
+def _where(service: Service) -> str:
+    """A service with its place, where it has one (its cores or GPU share)."""
+    placement = getattr(service, "placement", "")
+    return f"{service.label} ({placement})" if placement else service.label
 
 
 def _first_line(exc: Exception) -> str:
