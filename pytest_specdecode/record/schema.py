@@ -98,6 +98,14 @@ class Measurement:
                 out.setdefault(s.slot, []).append(value)
         return out
 
+    def slot_prompts(self) -> dict[int, tuple[int | None, ...]]:
+        """Each slot's prompts (one at c1, N at cN), in the order sent."""
+        out: dict[int, tuple[int | None, ...]] = {}
+        for s in self.samples:
+            if s.slot is not None:
+                out[s.slot] = (*out.get(s.slot, ()), s.prompt_index)
+        return out
+
     @property
     def tokens_per_s(self) -> list[float]:
         """Per-request output tok/s that enter the statistics (finite and > 0)."""

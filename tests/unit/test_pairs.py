@@ -184,3 +184,32 @@ def test_an_aa_run_side_by_side_reports_its_places_own_speeds(tmp_path) -> None:
     shown = [c.text for c in checks(rec, analyze(rec))]
     assert any(t.startswith("Position bias side by side, throughput: the second place ran +")
                for t in shown), shown  # fmt: skip
+
+
+def test_a_speedup_that_differs_by_prompt_is_not_taken_for_noise_where_prompts_repeat() -> None:
+    """n-gram on the H200 ran from 0.3x to 2x of the baseline from one prompt to the next (one
+    pair, 12 slots over 12 prompts: intervals of ±60%). Where each prompt is sent more than once
+    (48 slots over 12 prompts), each prompt's own difference is fitted, and the interval is the
+    noise's, around the prompt set's mean change."""
+    rng = np.random.default_rng(11)
+    prompts = 12
+    own = rng.normal(0, 0.5, prompts)
+    own -= own.mean()  # the prompt set's mean change is the change
+    change = math.log(0.6)
+
+    def one_pair(slots: int) -> Question:
+        prompt = np.arange(slots) % prompts
+        d = change + own[prompt] + rng.normal(0, 0.06, slots)
+        base = 400 * np.exp(rng.normal(0, 0.05, slots))
+        return Question(
+            "coding", "throughput", True, [list(base)], [list(base * np.exp(d))],
+            [list(prompt)], [list(prompt)], pairs=[list(d)], pair_prompts=[list(prompt)],
+        )  # fmt: skip
+
+    known = RestartNoise(0.002, 8.0, "8 A/A pairs", True, spread=0.0002, within=0.0002)
+    once = paired_interval(one_pair(12), noise=known, confidence=CONFIDENCE)
+    four_times = paired_interval(one_pair(48), noise=known, confidence=CONFIDENCE)
+    assert once is not None and four_times is not None
+    assert (once.high - once.low) / 2 > 0.3  # the prompts' own changes read as noise
+    assert (four_times.high - four_times.low) / 2 < 0.1  # taken out
+    assert four_times.low < change < four_times.high

@@ -150,6 +150,14 @@ def pair_differences(
     """Side by side (`--spec-arms together`): per pair, a baseline start and the candidate's
     start served beside it, each shared slot's `log(candidate) - log(baseline)` (the mean of
     each side's requests in the slot). None where no start of either arm had a partner."""
+    found = pair_slots(baseline, candidate, prompt_type, values)
+    return [[d for d, _ in pair] for pair in found] if found else None
+
+
+def pair_slots(
+    baseline: Sequence[Phase], candidate: Sequence[Phase], prompt_type: str, values: str
+) -> list[list[tuple[float, object]]]:
+    """Per pair, each shared slot's log difference (as `pair_differences`) and its prompt(s)."""
     partners = {p.name: p for p in candidate}
     out = []
     for base in baseline:
@@ -160,10 +168,11 @@ def pair_differences(
             continue
         b = base.measurements[prompt_type].by_slot(values)
         c = cand.measurements[prompt_type].by_slot(values)
+        told = base.measurements[prompt_type].slot_prompts()
         shared = sorted(b.keys() & c.keys())
         if shared:
-            out.append([_mean_log(c[s]) - _mean_log(b[s]) for s in shared])
-    return out or None
+            out.append([(_mean_log(c[s]) - _mean_log(b[s]), told.get(s)) for s in shared])
+    return out
 
 
 def _mean_log(values: Sequence[float]) -> float:
@@ -253,6 +262,7 @@ def _question(
     same_configuration: bool,
 ) -> Question:
     values, higher = METRICS[metric]
+    slots = pair_slots(baseline, candidate, name, values)
     return Question(
         name,
         metric,
@@ -264,7 +274,8 @@ def _question(
         kin=starts(kin, name, values),
         kin_prompts=start_prompts(kin, name, values),
         same_configuration=same_configuration,
-        pairs=pair_differences(baseline, candidate, name, values),
+        pairs=[[d for d, _ in pair] for pair in slots] or None,
+        pair_prompts=[[prompt for _, prompt in pair] for pair in slots] or None,
     )
 
 

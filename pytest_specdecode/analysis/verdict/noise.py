@@ -41,7 +41,7 @@ from ..variance.restarts import (
     restart_noise_of,
 )
 from ..variance.time_drift import TimeDrift, drift_of, sent_in_blocks, start_residuals
-from .compare import METRICS, pair_differences, start_prompts, starts
+from .compare import METRICS, pair_differences, pair_slots, start_prompts, starts
 
 
 def configurations(record: RunRecord) -> list[list[str]]:
@@ -105,7 +105,12 @@ def of_pairs(record: RunRecord) -> dict[str, RestartNoise]:
             fits = [
                 f
                 for key in record.keys
-                if (f := fit_pairs(pair_differences(base, phases, key, values) or []))
+                if (slots := pair_slots(base, phases, key, values))
+                and (
+                    f := fit_pairs(
+                        [[d for d, _ in s] for s in slots], [[p for _, p in s] for s in slots]
+                    )
+                )
             ]
             pairs += max((f.pairs for f in fits), default=0)
             configs.append((fits, arm == AA_ARM))

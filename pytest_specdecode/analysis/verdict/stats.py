@@ -107,6 +107,7 @@ class Question:
     same_configuration: bool = False  # both sides run the original's configuration
     # Side by side: per pair of starts served together, each shared slot's log(c) - log(b)
     pairs: Sequence[Sequence[float]] | None = None
+    pair_prompts: Sequence[Sequence[object]] | None = None  # each slot's prompt(s), aligned
 
     @property
     def sides(
@@ -283,7 +284,9 @@ def paired_interval(
     """Side by side: the change as the mean of each pair's mean slot difference, its variance
     the pairs' offsets and the slot-to-slot spread (analysis/variance/pairs.py); None where
     the arms were not served side by side."""
-    fit = fit_pairs([np.asarray(d, dtype=float) for d in question.pairs or ()])
+    fit = fit_pairs(
+        [np.asarray(d, dtype=float) for d in question.pairs or ()], question.pair_prompts
+    )
     if fit is None:
         return None
     estimate = fit.estimate
