@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
-from .restarts import CONFLICT_P, Evidence, RestartNoise, _between, pooled
+from .restarts import CONFLICT_P, Evidence, RestartNoise, _between, over_keys, pooled
 
 
 @dataclass(frozen=True)
@@ -192,18 +192,11 @@ def pair_noise_of(
     configurations pool by df (restarts.pooled)."""
     estimates = []
     for fits, about_zero in configurations:
-        found = [n for f in fits if (n := pair_noise(f, about_zero=about_zero, source=source))]
-        if not found:
-            continue
-        known = [n.residual for n in found if n.residual is not None]
-        spread = float(np.mean([n.start_variance for n in found]))
-        within = float(np.mean([n.within for n in found]))
-        between = max(0.0, spread - within)
-        residual = float(np.mean(known)) if known else None
-        df = max(n.df for n in found)
-        estimates.append(
-            RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
-        )
+        found = [(n, f) for f in fits if (n := pair_noise(f, about_zero=about_zero, source=source))]
+        if found:
+            parts = [(n.start_variance, n.within, n.df) for n, _ in found]
+            residuals = [(n.residual, f.slot_df) for n, f in found if n.residual is not None]
+            estimates.append(over_keys(parts, residuals, source=source))
     return pooled(estimates, source=source)
 
 

@@ -255,19 +255,27 @@ def restart_noise_of(
                 parts.append((ss / df, within / df, df))
             if fit.residual_df:
                 residuals.append((fit.residual_var, fit.residual_df))
-        if not parts:
-            continue
-        spread = float(np.mean([p[0] for p in parts]))
-        within = float(np.mean([p[1] for p in parts]))
-        df = max(p[2] for p in parts)
-        residual = (
-            sum(v * d for v, d in residuals) / sum(d for _, d in residuals) if residuals else None
-        )
-        between = max(0.0, spread - within)
-        estimates.append(
-            RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
-        )
+        if parts:
+            estimates.append(over_keys(parts, residuals, source=source))
     return pooled(estimates, source=source)
+
+
+def over_keys(
+    parts: Sequence[tuple[float, float, float]],
+    residuals: Sequence[tuple[float, float]],
+    *,
+    source: str,
+) -> RestartNoise:
+    """One configuration's estimate from its keys' (spread, within, df), which share its
+    starts: averaged, counting the configuration's df once; the residuals pooled by df."""
+    spread = float(np.mean([p[0] for p in parts]))
+    within = float(np.mean([p[1] for p in parts]))
+    df = max(p[2] for p in parts)
+    residual = (
+        sum(v * d for v, d in residuals) / sum(d for _, d in residuals) if residuals else None
+    )
+    between = max(0.0, spread - within)
+    return RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
 
 
 # --------------------------------------------------------------------------- the interval
