@@ -30,7 +30,15 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
-from .restarts import CONFLICT_P, Evidence, RestartNoise, _between, over_keys, pooled
+from .restarts import (
+    CONFLICT_P,
+    Evidence,
+    RestartNoise,
+    _between,
+    over_keys,
+    pool,
+    pooled,
+)
 
 
 @dataclass(frozen=True)
@@ -146,17 +154,10 @@ def pair_variance(fit: PairFit, *, outside: RestartNoise) -> tuple[float, float,
     """The variance of one pair's mean difference, its degrees of freedom, and the evidence it
     was pooled from: this run's pairs (two or more) and the outside knowledge."""
     within = fit.within
-    evidence = []
     ss, df = fit.spread()
-    if df:
-        evidence.append(Evidence(ss / df, df, "this run's pairs"))
+    own = Evidence(ss / df, df, "this run's pairs") if df else None
     found = pair_outside_evidence(outside, within=within, slot_df=fit.slot_df)
-    if found.df > 0 and not (df and _contradicts_pairs(outside, ss, df, within)):
-        evidence.append(found)
-    total = sum(e.df for e in evidence)
-    if not total:
-        return math.inf, 0.0, evidence
-    return sum(e.df * e.variance for e in evidence) / total, total, evidence
+    return pool(own, found, set_aside=bool(df) and _contradicts_pairs(outside, ss, df, within))
 
 
 def pair_outside_evidence(outside: RestartNoise, *, within: float, slot_df: float) -> Evidence:

@@ -310,16 +310,23 @@ def interval_variance(
     weights[list(candidate)] = 1.0 / n_c
     arms = 1.0 / n_b + 1.0 / n_c
     within = fit.residual_var * float(weights @ fit.cov @ weights) / arms if fit.residual_df else 0
-    evidence = []
     ss = df = 0.0
     for members in groups:
         s, d, _ = fit.spread(members)
         ss, df = ss + s, df + d
-    if df:
-        evidence.append(Evidence(ss / df, df, "this run's repeated starts"))
+    own = Evidence(ss / df, df, "this run's repeated starts") if df else None
     found = outside_evidence(outside, within=within, residual_df=fit.residual_df)
-    if found.df > 0 and not (df and _contradicts(outside, ss, df, within)):
-        evidence.append(found)
+    return pool(own, found, set_aside=bool(df) and _contradicts(outside, ss, df, within))
+
+
+def pool(
+    own: Evidence | None, outside: Evidence, *, set_aside: bool
+) -> tuple[float, float, list[Evidence]]:
+    """This run's own evidence and the outside's (unless this run rules it out), pooled by
+    degrees of freedom: the variance, its df, and the evidence kept."""
+    evidence = [own] if own is not None else []
+    if outside.df > 0 and not set_aside:
+        evidence.append(outside)
     total = sum(e.df for e in evidence)
     if not total:
         return math.inf, 0.0, evidence
