@@ -53,6 +53,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "control": opt("spec_control") or None,
             "order": opt("spec_order"),
             "arms": opt("spec_arms"),
+            "break_even": opt("spec_break_even"),
         },
     )
 

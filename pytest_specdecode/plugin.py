@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from . import fixtures, hookspecs, standard
+from .config.break_even import point_of
 from .config.settings import SEARCH_METHODS, Settings
 from .errors import ConfigError
 from .options import settings_from_options
@@ -23,6 +24,7 @@ GROUP = "specdecode"
 _EXPERIMENT_OPTIONS = (
     "spec_config",
     "spec_search",
+    "spec_break_even",
     "spec_file",
     "spec_host",
     "spec_dry_run",
@@ -60,6 +62,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="search the n-gram configs for the best at this load, with the fewest reloads: "
         "each reload chosen by the replay's prediction, confirmed by its own verdict tests "
         "(search-1 .. search-N)",
+    )
+    add(
+        "--spec-break-even",
+        metavar="auto|K[,K...]",
+        default=None,
+        help="the break-even map: for each k (auto: the candidate's and one other), servers "
+        "whose drafts vLLM accepts at a synthetic mean length from 1 to k+1 "
+        "([run] break_even_points, 2), measured against the baseline: the acceptance at which "
+        "speculation pays, and its ceiling, on this engine and load",
     )
     add(
         "--spec-max-reloads",
@@ -322,14 +333,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     settings = session_of(metafunc.config).settings
     candidates = [c.name for c in settings.candidates]
+    hypotheses = [c.name for c in settings.candidates if point_of(c.values) is None]
     if settings.run.search:  # the search's slots: each resolved to its config at run time
-        candidates += [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
+        slots = [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
+        candidates, hypotheses = candidates + slots, hypotheses + slots
     if "specdecode_phase" in metafunc.fixturenames:
         metafunc.parametrize(
             "specdecode_phase", ["baseline", *candidates], indirect=True, scope="session"
         )
     if "specdecode_candidate" in metafunc.fixturenames:
-        metafunc.parametrize("specdecode_candidate", candidates, indirect=True, scope="session")
+        # the break-even map's servers measure the engine, not a hypothesis: no verdict test
+        metafunc.parametrize("specdecode_candidate", hypotheses, indirect=True, scope="session")
     if "specdecode_prompt_type" in metafunc.fixturenames:
         metafunc.parametrize("specdecode_prompt_type", list(settings.prompt_types), indirect=True)
     levels = settings.run.levels

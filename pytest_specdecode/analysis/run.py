@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
+from ..config.break_even import point_of
 from ..config.vllm_argv import option_value
 from ..record.schema import RunRecord
+from .break_even import BreakEvenMap, map_of_run
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
@@ -118,6 +120,9 @@ class RunAnalysis:
     time_drift: dict[str, TimeDrift] = field(default_factory=dict)
     # side by side, an A/A run: per metric, the second place's speed beside the first
     position_bias: dict[str, PositionBias] = field(default_factory=dict)
+    # --spec-break-even: the map's servers against the baseline (never a gate), and the map
+    map_verdicts: dict[str, dict[str, PromptTypeVerdict]] = field(default_factory=dict)
+    break_even: BreakEvenMap | None = None
 
     @property
     def outcome(self) -> str:
@@ -164,6 +169,7 @@ class RunAnalysis:
             "search": self.search.to_json() if self.search else None,
             "side_changes": {c: x.to_dict() for c, x in self.side_changes.items()},
             "control_splits": {c: x.to_json() for c, x in self.splits.items()},
+            "break_even": self.break_even.to_json() if self.break_even else None,
         }
 
 
@@ -199,11 +205,14 @@ def drift(record: RunRecord) -> Drift | None:
 
 def analyze(record: RunRecord) -> RunAnalysis:
     """Everything derived from the record: nothing here measures or starts anything."""
-    verdicts = (
+    both = (
         {c: candidate_verdicts(record, c) for c in record.measured_candidates}
         if record.arm_phases(BASELINE)
         else {}
     )
+    on_map = {c for c in both if point_of(record.candidates.get(c) or {}) is not None}
+    verdicts = {c: v for c, v in both.items() if c not in on_map}
+    map_verdicts = {c: v for c, v in both.items() if c in on_map}
     checks = drift(record)
     outputs = equivalences(record)
     assumed = noise.outside(record)
@@ -235,6 +244,8 @@ def analyze(record: RunRecord) -> RunAnalysis:
         ),
         time_drift=noise.drifts_of_run(record),
         position_bias=noise.position_bias(record),
+        map_verdicts=map_verdicts,
+        break_even=map_of_run(record, map_verdicts),
     )
 
 

@@ -33,14 +33,18 @@ def design_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str
     return out
 
 
-def together_order(candidates: Sequence[str], repeats: int) -> list[tuple[str, str]]:
-    """`--spec-arms together`: each candidate's start beside a baseline start of its own, as
-    consecutive (phase name, arm) entries, baseline first; candidates A B C, C B A, ..."""
+def together_order(
+    candidates: Sequence[str], repeats: int, at_once: int = 1
+) -> list[tuple[str, str]]:
+    """`--spec-arms together`: each candidate's start beside a baseline start, as consecutive
+    (phase name, arm) entries, baseline first; candidates A B C, C B A, ... `at_once`: up to
+    that many candidates beside one baseline start (`[run] beside`)."""
     seen: dict[str, int] = {}
     out = []
     for block in range(repeats):
-        for arm in candidates if block % 2 == 0 else candidates[::-1]:
-            for name in (BASELINE, arm):
+        ordered = list(candidates if block % 2 == 0 else candidates[::-1])
+        for first in range(0, len(ordered), max(1, at_once)):
+            for name in (BASELINE, *ordered[first : first + max(1, at_once)]):
                 seen[name] = seen.get(name, 0) + 1
                 out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", name))
     return out

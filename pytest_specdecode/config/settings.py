@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .arms import AA_ARM
+from .break_even import map_candidates, point_of
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -93,10 +94,14 @@ class RunConfig:
         None  # "ngram": the search chooses the candidates (analysis/search/policy.py)
     )
     max_reloads: int = 3  # the search's budget: candidates it may start
+    # --spec-break-even: "auto" or the k to map ("3,5"); each at break_even_points lengths
+    break_even: str | None = None
+    break_even_points: int = 2
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
     order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
     # "together": two servers at once; "auto": together where the host has room (run/arms.py)
     arms: Literal["auto", "one-at-a-time", "together"] = "auto"
+    beside: int = 1  # together: the most candidates served beside one baseline start at once
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
@@ -205,12 +210,15 @@ def load_settings(
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ConfigError(f"--spec-config names a candidate twice: {names}")
-    if run.search and candidates:
+    if run.search and [c for c in candidates if point_of(c.values) is None]:
         raise ConfigError(
             f"--spec-search {run.search} chooses its own candidates: drop --spec-config "
             f"{' '.join(names)} (or measure them in a run of their own; a stored run of this "
             "host lends the search its cost model)"
         )
+    if run.break_even:
+        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
+        candidates += map_candidates(run.break_even, candidates, run.break_even_points)
     if run.search and run.repeats > 1:
         if (run_overrides or {}).get("repeats") is not None:
             raise ConfigError(
@@ -318,6 +326,7 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
             f"{where}: on_traffic must be 'remeasure' or 'mark', got {run.on_traffic!r}"
         )
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
+    positive_int(run.beside, "beside", where, minimum=1)
     for key in ("allow_traffic", "allow_busy_host", "record_token_ids", "ignore_eos", "control"):
         if not isinstance(getattr(run, key), bool):
             raise ConfigError(f"{where}: {key} must be true or false")

@@ -131,6 +131,7 @@ class VllmFacts:
     # the levels of --per-request-spec-decode-metrics; None: this vLLM has no such option
     per_request_metrics: tuple[str, ...] | None = None
     per_request_note: str | None = None  # why it could not be told, where it could not
+    synthetic_note: str | None = None  # why synthetic acceptance cannot run there (a CPU build)
     remembered: str | None = None  # the cache file of an earlier ask (targets/facts/cache.py)
 
     @property

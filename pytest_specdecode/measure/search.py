@@ -21,6 +21,7 @@ from ..analysis.prediction.level_prediction import cost_prior
 from ..analysis.run import candidate_verdicts
 from ..analysis.search.policy import SearchPolicy, Stop
 from ..config.arms import BASELINE
+from ..config.break_even import point_of
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 from ..record.schema import RunRecord
@@ -106,6 +107,9 @@ class SearchRun:
         if self.record.search is not None and self._policy is not None:
             return self.record.search
         self.experiment.arm(BASELINE)
+        for spec in self.experiment.settings.candidates:  # the break-even map, read by the policy
+            if point_of(spec.values) is not None:
+                self.experiment.arm(spec.name)
         self._before_choice()
         stored = list(self._stored())
         coverage = band_coverage(stored)

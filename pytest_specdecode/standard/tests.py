@@ -77,3 +77,33 @@ def test_baseline_did_not_drift(
         pytest.skip("no drift check: no candidate was measured")
     if drift.unreliable:
         pytest.fail(f"the run is unreliable: {drift.text()}", pytrace=False)
+
+
+def test_break_even_map(
+    specdecode_session: SpecDecodeSession, specdecode_experiment: object
+) -> None:
+    """--spec-break-even: every map server drafted, and vLLM accepted its drafts at the length
+    it was asked for (within a quarter of a token), so the map measures what it says."""
+    if not specdecode_session.settings.run.break_even:
+        pytest.skip("no break-even map: pass --spec-break-even")
+    found = specdecode_session.complete_design().break_even
+    if found is None:
+        pytest.fail("no break-even map: none of its servers was measured", pytrace=False)
+    off = [
+        f"{p.candidate} at {p.level}: asked L = {p.length:g}, measured "
+        + ("nothing (no counters)" if p.measured_length is None else f"{p.measured_length:.2f}")
+        for line in found.overall
+        for p in line.points
+        if p.measured_length is None or abs(p.measured_length - p.length) > LENGTH_TOLERANCE
+    ]
+    idle = [
+        f"{p.candidate} at {p.level}" for line in found.overall for p in line.points
+        if not p.drafts_per_step
+    ]  # fmt: skip
+    assert not off, "the map's servers did not accept as asked: " + "; ".join(off)
+    assert not idle, "no drafts counted on " + ", ".join(idle)
+    for line in found.overall:
+        print(line.describe())
+
+
+LENGTH_TOLERANCE = 0.25

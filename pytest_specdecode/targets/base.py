@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,12 +95,14 @@ class Target(Protocol):
     def room_beside(self, spec: SpecConfig) -> str | None:
         """`--spec-arms together`: None where a second server with `spec` fits beside the
         original; else why not (the host, the figures). Reads only. A backend without it
-        refuses: `room_beside` below."""
+        refuses: `room_beside` below. A backend that serves several beside the original at
+        once takes `of`, how many."""
         ...
 
     def beside(self, spec: SpecConfig) -> Service:
         """The second server, with `spec`, on its own port (and cores or GPU share); not yet
-        started. Its `placement`, where it has one, says where it runs."""
+        started. Its `placement`, where it has one, says where it runs. With several beside at
+        once: `place` (1..of) of `of`."""
         ...
 
     def transports(self) -> Transports:
@@ -128,15 +131,23 @@ class Target(Protocol):
         ...
 
 
-def room_beside(target: Target, spec: SpecConfig) -> str | None:
-    """The target's answer, or a refusal where its backend cannot run two servers at once."""
+def room_beside(target: Target, spec: SpecConfig, *, of: int = 1) -> str | None:
+    """The target's answer, or a refusal where its backend cannot run `of` servers beside the
+    original at once."""
     method = getattr(target, "room_beside", None)
     if method is None:
         return (
             f"the {type(target).__name__} backend on {target.host_name} cannot serve a second "
             "server beside the original; use --spec-arms one-at-a-time"
         )
-    return method(spec)
+    if of == 1:
+        return method(spec)
+    if "of" not in inspect.signature(method).parameters:
+        return (
+            f"the {type(target).__name__} backend on {target.host_name} serves one server "
+            f"beside the original at a time, not {of}; use [run] beside = 1"
+        )
+    return method(spec, of=of)
 
 
 def port_answers(api_base: str) -> bool:

@@ -12,7 +12,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import httpx
@@ -128,7 +128,7 @@ class Switchboard:
         self.active: Service | None = self.original if self.was_active else None
         self.last_startup_s: float | None = None  # the last activate's start, to serving
         self.active_spec: SpecConfig | None = None
-        self.beside: Service | None = None  # the second server, while two serve together
+        self.besides: list[Service] = []  # the servers beside the original, while they serve
         self.swapped = False  # the last pair: the two in each other's places
         self.original_stopped = False  # whether this run ever stopped the original
         self._stopped: list[str] = []  # what the restore stopped besides the candidate
@@ -170,41 +170,69 @@ class Switchboard:
         self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
         return wanted
 
+    @property
+    def beside(self) -> Service | None:
+        """The (first) server beside the original, while any serves there."""
+        return self.besides[0] if self.besides else None
+
     @contextmanager
     def together(
         self, spec: SpecConfig, *, restart_original: bool, swap: bool = False
     ) -> Iterator[tuple[Service, Service]]:
         """The original serving (as it is; started or restarted where asked and allowed) and a
-        second server with `spec`'s configuration beside it, both ready. The second is stopped
+        second server with `spec`'s configuration beside it, both ready: `together_all` of one.
+        `swap`: the two take each other's places, where the target can swap them
+        (`swaps_places`); `self.swapped` says whether."""
+        with self.together_all([spec], restart_original=restart_original, swap=swap) as (
+            original,
+            seconds,
+        ):
+            yield original, seconds[0]
+
+    @contextmanager
+    def together_all(
+        self, specs: Sequence[SpecConfig], *, restart_original: bool, swap: bool = False
+    ) -> Iterator[tuple[Service, list[Service]]]:
+        """The original serving and one server per spec beside it, all ready. They are stopped
         on exit, and by restore() on any interrupt (Ctrl-C, SIGTERM, the first-signal handover).
 
         They start one after the other, never at once: on a GPU, vLLM's memory profiling would
-        count the other's allocations as its own. The original is restarted where its place
-        changed (the local target's half of the cores). `swap`: the two take each other's
-        places, where the target can swap them (`swaps_places`); `self.swapped` says whether.
+        count the others' allocations as its own (two at once on an H200: `No available memory
+        for the cache blocks`). The original is restarted where its place changed (the local
+        target's part of the cores). `swap`: the places turn by one, where the target can.
         """
-        why = room_beside(self.target, spec)
-        if why:
-            raise ConfigError(f"--spec-arms together refused on {self.target.host_name}: {why}")
+        several = len(specs)
+        for spec in specs:
+            why = room_beside(self.target, spec, of=several)
+            if why:
+                raise ConfigError(f"--spec-arms together refused on {self.target.host_name}: {why}")
         self.swapped = swap and bool(getattr(self.target, "swaps_places", False))
-        second = self.target.beside(spec, swap=True) if self.swapped else self.target.beside(spec)
+        seconds = [self._beside_of(spec, i + 1, several) for i, spec in enumerate(specs)]
         restart = restart_original or bool(getattr(self.original, "stale", False))
         original = self.activate(None, restart=restart)
-        self.beside = second
         try:
-            self._progress(f"starting {second.label} beside {original.label}")
-            second.start()
-            self.last_startup_s = self._wait(second, self._ready_timeout_s)
-            yield original, second
+            for second in seconds:
+                self.besides.append(second)
+                self._progress(f"starting {second.label} beside {original.label}")
+                second.start()
+                self.last_startup_s = self._wait(second, self._ready_timeout_s)
+            yield original, seconds
         except BaseException:  # stopped at once, and told in the restore's report
-            if not self.interrupts.signals:  # else the handover stops it; restore() watches
+            if not self.interrupts.signals:  # else the handover stops them; restore() watches
                 deadline = self._clock.now() + self._restore_timeout_s
                 self._stop_beside(self._beside_errors, deadline)
             raise
-        if self.beside is second:
-            self._progress(f"stopping {second.label}")
-            second.stop()
-            self.beside = None
+        for second in seconds:
+            if second in self.besides:
+                self._progress(f"stopping {second.label}")
+                second.stop()
+                self.besides.remove(second)
+
+    def _beside_of(self, spec: SpecConfig, place: int, of: int) -> Service:
+        kwargs: dict[str, object] = {"swap": True} if self.swapped else {}
+        if of > 1:
+            kwargs.update(place=place, of=of)
+        return self.target.beside(spec, **kwargs)  # type: ignore[call-arg]
 
     def _wait(self, service: Service, timeout_s: float) -> float:
         return wait_until_ready(
@@ -295,13 +323,15 @@ class Switchboard:
         """The host restores by itself; wait until it is done and the original serves."""
         self._progress(f"restore: handed over ({self.ending.handed_over}); watching it finish")
         try:
-            second, label = self.beside, self.beside.label if self.beside else ""
+            seconds = list(self.besides)
             self.target.await_host_restore(self._restore_timeout_s, self._progress)
-            if second is not None:
+            for second in seconds:
                 if second.is_active():
                     second.stop()
-                self._stopped.append(f"stopped the second server {label} at {second.api_base}")
-                self.beside = None
+                self._stopped.append(
+                    f"stopped the second server {second.label} at {second.api_base}"
+                )
+            self.besides.clear()
             if self.was_active:
                 self._wait(self.original, self._restore_timeout_s)
                 self._serving = True
@@ -323,15 +353,13 @@ class Switchboard:
             self._step("stopping the original", self._stop_original, errors, deadline)
 
     def _stop_beside(self, errors: list[str], deadline: float) -> None:
-        """The second server of `together`, first: the original matters more, but needs room."""
-        second = self.beside
-        if second is None:
-            return
-        label, where = second.label, second.api_base
-        self._progress(f"restore: stopping {label} (beside the original)")
-        self._step(f"stopping {label}", second.stop, errors, deadline)
-        self.beside = None
-        self._stopped.append(f"stopped the second server {label} at {where}")
+        """The servers beside the original, first: the original matters more, but needs room."""
+        while self.besides:
+            second = self.besides.pop()
+            label, where = second.label, second.api_base
+            self._progress(f"restore: stopping {label} (beside the original)")
+            self._step(f"stopping {label}", second.stop, errors, deadline)
+            self._stopped.append(f"stopped the second server {label} at {where}")
 
     def _ensure_original(self) -> None:
         if not self.original.is_active():

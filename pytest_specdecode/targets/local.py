@@ -279,9 +279,9 @@ class LocalProcessTarget:
         return Transports()
 
     # -- two servers side by side (--spec-arms together) -----------------------------------
-    def room_beside(self, spec: SpecConfig) -> str | None:
-        """None where a second server fits beside the original; else why not, with figures."""
-        layout = self._layout()
+    def room_beside(self, spec: SpecConfig, *, of: int = 1) -> str | None:
+        """None where `of` servers fit beside the original; else why not, with figures."""
+        layout = self._layout(of + 1)
         return layout if isinstance(layout, str) else None
 
     def beside_plan(self, spec: SpecConfig) -> str:
@@ -289,7 +289,7 @@ class LocalProcessTarget:
         layout = self._layout()
         if isinstance(layout, str):
             raise ConfigError(layout)
-        mine, theirs = layout
+        mine, theirs = layout[0], layout[1]
         taskset = shutil.which("taskset")
         port = self._beside_port(spec.name)
         argv = with_speculative_config(self.command, spec, where="[target] command")
@@ -303,14 +303,19 @@ class LocalProcessTarget:
 
     swaps_places = True  # side by side, the two may take each other's cores or GPUs
 
-    def beside(self, spec: SpecConfig, *, swap: bool = False) -> LocalProcessService:
-        """The candidate's server on a port of its own, with its half of the cores or its GPU
-        share; the original is placed on the other half for its next start. Not started.
-        `swap`: each in the other's place (the ports stay: the original keeps its own)."""
-        layout = self._layout()
+    def beside(
+        self, spec: SpecConfig, *, swap: bool = False, place: int = 1, of: int = 1
+    ) -> LocalProcessService:
+        """The candidate's server on a port of its own, with its part of the cores or its GPU
+        share: place `place` of `of` servers beside the original; the original is placed on its
+        own part for its next start. Not started. `swap`: the places turn by one, so that each
+        server sits in another's (the ports stay: the original keeps its own)."""
+        layout = self._layout(of + 1)
         if isinstance(layout, str):
             raise ConfigError(layout)
-        mine, theirs = layout[::-1] if swap else layout
+        turn = 1 if swap else 0
+        mine = layout[turn % len(layout)]
+        theirs = layout[(place + turn) % len(layout)]
         taskset = shutil.which("taskset")
         original = self.original()
         original.place(
@@ -335,18 +340,22 @@ class LocalProcessTarget:
         port = urlsplit(api_base).port
         return f"port {port}, {placement.describe()}"
 
-    def _layout(self) -> tuple[Placement, Placement] | str:
-        """Each server's place: GPUs where nvidia-smi lists any, else cores; or why not."""
+    def _layout(self, servers: int = 2) -> tuple[Placement, ...] | str:
+        """Each of `servers` servers' place, the original's first: GPUs where nvidia-smi lists
+        any, else cores; or why not."""
         gpus = self._gpus()
         if gpus:
             tp = option_value(self.command, "--tensor-parallel-size") or option_value(
                 self.command, "-tp"
             )
-            layout = gpu_placements(gpus, share=self.gpu_share, tensor_parallel=int(tp or 1))
+            layout = gpu_placements(
+                gpus, share=self.gpu_share, tensor_parallel=int(tp or 1), servers=servers
+            )
         else:
-            layout = cpu_room(self.cores) or split_cores(self.cores)
+            layout = cpu_room(self.cores, servers) or split_cores(self.cores, servers)
         if isinstance(layout, str):
-            return f"no room for a second server beside the original on {self.host_name}: {layout}"
+            what = "a second server" if servers == 2 else f"{servers - 1} servers"
+            return f"no room for {what} beside the original on {self.host_name}: {layout}"
         return layout
 
     def _gpus(self) -> list[Gpu]:

@@ -36,6 +36,8 @@ def test_the_embedded_vllm_tells_its_facts(program, tmp_path, monkeypatch):
     assert dict(facts.keys) == dict(OFFLINE_FACTS.keys)
     assert facts.choices["rejection_sample_method"] == ("block", "standard", "synthetic")
     assert facts.per_request_metrics == ("detailed", "none", "summary")
+    # vLLM 0.32's CPU sampler asserts on synthetic acceptance: the break-even map cannot run
+    assert facts.synthetic_note and "Synthetic acceptance not supported" in facts.synthetic_note
     assert said[-1].startswith(f"vLLM 0.32.0 on localhost ({facts.interpreter}): 39 speculative")
     with pytest.raises(ConfigError, match=r"on localhost \(vLLM 0.32.0\): unknown key\(s\) 'x'"):
         validate_spec_values({**NGRAM, "x": 1}, source="n", facts=facts)
@@ -60,5 +62,22 @@ def test_local_backend_refuses_a_key_its_vllm_does_not_know_before_anything_star
         "'lookahead'; this vLLM knows: " in err
     )
     assert f"] vLLM 0.32.0 on localhost ({EMBEDDED}" in err  # a progress line
+    assert experiment.leftover_servers() == []
+    assert not experiment.reports.exists() or not any(experiment.reports.iterdir())
+
+
+def test_the_break_even_map_is_refused_on_a_cpu_vllm_before_anything_starts(pytester):
+    """vLLM 0.32's CPU build accepts `rejection_sample_method: synthetic` at start, then its
+    sampler asserts at the first speculative step: the map says so before anything starts."""
+    require_embedded()
+    experiment = write_experiment(pytester)
+    result = pytester.runpytest_subprocess(
+        *experiment.args("--spec-config", "ngram", "--spec-break-even", "auto")
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    err = result.stderr.str()
+    assert "ERROR: map-k3-L1: synthetic acceptance cannot run on localhost: vLLM 0.32.0 on a CPU" in err
+    assert "Synthetic acceptance not supported with CPU sampling" in err
+    assert "nothing was started" in err
     assert experiment.leftover_servers() == []
     assert not experiment.reports.exists() or not any(experiment.reports.iterdir())

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config.arms import BASELINE
+from ...config.break_even import point_of
 from ...config.specconfig import BATCH_TABLE_KEY
 from ...record.requests.token_capture import CapturedTokens
 from ...record.schema import Measurement, Phase, RunRecord
+from ..break_even import measured_steps
 from ..verdict import noise
 from ..verdict.checks import facts
 from .cost_model import (
@@ -180,7 +182,11 @@ def predict_levels(
 
 def observations(record: RunRecord, level: str) -> list[CandidateTiming]:
     """One per timed request of each measured n-gram candidate at this level: its TPOT, and
-    its steps replayed on its own output ids."""
+    its steps replayed on its own output ids. Where the break-even map measured this level,
+    its servers' requests instead: each step's cost measured at a known k and acceptance."""
+    mapped = map_timings(record, level)
+    if mapped:
+        return mapped
     out: list[CandidateTiming] = []
     mml = record_max_model_len(record)
     for arm, settings in ngram_arms(record).items():
@@ -196,6 +202,30 @@ def observations(record: RunRecord, level: str) -> list[CandidateTiming]:
                         continue
                     stats = _replay({"r": (request,)}, [settings], mml)["r"][settings]
                     out.append(CandidateTiming.from_replay(m.prompt_type, stats, tpot, spread))
+    return out
+
+
+def map_timings(record: RunRecord, level: str) -> list[CandidateTiming]:
+    """One per timed request of each break-even map server at this level: its TPOT, with the
+    steps its counters measured (acceptance length, draft tokens per step) over its cell."""
+    out: list[CandidateTiming] = []
+    for arm, values in record.candidates.items():
+        point = point_of(values)
+        if point is None:
+            continue
+        for phase in record.arm_phases(arm):
+            for m in phase.measurements.values():
+                if m.level.label != level or not m.samples:
+                    continue
+                tau, per_step = measured_steps([m])
+                if tau is None or per_step is None:
+                    continue
+                tpots = _positive([s.tpot_s for s in m.samples])
+                spread = relative_noise(tpots)
+                out += [
+                    CandidateTiming(m.prompt_type, arm, t, tau, per_step, spread, point[0])
+                    for t in tpots
+                ]
     return out
 
 

@@ -64,6 +64,11 @@ def unsupported_reason(values: Mapping[str, Any]) -> str | None:
     """Why a speculative config cannot be replayed, or None when it can."""
     if not values:
         return "the original's configuration, without speculation: nothing to replay"
+    if values.get("rejection_sample_method") == "synthetic":
+        return (
+            "a server of the break-even map: vLLM accepts its drafts at a stated rate, so its "
+            "acceptance is not the drafter's to replay"
+        )
     method = values.get("method")
     if method is None and values.get("model") in _NGRAM_METHODS:
         method = "ngram"

@@ -52,6 +52,7 @@ from .inputs import (
     request_tokens,
     timed_prompts,
 )
+from .level_prediction import map_timings
 from .ngram_types import (
     NgramSettings,
     ReplayStats,
@@ -176,6 +177,8 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
             observations += _observations(record, name, note.settings, prompt_type, baseline)
 
     bases = _baseline_timing(record)
+    mapped = map_timings(record, record.run.levels[0].label) if record.run.levels else []
+    observations = mapped or observations  # the map measured the step's cost: no guess
     fit = fit_cost(bases, observations) if observations else None
     restart = noise.best_estimate(record)["throughput"]  # measured, or the stated assumption
     predictions = predict(bases, replays, fit, restart_sd=restart.sd) if replays else {}

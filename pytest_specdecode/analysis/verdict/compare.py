@@ -158,11 +158,10 @@ def pair_slots(
     baseline: Sequence[Phase], candidate: Sequence[Phase], prompt_type: str, values: str
 ) -> list[list[tuple[float, object]]]:
     """Per pair, each shared slot's log difference (as `pair_differences`) and its prompt(s)."""
-    partners = {p.name: p for p in candidate}
     out = []
-    for base in baseline:
-        cand = partners.get(base.together_with or "")
-        if cand is None or cand.together_with != base.name:
+    for base in baseline:  # a candidate's start names the baseline start it was served beside
+        cand = next((c for c in candidate if c.together_with == base.name), None)
+        if cand is None or base.together_with is None:
             continue
         if prompt_type not in base.measurements or prompt_type not in cand.measurements:
             continue

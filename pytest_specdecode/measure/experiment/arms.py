@@ -5,7 +5,7 @@ sent by rounds.py (interleaved) or windows.py (blocked), watched by watch.py."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import httpx
 
@@ -80,19 +80,14 @@ class Experiment:
         for name, spec in self.controls.items():
             arms.insert(arms.index(spec.name) + 1, name)
         self.together = settings.run.arms == "together" and BASELINE not in reused
-        design = together_order if self.together else design_order
-        planned = design(arms, settings.run.repeats)
-        self.order = [entry for entry in planned if entry[1] not in reused]
-        # --spec-arms together: each baseline start's entry, then its candidate's, served at once
-        self._partners = (
-            {
-                self.order[i][0]: self.order[i + 1]
-                for i in range(0, len(self.order) - 1, 2)
-                if self.order[i][1] == BASELINE
-            }
+        planned = (
+            together_order(arms, settings.run.repeats, settings.run.beside)
             if self.together
-            else {}
+            else design_order(arms, settings.run.repeats)
         )
+        self.order = [entry for entry in planned if entry[1] not in reused]
+        # --spec-arms together: each baseline start's entry, then its candidates', served at once
+        self._partners = _groups(self.order) if self.together else {}
         self._next = 0
         self._pairs = 0  # pairs of starts served side by side so far
         self._errors: dict[str, Exception] = {}
@@ -153,11 +148,11 @@ class Experiment:
         while self._next <= last:
             phase, arm = self.order[self._next]
             self._next += 1
-            partner = self._partners.get(phase)
-            if partner is not None and self.order[self._next] == partner:
-                self._next += 1
-                if partner[1] not in self._errors and arm not in self._errors:
-                    self._start_pair(phase, *partner)
+            group = self._partners.get(phase)
+            if group and self.order[self._next : self._next + len(group)] == group:
+                self._next += len(group)
+                if arm not in self._errors and all(a not in self._errors for _, a in group):
+                    self._start_group(phase, group)
             elif arm not in self._errors:
                 self._start_and_measure(phase, arm)
         if name in self._errors:
@@ -206,41 +201,67 @@ class Experiment:
             self._rounds.measure([Start(phase, service)], RoundOrder(phase.order_seed or 0))
         self.store.flush()
 
-    def _start_pair(self, base_name: str, name: str, arm: str) -> None:
-        """`--spec-arms together`: a baseline start and a candidate's start served at once (the
-        Switchboard's `together`), each slot sent to both in turn, recorded as two phases."""
-        spec = self.candidate(arm)
+    def _start_group(self, base_name: str, group: list[tuple[str, str]]) -> None:
+        """`--spec-arms together`: a baseline start and one or more candidates' starts served at
+        once (the Switchboard's `together_all`), each slot sent to every one in turn, never two
+        at once, recorded as a phase each. One candidate: a pair, whose places alternate."""
+        specs = [self.candidate(arm) for _, arm in group]
         # a repeat restarts a local original; a systemd original keeps serving as it is
         restart = self.settings.target.backend == "local" and bool(self.record.arm_phases(BASELINE))
-        # the places alternate between pairs, so that a place's own speed (seen: one core 8.9%
-        # faster than the other) weighs on both arms alike
+        # the places turn between groups, so that a place's own speed (seen: one core 8.9%
+        # faster than the other) weighs on every arm alike
         swap = self._pairs % 2 == 1
         self._pairs += 1
         try:
-            with self.board.together(spec, restart_original=restart, swap=swap) as (
-                original,
-                second,
-            ):
+            with self._served(specs, restart=restart, swap=swap) as (original, seconds):
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
-                cand = self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
-                base.together_with, cand.together_with = cand.name, base.name
-                base.position, cand.position = (1, 0) if self.board.swapped else (0, 1)
-                seed = order_seed(self.settings.run.seed, name)
-                base.order_seed = cand.order_seed = seed
-                self.progress(
-                    f"arms side by side: [{base.name}] on {_where(original)} and [{cand.name}] on "
-                    f"{_where(second)}, each slot sent to one, then the other, never both at once"
+                cands = [
+                    self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
+                    for (name, arm), spec, second in zip(group, specs, seconds, strict=True)
+                ]
+                base.together_with = cands[0].name
+                seed = order_seed(self.settings.run.seed, cands[0].name)
+                base.order_seed = seed
+                base.position = 1 if self.board.swapped else 0
+                for place, cand in enumerate(cands, start=1):
+                    cand.together_with, cand.order_seed = base.name, seed
+                    cand.position = (place + 1) % (len(cands) + 1) if self.board.swapped else place
+                where = " and ".join(
+                    f"[{p.name}] on {_where(s)}"
+                    for p, s in zip([base, *cands], [original, *seconds], strict=True)
                 )
-                starts = [Start(base, original), Start(cand, second)]
+                self.progress(
+                    f"arms side by side: {where}, each slot sent to one after the other, never "
+                    "two at once"
+                )
+                starts = [Start(base, original)]
+                starts += [Start(c, s) for c, s in zip(cands, seconds, strict=True)]
                 self._rounds.measure(starts, RoundOrder(seed))
                 self.store.flush()
         except Exception as exc:
-            self._errors[arm] = exc
-            self.record.failures[arm] = _first_line(exc)
+            for _, arm in group:
+                self._errors[arm] = exc
+                self.record.failures[arm] = _first_line(exc)
             self.store.flush()
             if not self.record.arm_phases(BASELINE):  # the baseline alone, as one at a time
-                self.progress(f"[{base_name}] measured alone: {arm} could not be served beside it")
+                names = ", ".join(arm for _, arm in group)
+                self.progress(
+                    f"[{base_name}] measured alone: {names} could not be served beside it"
+                )
                 self._start_and_measure(base_name, BASELINE)
+
+    @contextlib.contextmanager
+    def _served(
+        self, specs: list[SpecConfig], *, restart: bool, swap: bool
+    ) -> Iterator[tuple[Service, list[Service]]]:
+        """The original and the candidates beside it: a pair through `together`, more through
+        `together_all`."""
+        if len(specs) == 1:
+            with self.board.together(specs[0], restart_original=restart, swap=swap) as (o, s):
+                yield o, [s]
+        else:
+            with self.board.together_all(specs, restart_original=restart, swap=swap) as found:
+                yield found
 
     def _new_phase(
         self,
@@ -343,3 +364,16 @@ def _where(service: Service) -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
+
+
+def _groups(order: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Together: each baseline start's entry, and the candidates' entries after it, served at
+    once with it."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for name, arm in order:
+        if arm == BASELINE:
+            current = out.setdefault(name, [])
+        elif current is not None:
+            current.append((name, arm))
+    return {name: group for name, group in out.items() if group}

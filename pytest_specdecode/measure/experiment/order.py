@@ -4,8 +4,9 @@ A cell is one prompt type at one load level. A slot is one cell's next request a
 next burst of `concurrency` requests at cN (the level's own load, never mixed with another's);
 an open-loop level's slot is a Poisson window of its least requests. A round holds one slot of
 every cell still measuring, in a shuffled order, so that drift within a start spreads evenly
-over the prompt types. With two arms served together, each slot goes to both in turn, the
-first of the two alternating from slot to slot. Pure: measure/experiment/arms.py sends what it says.
+over the prompt types. With arms served together, each slot goes to every server in turn, never
+two at once: for two, the first alternating from slot to slot; for more, a seeded order turned
+by one each slot. Pure: measure/experiment/arms.py sends what it says.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class RoundOrder:
         self.seed = seed
         self._rng = random.Random(seed)
         self._a_first = self._rng.random() < 0.5
+        self._base: list[int] | None = None  # several servers: the seeded order, turned
+        self._turned = 0
 
     def round(self, keys: Sequence[str]) -> list[str]:
         """One round: each key once, shuffled."""
@@ -72,3 +75,17 @@ class RoundOrder:
         first = self._a_first
         self._a_first = not first
         return first
+
+    def turn(self, servers: int) -> list[int]:
+        """The order in which the next slot visits `servers` servers, each once: for two, A
+        and B alternating (a_first); for more, a seeded order turned by one each slot, so that
+        each server goes first, second, ... equally often."""
+        if servers <= 2:
+            return list(range(servers)) if servers < 2 or self.a_first() else [1, 0]
+        if self._base is None or len(self._base) != servers:
+            self._base = list(range(servers))
+            self._rng.shuffle(self._base)
+            self._turned = 0
+        out = self._base[self._turned :] + self._base[: self._turned]
+        self._turned = (self._turned + 1) % servers
+        return out

@@ -150,9 +150,9 @@ class Rounds:
                 pair = [s.service for s in starts]
                 watches = [stack.enter_context(self._quiet.window(s.service, pair)) for s in starts]
                 for j, key in enumerate(sequence):
-                    turn = starts if len(starts) == 1 or order.a_first() else starts[::-1]
+                    turn = [starts[i] for i in order.turn(len(starts))]
                     firsts.append(turn[0].phase.name)
-                    for start in turn:  # one after the other, never both at once
+                    for start in turn:  # one after the other, never two at once
                         sent.append(self._send_slot(start.cells[key], first_slot + j))
                 envs = [w.environment() if w else None for w in watches]
             other = _round_foreign(starts, sent)

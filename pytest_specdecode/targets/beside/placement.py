@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from urllib.parse import urlsplit, urlunsplit
 
 from ..facts.gpu import Gpu
@@ -71,56 +72,72 @@ def core_list(cores: Iterable[int]) -> str:
     return ",".join(runs)
 
 
-def split_cores(cores: Iterable[int]) -> tuple[Placement, Placement]:
-    """The first half of the cores for the original, the rest for the second server."""
+def split_cores(cores: Iterable[int], servers: int = 2) -> tuple[Placement, ...]:
+    """The cores in `servers` even parts, in order: the first for the original."""
     ordered = sorted(set(cores))
-    if len(ordered) < 2:
-        raise ValueError(f"two servers need 2 cores, {len(ordered)} may be used")
-    half = len(ordered) // 2
-    return Placement(cores=tuple(ordered[:half])), Placement(cores=tuple(ordered[half:]))
+    if len(ordered) < servers:
+        raise ValueError(f"{servers} servers need {servers} cores, {len(ordered)} may be used")
+    size = len(ordered) // servers
+    bounds = [i * size for i in range(servers)] + [len(ordered)]
+    return tuple(Placement(cores=tuple(ordered[a:b])) for a, b in pairwise(bounds))
 
 
-def cpu_room(cores: Iterable[int]) -> str | None:
-    """None where two servers can each have a core of their own; else why not."""
+def cpu_room(cores: Iterable[int], servers: int = 2) -> str | None:
+    """None where `servers` servers can each have a core of their own; else why not."""
     usable = sorted(set(cores))
-    if len(usable) >= 2:
+    if len(usable) >= servers:
         return None
     return (
-        f"this process may use {len(usable)} core ({core_list(usable) or 'none'}); two CPU "
+        f"this process may use {len(usable)} core ({core_list(usable) or 'none'}); {servers} CPU "
         "servers side by side need one core each at least"
     )
 
 
-def gpu_placements(
-    gpus: Sequence[Gpu], *, share: float = GPU_SHARE, tensor_parallel: int = 1
-) -> tuple[Placement, Placement] | str:
-    """Each server's GPUs or memory share, or why the GPUs cannot hold a second copy.
+def gpu_share_of(share: float, servers: int) -> float:
+    """Each server's memory share on a shared GPU: `share`, or less where more servers share it
+    (0.9 of the memory over them all: eight SmolLM2 servers at 0.1 each on an H200)."""
+    return share if servers <= 2 else min(share, round(0.9 / servers, 3))
 
-    With 2·tp GPUs or more, each server gets tp GPUs of its own (the freest first); on fewer,
-    both share tp GPUs, each with `share` of the memory, which must be free on every one:
-    vLLM refuses to start where less than its share is free.
+
+def gpu_placements(
+    gpus: Sequence[Gpu], *, share: float = GPU_SHARE, tensor_parallel: int = 1, servers: int = 2
+) -> tuple[Placement, ...] | str:
+    """Each server's GPUs or memory share, or why the GPUs cannot hold `servers` copies.
+
+    With servers·tp GPUs or more, each server gets tp GPUs of its own (the freest first); on
+    fewer, all share tp GPUs, each with its share of the memory (gpu_share_of), which must be
+    free on every one: vLLM refuses to start where less than its share is free.
     """
-    if len(gpus) >= 2 * tensor_parallel:
+    if len(gpus) >= servers * tensor_parallel:
         ordered = sorted(gpus, key=lambda g: (g.memory_used_mib or 0, g.index or 0))
-        first = tuple(sorted(g.index or 0 for g in ordered[:tensor_parallel]))
-        second = tuple(sorted(g.index or 0 for g in ordered[tensor_parallel : 2 * tensor_parallel]))
-        return Placement(gpus=first), Placement(gpus=second)
+        return tuple(
+            Placement(
+                gpus=tuple(
+                    sorted(
+                        g.index or 0
+                        for g in ordered[i * tensor_parallel : (i + 1) * tensor_parallel]
+                    )
+                )
+            )
+            for i in range(servers)
+        )
     if len(gpus) < tensor_parallel:
         return f"{len(gpus)} GPU(s), and the server needs {tensor_parallel}"
+    each = gpu_share_of(share, servers)
     short = []
     for gpu in gpus[:tensor_parallel]:
         total, used = gpu.memory_total_mib, gpu.memory_used_mib
         if total is None or used is None:
             return f"GPU {gpu.index}: its memory is not known (nvidia-smi said N/A)"
-        needed = round(2 * share * total)
+        needed = round(servers * each * total)
         if total - used < needed:
             short.append(
                 f"GPU {gpu.index} ({gpu.name}) has {total - used} MiB free of {total} MiB; "
-                f"two servers at {share:g} each need {needed} MiB"
+                f"{servers} servers at {each:g} each need {needed} MiB"
             )
     if short:
         return "; ".join(short)
-    return Placement(memory_share=share), Placement(memory_share=share)
+    return tuple(Placement(memory_share=each) for _ in range(servers))
 
 
 def with_option(argv: Sequence[str], flag: str, value: str) -> list[str]:

@@ -26,7 +26,7 @@ from ...config.specconfig import (
     validate_spec_values,
 )
 from ...config.vllm_argv import REQUEST_METRICS_FLAG, REQUEST_METRICS_LEVEL, ServerCommand
-from ...errors import HostError, SpecDecodeError
+from ...errors import ConfigError, HostError, SpecDecodeError
 from ..base import Progress
 from ..hosts.base import Host
 from ..hosts.container import container_host, first_process
@@ -158,6 +158,19 @@ try:
             )
     except Exception as exc:
         out["per_request_note"] = "%s: %s" % (type(exc).__name__, exc)
+    try:  # synthetic acceptance (the break-even map): vLLM's CPU sampler refuses it
+        from vllm.platforms import current_platform
+        if current_platform.is_cpu():
+            from vllm.utils import cpu_triton_utils
+            said = "Synthetic acceptance not supported with CPU sampling"
+            if said in inspect.getsource(cpu_triton_utils):
+                out["synthetic_note"] = (
+                    "vLLM %s on a CPU: its sampler asserts '%s' "
+                    "(vllm/utils/cpu_triton_utils.py) at the first speculative step"
+                    % (out["version"], said)
+                )
+    except Exception:
+        pass
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print("pytest-specdecode-vllm-facts:" + json.dumps(out))
@@ -230,6 +243,7 @@ def parse_facts(
         choices={str(k): tuple(map(str, v)) for k, v in (data.get("choices") or {}).items()},
         per_request_metrics=tuple(map(str, levels)) if isinstance(levels, list) else None,
         per_request_note=str(data["per_request_note"]) if data.get("per_request_note") else None,
+        synthetic_note=str(data["synthetic_note"]) if data.get("synthetic_note") else None,
         host=host,
         interpreter=interpreter,
         seconds=seconds,
@@ -243,6 +257,12 @@ def check_candidates(specs: Sequence[SpecConfig], facts: VllmFacts) -> None:
     for spec in specs:
         if not spec.is_original:
             validate_spec_values(spec.values, source=spec.name, facts=facts)
+        if facts.synthetic_note and spec.values.get("rejection_sample_method") == "synthetic":
+            raise ConfigError(
+                f"{spec.name}: synthetic acceptance cannot run on {facts.host or 'this host'}: "
+                f"{facts.synthetic_note}. The break-even map needs a GPU build of vLLM; "
+                "nothing was started"
+            )
 
 
 def request_metrics_args(facts: VllmFacts) -> tuple[tuple[str, ...], str | None]:

@@ -1,0 +1,329 @@
+"""The break-even map: what acceptance pays on this engine, measured. Pure.
+
+A map point is a server whose drafter proposes as usual while vLLM accepts its drafts at a
+stated rate (`rejection_sample_method: "synthetic"`, `synthetic_acceptance_length` L). Against
+the baseline it gives the throughput ratio at that L, for its k and load, with the verdict's
+own interval. A speculative step costs the same whatever is accepted, so at one k and load the
+ratio is a line in L: r(L) = a + b*L (vLLM emits L tokens a step, at a fixed step cost). The
+map fits that line per k, load and prompt type, and reads off:
+
+- the break-even acceptance length, where r(L) = 1;
+- the ceiling, r(k + 1): every draft accepted.
+
+The band at any L comes from redrawing every point within its interval (a t on the log scale,
+the verdict's own df) and fitting again: its central `confidence`. Seeded, so a record gives
+the same map every time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config.arms import cell_key
+from ..config.break_even import point_of
+from ..record.schema import Measurement, RunRecord
+from .verdict.compare import PromptTypeVerdict
+
+__all__ = [
+    "ALL_PROMPTS",
+    "BreakEvenMap",
+    "MapLine",
+    "MapPoint",
+    "fit_line",
+    "map_of_run",
+    "measured_steps",
+]
+
+ALL_PROMPTS = "all"  # the line over every prompt type: each point the mean of their logs
+DRAWS = 4000
+SEED = 20261204
+
+
+@dataclass(frozen=True)
+class MapPoint:
+    """One synthetic server against the baseline, at one load level and prompt type (or all)."""
+
+    candidate: str
+    k: int
+    length: float  # the asked mean acceptance length
+    level: str
+    prompt_type: str
+    log_ratio: float  # candidate over baseline, throughput, log scale
+    se: float
+    df: float
+    measured_length: float | None = None  # 1 + accepted / drafts, from vLLM's counters
+    drafts_per_step: float | None = None  # draft tokens per decode step: k where it drafts always
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.log_ratio)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "k": self.k,
+            "length": self.length,
+            "level": self.level,
+            "prompt_type": self.prompt_type,
+            "ratio": self.ratio,
+            "log_ratio": self.log_ratio,
+            "se": self.se,
+            "df": self.df,
+            "measured_length": self.measured_length,
+            "drafts_per_step": self.drafts_per_step,
+        }
+
+
+@dataclass(frozen=True)
+class MapLine:
+    """r(L) = intercept + slope * L at one k, level and prompt type, with its band."""
+
+    k: int
+    level: str
+    prompt_type: str
+    points: tuple[MapPoint, ...]
+    intercept: float
+    slope: float
+    confidence: float
+    draws: tuple[tuple[float, float], ...]  # (intercept, slope) redrawn, for the bands
+
+    def at(self, length: float) -> tuple[float, float, float]:
+        """The ratio at acceptance length `length`, and its band."""
+        values = [a + b * length for a, b in self.draws]
+        low, high = _central(values, self.confidence)
+        return self.intercept + self.slope * length, low, high
+
+    @property
+    def break_even(self) -> tuple[float, float, float]:
+        """The acceptance length where r(L) = 1 (inf: never, at this k and load), with its
+        band: from the redrawn lines, a line that never reaches 1 counting as inf."""
+        values = [_crossing(a, b) for a, b in self.draws]
+        low, high = _central(values, self.confidence)
+        return _crossing(self.intercept, self.slope), low, high
+
+    @property
+    def ceiling(self) -> tuple[float, float, float]:
+        """The ratio with every draft accepted, L = k + 1."""
+        return self.at(self.k + 1.0)
+
+    def describe(self) -> str:
+        be, low, high = self.break_even
+        top, top_low, top_high = self.ceiling
+        where = (
+            f"breaks even at acceptance length {_length(be)} [{_length(low)}, {_length(high)}]"
+            if be <= self.k + 1
+            else f"never breaks even up to L = {self.k + 1} (the line reaches 1 at {_length(be)})"
+        )
+        return (
+            f"k={self.k} at {self.level}: {where}; every draft accepted: {top:.2f}x "
+            f"[{top_low:.2f}, {top_high:.2f}]"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        be, be_low, be_high = self.break_even
+        top, top_low, top_high = self.ceiling
+        return {
+            "k": self.k,
+            "level": self.level,
+            "prompt_type": self.prompt_type,
+            "intercept": self.intercept,
+            "slope": self.slope,
+            "confidence": self.confidence,
+            "break_even": _finite(be),
+            "break_even_band": [_finite(be_low), _finite(be_high)],
+            "ceiling": top,
+            "ceiling_band": [top_low, top_high],
+            "points": [p.to_dict() for p in self.points],
+        }
+
+
+@dataclass(frozen=True)
+class BreakEvenMap:
+    """Every line of a run's map: per (k, level, prompt type), and per (k, level) over all."""
+
+    lines: tuple[MapLine, ...]
+    drafting: str  # how it was made sure that the drafter proposed k tokens a step
+
+    def line(self, k: int, level: str, prompt_type: str = ALL_PROMPTS) -> MapLine | None:
+        for line in self.lines:
+            if (line.k, line.level, line.prompt_type) == (k, level, prompt_type):
+                return line
+        return None
+
+    @property
+    def overall(self) -> list[MapLine]:
+        return [line for line in self.lines if line.prompt_type == ALL_PROMPTS]
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted({line.k for line in self.lines})
+
+    def near(self, k: int, level: str, prompt_type: str) -> MapLine | None:
+        """The line for `k`, else the map's nearest k (the caller names it), at the level."""
+        found = self.line(k, level, prompt_type) or self.line(k, level)
+        if found is not None or not self.ks:
+            return found
+        nearest = min(self.ks, key=lambda m: (abs(m - k), m))
+        return self.line(nearest, level, prompt_type) or self.line(nearest, level)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drafting": self.drafting, "lines": [line.to_dict() for line in self.lines]}
+
+
+def fit_line(
+    points: Sequence[MapPoint], *, confidence: float, draws: int = DRAWS, seed: int = SEED
+) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """The line through the points' ratios (least squares, weighted by their spread), and
+    `draws` lines through the points redrawn within their intervals. One point: through the
+    origin (r = L / step cost), the only line one point allows."""
+    lengths = np.array([p.length for p in points], dtype=float)
+    logs = np.array([p.log_ratio for p in points], dtype=float)
+    ses = np.array([max(p.se, 1e-9) for p in points], dtype=float)
+    dfs = np.array([min(max(p.df, 1.0), 1e6) for p in points], dtype=float)
+    a, b = _least_squares(lengths, np.exp(logs), ses)
+    rng = np.random.default_rng(seed)
+    redrawn = logs + ses * rng.standard_t(dfs, size=(draws, len(points)))
+    lines = tuple(_least_squares(lengths, np.exp(row), ses) for row in redrawn)
+    return a, b, lines
+
+
+def _least_squares(lengths: np.ndarray, ratios: np.ndarray, ses: np.ndarray) -> tuple[float, float]:
+    weights = 1.0 / (ratios * ses) ** 2
+    if len(set(lengths.tolist())) < 2:
+        slope = float(np.sum(weights * lengths * ratios) / np.sum(weights * lengths**2))
+        return 0.0, slope
+    x = np.vstack([np.ones_like(lengths), lengths]).T
+    w = np.sqrt(weights)
+    coef, *_ = np.linalg.lstsq(x * w[:, None], ratios * w, rcond=None)
+    return float(coef[0]), float(coef[1])
+
+
+def map_of_run(
+    record: RunRecord, verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]]
+) -> BreakEvenMap | None:
+    """The run's map, from its synthetic candidates' verdicts; None where it measured none."""
+    found = {c: p for c in verdicts if (p := point_of(record.candidates.get(c) or {}))}
+    if not found:
+        return None
+    levels = record.run.levels
+    several = len(levels) > 1
+    confidence = 1.0 - record.run.alpha
+    points: dict[tuple[int, str, str], list[MapPoint]] = {}
+    for candidate, (k, length) in found.items():
+        for level in levels:
+            per_type: list[MapPoint] = []
+            for name in record.prompt_types:
+                key = cell_key(name, level, several=several)
+                v = verdicts[candidate].get(key)
+                if v is None or not math.isfinite(v.throughput.interval.se):
+                    continue
+                iv = v.throughput.interval
+                counts = _counts(record, candidate, key)
+                point = MapPoint(
+                    candidate, k, length, level.label, name, iv.estimate, iv.se, iv.df, *counts
+                )
+                per_type.append(point)
+                points.setdefault((k, level.label, name), []).append(point)
+            if per_type:
+                points.setdefault((k, level.label, ALL_PROMPTS), []).append(_pooled(per_type))
+    lines = []
+    for (k, level, name), series in sorted(points.items()):
+        a, b, draws = fit_line(series, confidence=confidence)
+        lines.append(MapLine(k, level, name, tuple(series), a, b, confidence, draws))
+    return BreakEvenMap(tuple(lines), drafting=_drafting(lines))
+
+
+def _pooled(points: Sequence[MapPoint]) -> MapPoint:
+    """The prompt types' points as one: the mean of their logs, with the mean of their standard
+    errors (their start effect is shared, so they are not independent), the fewest df."""
+    first = points[0]
+    lengths = [p.measured_length for p in points if p.measured_length is not None]
+    drafts = [p.drafts_per_step for p in points if p.drafts_per_step is not None]
+    return MapPoint(
+        first.candidate,
+        first.k,
+        first.length,
+        first.level,
+        ALL_PROMPTS,
+        sum(p.log_ratio for p in points) / len(points),
+        sum(p.se for p in points) / len(points),
+        min(p.df for p in points),
+        sum(lengths) / len(lengths) if lengths else None,
+        sum(drafts) / len(drafts) if drafts else None,
+    )
+
+
+def measured_steps(cells: Sequence[Measurement]) -> tuple[float | None, float | None]:
+    """The measured acceptance length (1 + accepted / drafts) and draft tokens per decode step
+    over some cells, from vLLM's counters; None where they were not counted."""
+    drafts = sum(m.acceptance.drafts for m in cells if m.acceptance.present)
+    tokens = sum(m.acceptance.draft_tokens for m in cells if m.acceptance.present)
+    accepted = sum(m.acceptance.accepted for m in cells if m.acceptance.present)
+    steps = sum(_steps(m) for m in cells)
+    length = 1.0 + accepted / drafts if drafts else None
+    per_step = tokens / steps if steps > 0 else None
+    return length, per_step
+
+
+def _counts(record: RunRecord, candidate: str, key: str) -> tuple[float | None, float | None]:
+    return measured_steps(
+        [m for p in record.arm_phases(candidate) if (m := p.measurements.get(key))]
+    )
+
+
+def _steps(m: Measurement) -> float:
+    """Decode steps of a cell's requests: each step emits its accepted drafts and one token of
+    its own, so steps = output tokens - accepted drafts (the first token is the prefill's)."""
+    if not m.acceptance.present:
+        return 0.0
+    requests = len(m.samples)
+    return max(0.0, m.output_tokens - requests - m.acceptance.accepted)
+
+
+def _drafting(lines: Sequence[MapLine]) -> str:
+    per_step = [
+        (p.k, p.drafts_per_step)
+        for line in lines
+        if line.prompt_type == ALL_PROMPTS
+        for p in line.points
+        if p.drafts_per_step is not None
+    ]
+    head = (
+        "each map server drafts with prompt_lookup_min 1, so a draft is proposed wherever any "
+        "earlier token recurs; vLLM's counters say how many draft tokens it proposed a step"
+    )
+    if not per_step:
+        return f"{head}: not counted in this run (no counters)"
+    shares = [d / k for k, d in per_step]
+    return (
+        f"{head}: {min(shares):.0%} to {max(shares):.0%} of k over the map's servers "
+        "(below 100%, some steps drafted fewer than k, and the map's step costs read low)"
+    )
+
+
+def _crossing(a: float, b: float) -> float:
+    if b <= 0:
+        return math.inf if a < 1 else 1.0
+    return (1.0 - a) / b
+
+
+def _central(values: Sequence[float], confidence: float) -> tuple[float, float]:
+    ordered = sorted(values)
+    tail = (1.0 - confidence) / 2.0
+    n = len(ordered)
+    low = ordered[min(n - 1, max(0, math.floor(tail * n)))]
+    high = ordered[min(n - 1, max(0, math.ceil((1.0 - tail) * n) - 1))]
+    return low, high
+
+
+def _length(value: float) -> str:
+    return "never" if not math.isfinite(value) else f"{value:.2f}"
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

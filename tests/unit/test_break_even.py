@@ -1,0 +1,106 @@
+"""The break-even map: its servers' configs, the line through its points, what it reads off."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_specdecode.analysis.break_even import ALL_PROMPTS, MapPoint, fit_line, map_of_run
+from pytest_specdecode.analysis.run import analyze
+from pytest_specdecode.config.break_even import map_candidates, map_ks, map_lengths, point_of
+from pytest_specdecode.config.specconfig import SpecConfig
+from pytest_specdecode.errors import ConfigError
+from tests.support import synthetic
+
+NGRAM_K5 = SpecConfig("ngram", {"method": "ngram", "num_speculative_tokens": 5})
+
+
+def test_auto_maps_the_candidates_k_and_one_other() -> None:
+    assert map_ks("auto", [NGRAM_K5]) == (3, 5)
+    assert map_ks("auto", [SpecConfig("k3", {"method": "ngram", "num_speculative_tokens": 3})]) == (
+        3,
+        5,
+    )
+    assert map_ks("auto", []) == (3, 5)
+    assert map_ks("4, 2", []) == (2, 4)
+
+
+@pytest.mark.parametrize("text", ["three", "0", "3;rm -rf /", "17"])
+def test_a_bad_k_list_is_refused_before_anything_starts(text: str) -> None:
+    with pytest.raises(ConfigError, match="--spec-break-even"):
+        map_ks(text, [])
+
+
+def test_the_map_servers_run_the_candidates_drafter_at_synthetic_lengths() -> None:
+    found = map_candidates("auto", [NGRAM_K5], 2)
+    assert [c.name for c in found] == ["map-k3-L1", "map-k3-L4", "map-k5-L1", "map-k5-L6"]
+    values = found[-1].values
+    assert values["rejection_sample_method"] == "synthetic"
+    assert values["prompt_lookup_min"] == 1  # drafts wherever any earlier token recurs
+    assert point_of(values) == (5, 6.0)
+    assert point_of(NGRAM_K5.values) is None
+    assert map_lengths(4, 3) == (1.0, 3.0, 5.0)
+    assert [c.name for c in map_candidates("3", [], 3)] == ["map-k3-L1", "map-k3-L2p5", "map-k3-L4"]
+    with pytest.raises(ConfigError, match="break_even_points"):
+        map_lengths(3, 1)
+
+
+def _point(length: float, ratio: float, se: float = 0.03, df: float = 20) -> MapPoint:
+    return MapPoint("map", 3, length, "c1", ALL_PROMPTS, math.log(ratio), se, df)
+
+
+def test_a_line_through_two_points_reads_off_break_even_and_ceiling() -> None:
+    from pytest_specdecode.analysis.break_even import MapLine
+
+    points = (_point(1.0, 0.8), _point(4.0, 3.2))  # a step costs 1.25 plain steps: r = L / 1.25
+    a, b, draws = fit_line(points, confidence=0.95)
+    assert a == pytest.approx(0.0, abs=1e-9) and b == pytest.approx(0.8)
+    line = MapLine(3, "c1", ALL_PROMPTS, points, a, b, 0.95, draws)
+    be, low, high = line.break_even
+    assert be == pytest.approx(1.25)
+    assert low < 1.25 < high and high - low < 0.5
+    top, top_low, top_high = line.ceiling
+    assert top == pytest.approx(3.2) and top_low < 3.2 < top_high
+    ratio, lo, hi = line.at(2.0)
+    assert ratio == pytest.approx(1.6) and lo < 1.6 < hi
+    assert "breaks even at acceptance length 1.25" in line.describe()
+
+
+def test_a_line_that_stays_below_one_never_breaks_even() -> None:
+    from pytest_specdecode.analysis.break_even import MapLine
+
+    points = (_point(1.0, 0.3), _point(4.0, 0.6))
+    a, b, draws = fit_line(points, confidence=0.95)
+    line = MapLine(3, "c1", ALL_PROMPTS, points, a, b, 0.95, draws)
+    assert line.break_even[0] > 4.0
+    assert "never breaks even up to L = 4" in line.describe()
+
+
+def test_wider_points_give_a_wider_band() -> None:
+    narrow = fit_line((_point(1.0, 0.8, 0.02), _point(4.0, 3.2, 0.02)), confidence=0.95)
+    wide = fit_line((_point(1.0, 0.8, 0.2), _point(4.0, 3.2, 0.2)), confidence=0.95)
+
+    def width(fit: tuple) -> float:
+        values = sorted(a + b * 2.5 for a, b in fit[2])
+        return values[int(0.975 * len(values))] - values[int(0.025 * len(values))]
+
+    assert width(wide) > 5 * width(narrow)
+
+
+def test_a_run_with_map_servers_gets_its_map_and_their_verdicts_do_not_gate(tmp_path) -> None:
+    s = synthetic.settings(tmp_path, candidates=(), run_extra='break_even = "3"', samples=8)
+    rec = synthetic.record(s)
+    synthetic.add_phase(rec, "baseline", {"coding": 100.0, "math": 50.0}, seed=1)
+    synthetic.add_phase(rec, "map-k3-L1", {"coding": 80.0, "math": 40.0}, seed=2)
+    synthetic.add_phase(rec, "map-k3-L4", {"coding": 320.0, "math": 160.0}, seed=3)
+    found = analyze(rec)
+    assert found.break_even is not None
+    line = found.break_even.line(3, "c1")
+    assert line is not None
+    assert line.break_even[0] == pytest.approx(1.25, rel=0.1)
+    assert line.ceiling[0] == pytest.approx(3.2, rel=0.1)
+    assert found.break_even.line(3, "c1", "coding") is not None
+    assert found.verdicts == {}  # the map measures the engine: no hypothesis, no gate
+    assert "break_even" in found.to_json()
+    assert map_of_run(rec, {}) is None
