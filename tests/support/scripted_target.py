@@ -151,6 +151,7 @@ class ScriptedTarget:
         self.token_id_requests = 0  # untimed requests for token ids, over all starts
         self.serving: ScriptedService | None = None
         self.beside: ScriptedService | None = None  # a second server on BESIDE
+        self.besides: dict[str, ScriptedService] = {}  # every server beside, by its api_base
         self.streams: list[tuple[str, float, float]] = []  # (service, start, end) of each stream
         self.counters: dict[str, float] = {}
         self.in_flight = 0
@@ -214,25 +215,30 @@ class ScriptedTarget:
     def close(self) -> None:
         self.events.append("close")
 
-    def start_beside(self, spec: SpecConfig) -> ScriptedService:
-        """A candidate's server beside the serving original, on its own port (BESIDE)."""
+    def start_beside(self, spec: SpecConfig, place: int = 1) -> ScriptedService:
+        """A candidate's server beside the serving original, on its own port (BESIDE for the
+        first place, the next ports for more)."""
         script = self._scripts.get(spec.name) or Script()
-        service = ScriptedService(self, spec.name, script, api_base=BESIDE)
+        api_base = BESIDE if place == 1 else f"http://scripted.invalid:{8000 + place}"
+        service = ScriptedService(self, spec.name, script, api_base=api_base)
         self.events.append(f"start {spec.name} beside")
         service.starts, service.started_at, service.active = 1, self.time.now, True
-        self.beside = service
+        self.besides[api_base] = service
+        self.beside = self.beside or service
         return service
 
     def stop_beside(self) -> None:
-        if self.beside is not None:
-            self.events.append(f"stop {self.beside.name} beside")
-            self.beside.active = False
-            self.beside = None
+        for service in self.besides.values():
+            self.events.append(f"stop {service.name} beside")
+            service.active = False
+        self.besides.clear()
+        self.beside = None
 
     # -- the API ------------------------------------------------------------------------------
     def _route(self, request: httpx.Request) -> ScriptedService | None:
-        if self.beside is not None and str(request.url).startswith(BESIDE):
-            return self.beside
+        for api_base, service in self.besides.items():
+            if str(request.url).startswith(api_base):
+                return service
         return self.serving
 
     def _answer(self, request: httpx.Request) -> httpx.Response:
