@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from ..config.arms import cell_key
 from ..config.break_even import point_of
@@ -32,8 +33,10 @@ from .verdict.compare import PromptTypeVerdict
 __all__ = [
     "ALL_PROMPTS",
     "BreakEvenMap",
+    "MapCheck",
     "MapLine",
     "MapPoint",
+    "check_against_map",
     "fit_line",
     "map_of_run",
     "measured_steps",
@@ -62,6 +65,11 @@ class MapPoint:
     @property
     def ratio(self) -> float:
         return math.exp(self.log_ratio)
+
+    def band(self, confidence: float) -> tuple[float, float]:
+        """The point's own central interval of the ratio (a t with its df, log scale)."""
+        half = float(stats.t.ppf(0.5 + confidence / 2, min(max(self.df, 1.0), 1e6))) * self.se
+        return math.exp(self.log_ratio - half), math.exp(self.log_ratio + half)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -327,3 +335,61 @@ def _length(value: float) -> str:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class MapCheck:
+    """A measured candidate against the map: its change beside the map's band at its tokens
+    per step (replayed, else counted), for its k (or the map's nearest) and load."""
+
+    candidate: str
+    prompt_type: str
+    level: str
+    k: int
+    map_k: int
+    length: float
+    source: str  # "replayed" or "counted"
+    measured: float  # the candidate's throughput ratio
+    measured_low: float
+    measured_high: float
+    predicted: float
+    low: float
+    high: float
+
+    @property
+    def inside(self) -> bool:
+        return self.low <= self.measured <= self.high
+
+    def text(self) -> str:
+        where = "inside" if self.inside else "outside"
+        k = f"k={self.k}" + (f" (read at the map's k={self.map_k})" if self.map_k != self.k else "")
+        return (
+            f"{self.candidate}/{self.prompt_type} at {self.level}, {k}, {self.length:.2f} tokens "
+            f"a step ({self.source}): measured {self.measured:.2f}x [{self.measured_low:.2f}, "
+            f"{self.measured_high:.2f}], the map says {self.predicted:.2f}x [{self.low:.2f}, "
+            f"{self.high:.2f}]: {where} its band"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "inside": self.inside}
+
+
+def check_against_map(
+    found: BreakEvenMap,
+    *,
+    candidate: str,
+    prompt_type: str,
+    level: str,
+    k: int,
+    length: float,
+    source: str,
+    measured: tuple[float, float, float],
+) -> MapCheck | None:
+    """The candidate's measured ratio beside the map's band at `length`; None off the map."""
+    line = found.near(k, level, prompt_type)
+    if line is None:
+        return None
+    predicted, low, high = line.at(length)
+    return MapCheck(
+        candidate, prompt_type, level, k, line.k, length, source, *measured, predicted, low, high
+    )

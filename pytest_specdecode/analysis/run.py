@@ -14,7 +14,7 @@ from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.break_even import point_of
 from ..config.vllm_argv import option_value
 from ..record.schema import RunRecord
-from .break_even import BreakEvenMap, map_of_run
+from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
@@ -123,6 +123,7 @@ class RunAnalysis:
     # --spec-break-even: the map's servers against the baseline (never a gate), and the map
     map_verdicts: dict[str, dict[str, PromptTypeVerdict]] = field(default_factory=dict)
     break_even: BreakEvenMap | None = None
+    map_checks: list[MapCheck] = field(default_factory=list)  # the candidates against the map
 
     @property
     def outcome(self) -> str:
@@ -170,6 +171,7 @@ class RunAnalysis:
             "side_changes": {c: x.to_dict() for c, x in self.side_changes.items()},
             "control_splits": {c: x.to_json() for c, x in self.splits.items()},
             "break_even": self.break_even.to_json() if self.break_even else None,
+            "map_checks": [c.to_dict() for c in self.map_checks],
         }
 
 
@@ -245,8 +247,64 @@ def analyze(record: RunRecord) -> RunAnalysis:
         time_drift=noise.drifts_of_run(record),
         position_bias=noise.position_bias(record),
         map_verdicts=map_verdicts,
-        break_even=map_of_run(record, map_verdicts),
+        break_even=(found := map_of_run(record, map_verdicts)),
+        map_checks=map_checks(record, verdicts, prediction, found) if found else [],
     )
+
+
+def map_checks(
+    record: RunRecord,
+    verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]],
+    prediction: RunPrediction | None,
+    found: BreakEvenMap,
+) -> list[MapCheck]:
+    """Each measured candidate with a k, per prompt type and level, against the map's band at
+    its tokens per step: the baseline's ids replayed for its config where the prediction has
+    them (the first level), else vLLM's counted acceptance length."""
+    out = []
+    levels = record.run.levels
+    for candidate, per in verdicts.items():
+        k = (record.candidates.get(candidate) or {}).get("num_speculative_tokens")
+        if not isinstance(k, int):
+            continue
+        for name in record.prompt_types:
+            for i, level in enumerate(levels):
+                v = per.get(cell_key(name, level, several=len(levels) > 1))
+                if v is None:
+                    continue
+                length, source = _tokens_per_step(prediction, candidate, name, v, first=i == 0)
+                if length is None:
+                    continue
+                low, high = v.throughput.ratio_ci
+                check = check_against_map(
+                    found,
+                    candidate=candidate,
+                    prompt_type=name,
+                    level=level.label,
+                    k=k,
+                    length=length,
+                    source=source,
+                    measured=(v.throughput.ratio, low, high),
+                )
+                if check is not None:
+                    out.append(check)
+    return out
+
+
+def _tokens_per_step(
+    prediction: RunPrediction | None,
+    candidate: str,
+    prompt_type: str,
+    verdict: PromptTypeVerdict,
+    *,
+    first: bool,
+) -> tuple[float | None, str]:
+    per = prediction.comparisons.get(candidate) if prediction else None
+    compared = (per or {}).get(prompt_type)
+    replay = (compared.own or compared.predicted) if compared and first else None
+    if replay is not None:
+        return replay.decode_tokens_per_step, "replayed"
+    return verdict.acceptance.mean_acceptance_length, "counted"
 
 
 def run_figures(

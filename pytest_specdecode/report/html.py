@@ -20,6 +20,7 @@ from .plots import caption
 from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .sections import (
     acceptance,
+    break_even,
     host_env,
     levels,
     prediction,
@@ -105,6 +106,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         parts.append(f"<p>{_e(acceptance_text(record.arm_phases(name)[0].acceptance))}</p>")
         parts.append(side_changes.html_block(analysis, name))
     parts.append(levels.html_section(record, analysis))
+    parts.append(break_even.html_section(analysis))
     parts.append(search.html_section(record, analysis.search))
     parts.append(prediction.html_section(record, analysis))
     parts.append(acceptance.html_section(record, analysis))

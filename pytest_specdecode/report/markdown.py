@@ -10,7 +10,7 @@ from ..analysis.verdict.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
-from .sections import acceptance, levels, prediction, search, side_changes
+from .sections import acceptance, break_even, levels, prediction, search, side_changes
 from .text import STATISTICS_NOTE, acceptance_text, design_text, suite_text, title
 
 
@@ -60,6 +60,7 @@ def summary(
         lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
         lines += side_changes.markdown_lines(analysis, name)
     lines += levels.markdown_lines(record, analysis)
+    lines += break_even.markdown_lines(analysis)
     lines += search.markdown_lines(record, analysis.search)
     lines += [f"- {line.strip()}" for line in search.coverage_lines(analysis.search)]
     lines += prediction.markdown_lines(record, analysis)

@@ -16,6 +16,7 @@ from ..config.arms import BASELINE, BASELINE_AFTER
 from ..record.schema import RunRecord
 from .rows import Row, rows
 from .sections.acceptance import PLOT_CAPTION
+from .sections.break_even import PLOT_CAPTION as MAP_CAPTION
 from .sections.prediction import HEATMAP_CAPTION
 from .text import finite, fmt_num
 
@@ -34,6 +35,7 @@ CAPTIONS = {
     "accepted (from vLLM's spec-decode counters).",
     "prediction": HEATMAP_CAPTION,  # written by report.prediction.write_heatmap
     "prompt-acceptance": PLOT_CAPTION,  # written by report.acceptance.write_plot
+    "break-even": MAP_CAPTION,
     "time": "Throughput against time, one panel per server start: each request's tok/s at the "
     "moment it was sent, coloured by prompt type (an interleaved order spreads drift over them).",
     "speedup": "Speedup against load, per prompt type: the candidate's per-request tok/s over "
@@ -59,6 +61,8 @@ def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict
     over_time = throughput_over_time(record, run_dir / "time.png")
     if over_time is not None:
         out["time"] = over_time
+    if analysis.break_even is not None:
+        out["break-even"] = break_even_map(analysis, run_dir / "break-even.png")
     for candidate, per in analysis.crossovers.items():  # several load levels
         series = {x.prompt_type: list(x.points) for x in per.values()}
         name = f"speedup-{candidate}"
@@ -422,4 +426,44 @@ def speedup_vs_load(
     _legend(ax, fontsize=9, title="prompt type")
     ax.set_title(title, fontsize=11)
     fig.savefig(path, format="png")
+    return path
+
+
+def break_even_map(analysis: RunAnalysis, path: Path) -> Path:
+    """The map: ratio against acceptance length, a line per k with its band, a panel per load;
+    the map's servers as circles, the measured candidates as diamonds; break-even dashed."""
+    found = analysis.break_even
+    assert found is not None
+    levels = list(dict.fromkeys(line.level for line in found.overall))
+    fig = _figure(4.2 * len(levels) + 2.0, 4.2)
+    axes = fig.subplots(1, len(levels), squeeze=False)[0]
+    for ax, level in zip(axes, levels, strict=True):
+        ax.axhline(1.0, color="#444", lw=1.0, ls="--", zorder=1)
+        for i, line in enumerate(x for x in found.overall if x.level == level):
+            color = _CANDIDATE_COLORS[i % len(_CANDIDATE_COLORS)]
+            xs = np.linspace(1.0, line.k + 1.0, 40)
+            mid, lows, highs = zip(*(line.at(float(x)) for x in xs), strict=True)
+            ax.plot(xs, mid, color=color, lw=1.8, label=f"k={line.k}", zorder=3)
+            ax.fill_between(xs, lows, highs, color=color, alpha=0.18, lw=0, zorder=2)
+            for p in line.points:
+                low, high = p.band(line.confidence)
+                ax.errorbar(
+                    [p.length], [p.ratio], yerr=[[p.ratio - low], [high - p.ratio]],
+                    color=color, marker="o", ms=5, capsize=3, lw=1.2, zorder=4,
+                )  # fmt: skip
+        for j, check in enumerate(c for c in analysis.map_checks if c.level == level):
+            below, above = check.measured - check.measured_low, check.measured_high - check.measured
+            ax.errorbar(
+                [check.length], [check.measured], yerr=[[below], [above]],
+                color="#111", marker="D", ms=6, capsize=3, lw=1.0, zorder=5, mfc="white",
+            )  # fmt: skip
+            ax.annotate(
+                f"{check.candidate}/{check.prompt_type}", (check.length, check.measured),
+                textcoords="offset points", xytext=(6, 4 - 9 * j), fontsize=7,
+            )  # fmt: skip
+        ax.set_title(f"load {level}")
+        ax.set_xlabel("acceptance length (tokens a step)")
+        ax.set_ylabel("throughput / baseline's")
+    _legend(axes[-1])
+    fig.savefig(path)
     return path

@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
 from .rows import checks, headline, rows, undecided
-from .sections import acceptance, levels, prediction, search, side_changes
+from .sections import acceptance, break_even, levels, prediction, search, side_changes
 from .text import fmt_num, fmt_p, fmt_pct
 
 
@@ -63,6 +63,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     if analysis.verdicts:
         out += [f"Result: {headline(analysis)}", *undecided(analysis, record)]
     out += levels.terminal_lines(record, analysis)
+    out += break_even.terminal_lines(analysis)
     out += search.terminal_lines(record, analysis.search)
     out += search.coverage_lines(analysis.search)
     out += prediction.terminal_lines(record, analysis)

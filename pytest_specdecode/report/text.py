@@ -8,6 +8,7 @@ from typing import Any
 
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.stats import Comparison, RestartNoise
+from ..config.break_even import MAP_PREFIX
 from ..config.settings import RunConfig
 from ..record.counters import Acceptance
 
@@ -110,7 +111,12 @@ def noise_text(noise: RestartNoise) -> str:
 
 
 def title(candidates: Sequence[str], model: str | None = None, host: str | None = None) -> str:
-    versus = ", ".join(candidates) if candidates else "baseline only"
+    """The run's title; the break-even map's servers (`map-…`) are named as one map."""
+    shown = [c for c in candidates if not c.startswith(MAP_PREFIX)]
+    mapped = len(candidates) - len(shown)
+    versus = ", ".join(shown) if shown else "baseline only"
+    if mapped:
+        versus += f", and a break-even map of {mapped} servers"
     where = f" · {model} on {host}" if model else ""
     return f"Speculative decoding: baseline vs {versus}{where}"
 

@@ -76,7 +76,8 @@ def test_the_break_even_map_is_refused_on_a_cpu_vllm_before_anything_starts(pyte
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     err = result.stderr.str()
-    assert "ERROR: map-k3-L1: synthetic acceptance cannot run on localhost: vLLM 0.32.0 on a CPU" in err
+    said = "ERROR: map-k3-L1: synthetic acceptance cannot run on localhost: vLLM 0.32.0 on a CPU"
+    assert said in err
     assert "Synthetic acceptance not supported with CPU sampling" in err
     assert "nothing was started" in err
     assert experiment.leftover_servers() == []

@@ -104,3 +104,49 @@ def test_a_run_with_map_servers_gets_its_map_and_their_verdicts_do_not_gate(tmp_
     assert found.verdicts == {}  # the map measures the engine: no hypothesis, no gate
     assert "break_even" in found.to_json()
     assert map_of_run(rec, {}) is None
+
+
+def test_the_reports_show_the_map_and_each_candidate_against_its_band(tmp_path) -> None:
+    from pytest_specdecode.record.counters import Acceptance
+    from pytest_specdecode.report import write_reports
+    from pytest_specdecode.report.terminal import lines
+
+    s = synthetic.settings(tmp_path, run_extra='break_even = "auto"', samples=8)
+    rec = synthetic.record(s)
+    assert list(rec.candidates) == ["ngram", "map-k3-L1", "map-k3-L4", "map-k5-L1", "map-k5-L6"]
+    rates = {"coding": 100.0, "math": 50.0}
+
+    def counted(k: int, length: float) -> Acceptance:  # 8 requests of 64 tokens, k a step
+        steps = (8 * 63) / length
+        return Acceptance(present=True, drafts=steps, draft_tokens=k * steps,
+                          accepted=(length - 1) * steps, mean_acceptance_length=length)  # fmt: skip
+
+    synthetic.add_phase(rec, "baseline", rates, seed=1)
+    for name, k, length, cost in (("map-k3-L1", 3, 1, 1.2), ("map-k3-L4", 3, 4, 1.2),
+                                  ("map-k5-L1", 5, 1, 1.4), ("map-k5-L6", 5, 6, 1.4)):  # fmt: skip
+        ratio = length / cost
+        synthetic.add_phase(rec, name, {w: r * ratio for w, r in rates.items()}, seed=k + length,
+                            acceptance=counted(k, length))  # fmt: skip
+    # n-gram k5 at 2.1 tokens a step: the map says 2.1 / 1.4 = 1.5x
+    synthetic.add_phase(rec, "ngram", {w: r * 1.5 for w, r in rates.items()}, seed=9,
+                        acceptance=counted(5, 2.1))  # fmt: skip
+    found = analyze(rec)
+    assert set(found.verdicts) == {"ngram"} and len(found.map_verdicts) == 4
+    k5 = found.break_even.line(5, "c1")
+    assert k5.break_even[0] == pytest.approx(1.4, rel=0.1)
+    assert [line.k for line in found.break_even.overall] == [3, 5]
+    checks = {(c.prompt_type, c.map_k) for c in found.map_checks}
+    assert checks == {("coding", 5), ("math", 5)}
+    assert all(c.inside and c.source == "counted" for c in found.map_checks)
+    assert "100% to 100% of k" in found.break_even.drafting
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    written = write_reports(rec, found, run_dir, failed=[], step_summary=None)
+    text = (run_dir / "summary.md").read_text()
+    assert "### The break-even map" in text
+    assert "| 5 | c1 | 1: 0.72x [" in text
+    assert "ngram/coding at c1, k=5, 2.10 tokens a step (counted): measured 1.49x" in text
+    assert (run_dir / "break-even.png").stat().st_size > 10_000
+    assert "break-even" in written.plots
+    assert any(line.startswith("break-even map: k=3 at c1: breaks even") for line in
+               lines(rec, found, files={}))  # fmt: skip

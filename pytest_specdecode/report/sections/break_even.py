@@ -1,0 +1,101 @@
+"""The break-even map in the reports (analysis/break_even.py): a row per k and load, and each
+measured candidate against the map's band. Every renderer reads these lines."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from ...analysis.break_even import MapLine
+from ...analysis.run import RunAnalysis
+
+HEADER = (
+    "k",
+    "load",
+    "measured points (L: ratio [band])",
+    "breaks even at L",
+    "every draft accepted",
+    "draft tokens a step",
+)
+PLOT_CAPTION = (
+    "The break-even map: throughput over the baseline's against the acceptance length (tokens "
+    "a step), a line per k with its band, a panel per load; the dashed line is break-even. "
+    "Circles are the map's servers (vLLM's synthetic acceptance), diamonds the measured "
+    "candidates at their replayed tokens a step."
+)
+
+
+def rows(analysis: RunAnalysis) -> list[tuple[str, ...]]:
+    found = analysis.break_even
+    return [_cells(line) for line in found.overall] if found else []
+
+
+def _cells(line: MapLine) -> tuple[str, ...]:
+    be, low, high = line.break_even
+    top, top_low, top_high = line.ceiling
+    points = "; ".join(
+        f"{p.length:g}: {p.ratio:.2f}x [{low:.2f}, {high:.2f}]"
+        for p in line.points
+        for low, high in [p.band(line.confidence)]
+    )
+    drafted = [p.drafts_per_step for p in line.points if p.drafts_per_step is not None]
+    return (
+        str(line.k),
+        line.level,
+        points,
+        f"{_length(be, line.k)} [{_length(low, line.k)}, {_length(high, line.k)}]",
+        f"{top:.2f}x [{top_low:.2f}, {top_high:.2f}]",
+        ", ".join(f"{d:.2f}" for d in drafted) or "not counted",
+    )
+
+
+def _length(value: float, k: int) -> str:
+    if not math.isfinite(value):
+        return "never"
+    return f"{value:.2f}" + (" (beyond k+1)" if value > k + 1 else "")
+
+
+def lines(analysis: RunAnalysis) -> list[str]:
+    """The map's findings as sentences: each line's, how drafting was made sure, the checks."""
+    found = analysis.break_even
+    if found is None:
+        return []
+    out = [line.describe() for line in found.overall]
+    out.append(f"Drafting: {found.drafting}.")
+    out += [c.text() for c in analysis.map_checks]
+    return out
+
+
+def markdown_lines(analysis: RunAnalysis) -> list[str]:
+    table = rows(analysis)
+    if not table:
+        return []
+    return [
+        "### The break-even map",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|--:|:--|:--|:--|:--|:--|",
+        *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table),
+        "",
+        *(f"- {line}" for line in lines(analysis)),
+        "",
+    ]
+
+
+def html_section(analysis: RunAnalysis) -> str:
+    table = rows(analysis)
+    if not table:
+        return ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in table
+    )
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines(analysis))
+    return (
+        "<h3>The break-even map</h3>"
+        f"<table class='specdecode-table'><tr>{head}</tr>{body}</table><ul>{items}</ul>"
+    )
+
+
+def terminal_lines(analysis: RunAnalysis) -> list[str]:
+    return [f"break-even map: {line}" for line in lines(analysis)]
