@@ -3,6 +3,8 @@ know is refused before anything starts."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from pytest_specdecode.config.specconfig import OFFLINE_FACTS, validate_spec_values
@@ -10,7 +12,7 @@ from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets.facts.vllm import ask_vllm
 from pytest_specdecode.targets.hosts.base import LocalHost
 
-from ..support.embedded import EMBEDDED, SERVER_PYTHON, require_embedded, write_experiment
+from ..support.embedded import EMBEDDED, REPO, SERVER_PYTHON, require_embedded, write_experiment
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 
@@ -82,3 +84,20 @@ def test_the_break_even_map_is_refused_on_a_cpu_vllm_before_anything_starts(pyte
     assert "nothing was started" in err
     assert experiment.leftover_servers() == []
     assert not experiment.reports.exists() or not any(experiment.reports.iterdir())
+
+
+def test_the_search_plans_on_the_shipped_suite_as_it_is(pytester):
+    """`pytest suites/ --spec-search ngram` on the shipped suite, unchanged (its own design
+    starts each arm three times): the plan, each config in one server start; nothing starts."""
+    require_embedded()
+    shutil.copytree(REPO / "suites", pytester.path / "suites")
+    (pytester.path / ".embedded").symlink_to(EMBEDDED)
+    pytester.makeini("[pytest]\nspecdecode_file = suites/specdecode.toml\n")  # as pyproject's
+    result = pytester.runpytest_subprocess("suites/", "--spec-search", "ngram", "--spec-dry-run")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
+    assert "each in one server start" in out
+    assert "drop --spec-repeats" not in out + result.stderr.str()
+    assert not (pytester.path / "reports").exists() or not any(
+        (pytester.path / "reports").iterdir()
+    )
