@@ -36,6 +36,7 @@ __all__ = [
     "MapCheck",
     "MapLine",
     "MapPoint",
+    "Steps",
     "check_against_map",
     "fit_line",
     "map_of_run",
@@ -61,6 +62,13 @@ class MapPoint:
     df: float
     measured_length: float | None = None  # 1 + accepted / drafts, from vLLM's counters
     drafts_per_step: float | None = None  # draft tokens per decode step: k where it drafts always
+    tokens_per_step: float | None = None  # counted; the map's x where known (else `length`)
+
+    @property
+    def x(self) -> float:
+        """Where the point lies on the map: the tokens a step counted, else the asked length
+        (a step that drafts nothing emits one token, so the counted value runs below it)."""
+        return self.tokens_per_step if self.tokens_per_step is not None else self.length
 
     @property
     def ratio(self) -> float:
@@ -84,6 +92,7 @@ class MapPoint:
             "df": self.df,
             "measured_length": self.measured_length,
             "drafts_per_step": self.drafts_per_step,
+            "tokens_per_step": self.tokens_per_step,
         }
 
 
@@ -189,7 +198,7 @@ def fit_line(
     """The line through the points' ratios (least squares, weighted by their spread), and
     `draws` lines through the points redrawn within their intervals. One point: through the
     origin (r = L / step cost), the only line one point allows."""
-    lengths = np.array([p.length for p in points], dtype=float)
+    lengths = np.array([p.x for p in points], dtype=float)
     logs = np.array([p.log_ratio for p in points], dtype=float)
     ses = np.array([max(p.se, 1e-9) for p in points], dtype=float)
     dfs = np.array([min(max(p.df, 1.0), 1e6) for p in points], dtype=float)
@@ -233,8 +242,9 @@ def map_of_run(
                 iv = v.throughput.interval
                 counts = _counts(record, candidate, key)
                 point = MapPoint(
-                    candidate, k, length, level.label, name, iv.estimate, iv.se, iv.df, *counts
-                )
+                    candidate, k, length, level.label, name, iv.estimate, iv.se, iv.df,
+                    counts.length, counts.drafts_per_step, counts.tokens_per_step,
+                )  # fmt: skip
                 per_type.append(point)
                 points.setdefault((k, level.label, name), []).append(point)
             if per_type:
@@ -252,6 +262,7 @@ def _pooled(points: Sequence[MapPoint]) -> MapPoint:
     first = points[0]
     lengths = [p.measured_length for p in points if p.measured_length is not None]
     drafts = [p.drafts_per_step for p in points if p.drafts_per_step is not None]
+    steps = [p.tokens_per_step for p in points if p.tokens_per_step is not None]
     return MapPoint(
         first.candidate,
         first.k,
@@ -263,22 +274,34 @@ def _pooled(points: Sequence[MapPoint]) -> MapPoint:
         min(p.df for p in points),
         sum(lengths) / len(lengths) if lengths else None,
         sum(drafts) / len(drafts) if drafts else None,
+        sum(steps) / len(steps) if steps else None,
     )
 
 
-def measured_steps(cells: Sequence[Measurement]) -> tuple[float | None, float | None]:
-    """The measured acceptance length (1 + accepted / drafts) and draft tokens per decode step
-    over some cells, from vLLM's counters; None where they were not counted."""
+@dataclass(frozen=True)
+class Steps:
+    """What vLLM's counters say of some cells' decode steps."""
+
+    length: float | None  # 1 + accepted / drafts: the acceptance length of a step that drafted
+    drafts_per_step: float | None  # draft tokens over decode steps: k where every step drafts
+    tokens_per_step: float | None  # output tokens (after the first) over decode steps
+
+
+def measured_steps(cells: Sequence[Measurement]) -> Steps:
+    """The counters of some cells as steps; each None where they were not counted."""
     drafts = sum(m.acceptance.drafts for m in cells if m.acceptance.present)
     tokens = sum(m.acceptance.draft_tokens for m in cells if m.acceptance.present)
     accepted = sum(m.acceptance.accepted for m in cells if m.acceptance.present)
     steps = sum(_steps(m) for m in cells)
-    length = 1.0 + accepted / drafts if drafts else None
-    per_step = tokens / steps if steps > 0 else None
-    return length, per_step
+    decoded = sum(m.output_tokens - len(m.samples) for m in cells if m.acceptance.present)
+    return Steps(
+        1.0 + accepted / drafts if drafts else None,
+        tokens / steps if steps > 0 else None,
+        decoded / steps if steps > 0 else None,
+    )
 
 
-def _counts(record: RunRecord, candidate: str, key: str) -> tuple[float | None, float | None]:
+def _counts(record: RunRecord, candidate: str, key: str) -> Steps:
     return measured_steps(
         [m for p in record.arm_phases(candidate) if (m := p.measurements.get(key))]
     )

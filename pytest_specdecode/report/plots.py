@@ -448,7 +448,7 @@ def break_even_map(analysis: RunAnalysis, path: Path) -> Path:
             for p in line.points:
                 low, high = p.band(line.confidence)
                 ax.errorbar(
-                    [p.length], [p.ratio], yerr=[[p.ratio - low], [high - p.ratio]],
+                    [p.x], [p.ratio], yerr=[[p.ratio - low], [high - p.ratio]],
                     color=color, marker="o", ms=5, capsize=3, lw=1.2, zorder=4,
                 )  # fmt: skip
         for j, check in enumerate(c for c in analysis.map_checks if c.level == level):

@@ -144,9 +144,33 @@ def test_the_reports_show_the_map_and_each_candidate_against_its_band(tmp_path) 
     written = write_reports(rec, found, run_dir, failed=[], step_summary=None)
     text = (run_dir / "summary.md").read_text()
     assert "### The break-even map" in text
-    assert "| 5 | c1 | 1: 0.72x [" in text
+    assert "| 5 | c1 | 1.00: 0.72x [" in text
     assert "ngram/coding at c1, k=5, 2.10 tokens a step (counted): measured 1.49x" in text
     assert (run_dir / "break-even.png").stat().st_size > 10_000
     assert "break-even" in written.plots
     assert any(line.startswith("break-even map: k=3 at c1: breaks even") for line in
                lines(rec, found, files={}))  # fmt: skip
+
+
+def test_the_map_lies_at_the_tokens_a_step_counted_not_the_length_asked() -> None:
+    """The H200 probe of 2026-12-04 (benchmarks/synthetic_probe.py, vLLM 0.26.0): n-gram k=3,
+    prompt_lookup_min 1, asked L = 4, nine requests of 128 tokens. Every draft was accepted
+    (821 of 821: length 3.96 a draft), but 14% of steps found no match and drafted nothing, so
+    a step emitted 3.55 tokens: that is where the point lies."""
+    from pytest_specdecode.analysis.break_even import measured_steps
+    from pytest_specdecode.record.counters import Acceptance
+    from pytest_specdecode.record.schema import Measurement
+
+    m = Measurement(prompt_type="coding")
+    m.samples = [synthetic.sample("coding", "map-k3-L4", i, 156.3, tokens=128) for i in range(9)]
+    m.acceptance = Acceptance(present=True, drafts=277, draft_tokens=821, accepted=821)
+    steps = measured_steps([m])
+    assert steps.length == pytest.approx(3.964, abs=1e-3)
+    assert steps.tokens_per_step == pytest.approx(1143 / 322)
+    assert steps.drafts_per_step == pytest.approx(821 / 322)
+    asked = _point(4.0, 2.868)
+    counted = MapPoint("map", 3, 4.0, "c1", ALL_PROMPTS, math.log(2.868), 0.03, 20,
+                       steps.length, steps.drafts_per_step, steps.tokens_per_step)  # fmt: skip
+    assert counted.x == pytest.approx(3.55, abs=0.01) and asked.x == 4.0
+    a, b, _ = fit_line((_point(1.0, 0.883), counted), confidence=0.95)
+    assert (1 - a) / b == pytest.approx(1.15, abs=0.01)  # where k=3 broke even in eager mode

@@ -207,7 +207,7 @@ def observations(record: RunRecord, level: str) -> list[CandidateTiming]:
 
 def map_timings(record: RunRecord, level: str) -> list[CandidateTiming]:
     """One per timed request of each break-even map server at this level: its TPOT, with the
-    steps its counters measured (acceptance length, draft tokens per step) over its cell."""
+    steps its counters measured (tokens and draft tokens per decode step) over its cell."""
     out: list[CandidateTiming] = []
     for arm, values in record.candidates.items():
         point = point_of(values)
@@ -217,7 +217,8 @@ def map_timings(record: RunRecord, level: str) -> list[CandidateTiming]:
             for m in phase.measurements.values():
                 if m.level.label != level or not m.samples:
                     continue
-                tau, per_step = measured_steps([m])
+                steps = measured_steps([m])
+                tau, per_step = steps.tokens_per_step, steps.drafts_per_step
                 if tau is None or per_step is None:
                     continue
                 tpots = _positive([s.tpot_s for s in m.samples])

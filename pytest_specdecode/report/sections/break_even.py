@@ -12,7 +12,7 @@ from ...analysis.run import RunAnalysis
 HEADER = (
     "k",
     "load",
-    "measured points (L: ratio [band])",
+    "measured points (tokens a step: ratio [band])",
     "breaks even at L",
     "every draft accepted",
     "draft tokens a step",
@@ -34,7 +34,7 @@ def _cells(line: MapLine) -> tuple[str, ...]:
     be, low, high = line.break_even
     top, top_low, top_high = line.ceiling
     points = "; ".join(
-        f"{p.length:g}: {p.ratio:.2f}x [{low:.2f}, {high:.2f}]"
+        f"{_x(p.x, p.length)}: {p.ratio:.2f}x [{low:.2f}, {high:.2f}]"
         for p in line.points
         for low, high in [p.band(line.confidence)]
     )
@@ -47,6 +47,11 @@ def _cells(line: MapLine) -> tuple[str, ...]:
         f"{top:.2f}x [{top_low:.2f}, {top_high:.2f}]",
         ", ".join(f"{d:.2f}" for d in drafted) or "not counted",
     )
+
+
+def _x(counted: float, asked: float) -> str:
+    """A point's tokens a step, and the length asked where drafting left it short."""
+    return f"{counted:.2f}" + (f" (asked {asked:g})" if abs(counted - asked) > 0.05 else "")
 
 
 def _length(value: float, k: int) -> str:
