@@ -318,8 +318,15 @@ def arms_plan(settings: Settings, target: Target) -> list[str]:
     if settings.run.arms != "together":
         return []
     lines = []
+    at_once = min(settings.run.beside, len(settings.candidates))
+    if at_once > 1:
+        lines.append(
+            f"up to {at_once} candidates served beside each baseline start at once ([run] "
+            "beside), started one after the other; every slot visits each server in turn, in "
+            "an order that turns from slot to slot, never two at once"
+        )
     for spec in settings.candidates:
-        why = room_beside(target, spec)
+        why = room_beside(target, spec, of=at_once)
         if why:
             raise ConfigError(f"--spec-arms together refused on {target.host_name}: {why}")
         places = getattr(target, "beside_plan", None)  # where the backend can tell

@@ -31,8 +31,9 @@ def choose_arms(
         return "one-at-a-time", "the search reloads one candidate at a time"
     if not settings.candidates:
         return "one-at-a-time", "no candidate to serve beside the baseline"
+    at_once = min(run.beside, len(settings.candidates))
     for spec in settings.candidates:
-        why = room_beside(target, spec)
+        why = room_beside(target, spec, of=at_once)
         if why:
             return "one-at-a-time", f"{spec.name} does not fit beside the original: {why}"
     if machine.get("gpus"):

@@ -168,3 +168,22 @@ def test_three_beside_the_original_on_one_gpu_each_get_a_share_and_ctrl_c_stops_
         assert f"stopped the second server local vLLM process 'beside-{name}'" in report.describe()
     started = [line for line in lines if "starting local vLLM process 'beside-" in line]
     assert [line.split("'")[1] for line in started] == [f"beside-{n}" for n in NAMES]
+
+
+def test_the_plan_refuses_more_beside_than_the_host_holds_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    from pytest_specdecode.errors import ConfigError
+    from pytest_specdecode.report.plan import arms_plan
+    from pytest_specdecode.run.arms import choose_arms
+
+    s = settings(tmp_path, candidates=K, run_extra='arms = "together"\nbeside = 3')
+    two_cores = local_target(tmp_path, cores=(0, 1))
+    with pytest.raises(ConfigError, match="no room for 3 servers beside the original"):
+        arms_plan(s, two_cores)
+    h200 = local_target(tmp_path, gpus=(H200,))
+    lines = arms_plan(s, h200)
+    assert lines[0].startswith("up to 3 candidates served beside each baseline start at once")
+    auto = settings(tmp_path, candidates=K, run_extra="beside = 3")
+    mode, why = choose_arms(auto, two_cores, machine={}, profile=None, version=None)
+    assert mode == "one-at-a-time" and "no room for 3 servers" in why
