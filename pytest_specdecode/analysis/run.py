@@ -299,6 +299,9 @@ def _tokens_per_step(
     *,
     first: bool,
 ) -> tuple[float | None, str]:
+    suffix = (prediction.suffix.get(candidate) or {}).get(prompt_type) if prediction else None
+    if suffix is not None and first:
+        return suffix.tokens_per_step, "replayed"
     per = prediction.comparisons.get(candidate) if prediction else None
     compared = (per or {}).get(prompt_type)
     replay = (compared.own or compared.predicted) if compared and first else None

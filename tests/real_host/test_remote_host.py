@@ -127,12 +127,12 @@ def test_exception_in_the_fixture_restores(pytester, testbed):
     config = write_remote_experiment(pytester, testbed, run={"samples": 5, "warmup": 0})
     pytester.makeconftest("""
         from pytest_specdecode.measure.experiment.arms import Experiment
-        original = Experiment._measure
-        def broken(self, name, arm, spec, **kwargs):
-            if name != "baseline":
+        original = Experiment._new_phase
+        def broken(self, name, arm, spec, service, **kwargs):
+            if name != "baseline":  # the candidate is serving: the original was stopped
                 raise RuntimeError("injected fault in the candidate phase")
-            return original(self, name, arm, spec, **kwargs)
-        Experiment._measure = broken
+            return original(self, name, arm, spec, service, **kwargs)
+        Experiment._new_phase = broken
     """)
     result = pytester.runpytest_subprocess(
         *suite_args(pytester, testbed, config, "--spec-config", "ngram")

@@ -60,7 +60,7 @@ def test_min_above_max_refused():
 @pytest.mark.parametrize(
     ("values", "words"),
     [
-        ({"method": "suffix", "num_speculative_tokens": 3}, "suffix decoding is not predicted"),
+        ({"method": "suffix", "num_speculative_tokens": 3}, "not on the n-gram grid"),
         ({"method": "eagle", "model": "x", "num_speculative_tokens": 3}, "no replay is possible"),
         ({"method": "draft_model", "model": "x", "num_speculative_tokens": 3}, "drafts with a"),
         ({"method": "ngram_gpu", "num_speculative_tokens": 3}, "not replayed"),

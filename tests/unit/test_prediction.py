@@ -113,7 +113,7 @@ def test_other_methods_are_measured_only_or_not_predicted(tmp_path: Path) -> Non
     rec.candidates["suffix"] = {"method": "suffix", "num_speculative_tokens": 3}
     rec.candidates["eagle"] = {"method": "eagle", "model": "org/d", "num_speculative_tokens": 3}
     notes = predict_run(rec).candidates
-    assert notes["suffix"].settings is None and "suffix decoding is not predicted" in (
+    assert notes["suffix"].settings is None and "suffix decoding is not on the n-gram grid" in (
         notes["suffix"].reason or ""
     )
     assert "only the measured figures count" in (notes["eagle"].reason or "")

@@ -78,8 +78,8 @@ def unsupported_reason(values: Mapping[str, Any]) -> str | None:
         return None
     if method == "suffix":
         return (
-            "suffix decoding is not predicted: its drafts depend on a tree built from earlier "
-            "requests, which this replay does not model"
+            "suffix decoding is not on the n-gram grid: its drafts come from a tree of the "
+            "prompt and earlier responses, replayed with Arctic Inference's own cache (below)"
         )
     if method == "ngram_gpu":
         return "method 'ngram_gpu' is not replayed (only 'ngram'); its measured figures stand"

@@ -61,6 +61,7 @@ from .ngram_types import (
     grid_settings,
     unsupported_reason,
 )
+from .suffix_replay import SuffixReplay, missing_reason, replay_suffix, suffix_settings
 
 __all__ = [
     "CandidateNote",
@@ -97,6 +98,9 @@ class RunPrediction:
     recommendation: Recommendation | None
     comparisons: dict[str, dict[str, Comparison]]  # candidate -> prompt type
     warnings: list[str] = field(default_factory=list)
+    # suffix candidates: candidate -> prompt type -> the baseline's requests replayed; or why not
+    suffix: dict[str, dict[str, SuffixReplay]] = field(default_factory=dict)
+    suffix_note: str | None = None
 
     @property
     def available(self) -> bool:
@@ -129,6 +133,10 @@ class RunPrediction:
                 c: {name: comp.to_json() for name, comp in per.items()}
                 for c, per in self.comparisons.items()
             },
+            "suffix": {
+                c: {name: r.to_dict() for name, r in per.items()} for c, per in self.suffix.items()
+            },
+            "suffix_note": self.suffix_note,
             "fit": _fit_json(self.fit),
             "recommendation": _recommendation_json(self.recommendation),
             "grid": {
@@ -195,7 +203,10 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         for c in per.values()
         if c.status == "mismatch" or c.own_status == "mismatch"
     ]
+    suffix, suffix_note = _suffix(record, notes, baseline)
     return RunPrediction(
+        suffix=suffix,
+        suffix_note=suffix_note,
         candidates=notes,
         token_ids=sources,
         replays=replays,
@@ -205,6 +216,26 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         comparisons=comparisons,
         warnings=warnings,
     )
+
+
+def _suffix(
+    record: RunRecord,
+    notes: Mapping[str, CandidateNote],
+    baseline: Mapping[str, tuple[Measurement, list[RequestTokens]]],
+) -> tuple[dict[str, dict[str, SuffixReplay]], str | None]:
+    """Each suffix candidate, per prompt type: the baseline's requests in the order sent,
+    replayed with Arctic Inference's cache (the cache starting empty for each prompt type)."""
+    wanted = {n: s for n, note in notes.items() if (s := suffix_settings(note.values))}
+    if not wanted or not baseline:
+        return {}, None
+    why = missing_reason()
+    if why is not None:
+        return {}, why
+    mml = max_model_len_of(baseline)
+    return {
+        name: {w: replay_suffix(reqs, settings, mml) for w, (_, reqs) in baseline.items()}
+        for name, settings in wanted.items()
+    }, None
 
 
 AA_NEXT = (

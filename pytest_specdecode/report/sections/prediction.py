@@ -114,6 +114,15 @@ def notes(prediction: RunPrediction, *, searched: bool = False) -> list[str]:
     out = [f"{n.name}: {n.reason}" for n in prediction.candidates.values() if n.settings is None]
     missing = {k: v for k, v in prediction.token_ids.items() if k not in prediction.replays}
     out += [f"{name}: not predicted ({why})" for name, why in missing.items()]
+    if prediction.suffix_note:
+        out.append(prediction.suffix_note)
+    out += [
+        f"{name} on {w}: {r.settings.label}, the baseline's {r.requests} requests replayed in "
+        f"order: {r.tokens_per_step:.2f} tokens a step ({r.drafts} drafts of {r.draft_tokens} "
+        f"tokens, {r.accepted} accepted)"
+        for name, per in prediction.suffix.items()
+        for w, r in per.items()
+    ]
     if prediction.fit is not None:
         out.append(f"Cost model: {prediction.fit.describe()}")
     elif prediction.available:
