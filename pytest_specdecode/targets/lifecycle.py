@@ -323,14 +323,13 @@ class Switchboard:
         """The host restores by itself; wait until it is done and the original serves."""
         self._progress(f"restore: handed over ({self.ending.handed_over}); watching it finish")
         try:
-            seconds = list(self.besides)
+            # labelled before the host's restore ends them and drops their pids
+            seconds = [(second, second.label, second.api_base) for second in self.besides]
             self.target.await_host_restore(self._restore_timeout_s, self._progress)
-            for second in seconds:
+            for second, label, where in seconds:
                 if second.is_active():
                     second.stop()
-                self._stopped.append(
-                    f"stopped the second server {second.label} at {second.api_base}"
-                )
+                self._stopped.append(f"stopped the second server {label} at {where}")
             self.besides.clear()
             if self.was_active:
                 self._wait(self.original, self._restore_timeout_s)

@@ -179,7 +179,12 @@ def side_change_shown(text: str) -> None:
     interval, on every prompt type."""
     assert "ngram also changed:" in text, text[-3000:]
     assert "async scheduling disabled (vLLM: Async scheduling not supported with ngram" in text
-    assert "split by its control arm ngram-control (the original + --no-async-scheduling)" in text
+    assert "split by its control arm ngram-control (the original + --no-async-scheduling; " in text
+    assert re.search(
+        r"ngram-control \(the original \+ --no-async-scheduling; it ran with: [^)]*"
+        r"async scheduling disabled",
+        text,
+    ), text[-3000:]
     pct = r"[+-][\d.]+%"
     interval = rf"{pct} \[{pct}, {pct}\] \(\w[\w ]*\)"
     for w in PROMPT_TYPES:

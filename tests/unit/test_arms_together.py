@@ -389,4 +389,7 @@ def test_the_first_signal_hands_both_over_and_the_restore_says_so(tmp_path, slee
         raise KeyboardInterrupt
     assert not any(alive(p) for p in pids)
     assert board.ending.handed_over is not None and "beside-ngram" in board.ending.handed_over
-    assert "stopped the second server" in board.restore_report.describe()
+    # named as it was while it ran, pid and all, though the host's restore ended it first
+    assert f"stopped the second server local vLLM process 'beside-ngram' (pid {pids[1]})" in (
+        board.restore_report.describe()
+    )

@@ -164,8 +164,11 @@ def test_three_beside_the_original_on_one_gpu_each_get_a_share_and_ctrl_c_stops_
     assert not any(alive(p) for p in pids)
     report = board.restore_report
     assert report is not None and not report.failed
-    for name in NAMES:
-        assert f"stopped the second server local vLLM process 'beside-{name}'" in report.describe()
+    for name, pid in zip(NAMES, pids[1:], strict=True):
+        assert (
+            f"stopped the second server local vLLM process 'beside-{name}' (pid {pid})"
+            in report.describe()
+        )
     started = [line for line in lines if "starting local vLLM process 'beside-" in line]
     assert [line.split("'")[1] for line in started] == [f"beside-{n}" for n in NAMES]
 
