@@ -20,13 +20,13 @@ import pytest
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.targets.beside.room import (
-    Placement,
+    UnitPlacement,
     cpu_placement,
     first_free_port,
     gpu_placement,
     listening_ports,
     parse_cpu_list,
-    with_port,
+    with_unit_port,
 )
 from pytest_specdecode.targets.facts import gpu
 from pytest_specdecode.targets.hosts.base import BaseHost, CommandResult
@@ -227,7 +227,7 @@ def test_values_are_quoted_for_systemd_run_and_a_dollar_stays_a_dollar():
         environment=["HF_HOME=/srv/hf cache", 'GREETING=say "hi" \\o/'],
         environment_files=[],
         copied={"WorkingDirectory": "-/srv/vllm"},
-        placement=Placement("GPU 1", env={"CUDA_VISIBLE_DEVICES": "1"}),
+        placement=UnitPlacement("GPU 1", env={"CUDA_VISIBLE_DEVICES": "1"}),
         extra_env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
     )
     assert '--property=Environment="HF_HOME=/srv/hf cache"' in argv
@@ -249,7 +249,7 @@ def test_a_control_character_is_refused(field, value):
         "environment": [],
         "environment_files": [],
         "copied": {},
-        "placement": Placement("core 1"),
+        "placement": UnitPlacement("core 1"),
     }
     argv = ["/bin/vllm"]
     if field == "argv":
@@ -269,7 +269,7 @@ def test_a_property_that_is_not_a_plain_value_is_refused():
             environment=[],
             environment_files=[],
             copied={"User": "vllm; rm"},
-            placement=Placement("core 1"),
+            placement=UnitPlacement("core 1"),
         )
 
 
@@ -292,7 +292,7 @@ def test_listening_ports_and_the_first_free_one():
     ],
 )
 def test_the_port_is_replaced_or_added(argv, expected):
-    assert with_port(argv, 2, 8102) == expected
+    assert with_unit_port(argv, 2, 8102) == expected
 
 
 def test_no_free_port_is_refused_before_anything_is_touched():
@@ -348,7 +348,7 @@ def test_as_many_free_gpus_as_the_original_uses():
     assert isinstance(why, str) and "1 of 2 GPUs have no compute process (2 needed)" in why
     idle = dataclasses.replace(held, apps=())
     placed = gpu_placement(idle, argv, where="unit vllm.service on root@gpu:22")
-    assert isinstance(placed, Placement) and placed.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert isinstance(placed, UnitPlacement) and placed.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 def test_a_failing_nvidia_smi_refuses():
@@ -366,7 +366,7 @@ WHERE = "unit vllm.service on root@cpu:22"
 
 def test_auto_binding_leaves_the_last_core_to_a_second_copy():
     placed = cpu_placement([0, 1], [], {}, [], where=WHERE)
-    assert isinstance(placed, Placement)
+    assert isinstance(placed, UnitPlacement)
     assert placed.env == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
     assert placed.properties == ("CPUAffinity=1",)
 
@@ -391,7 +391,7 @@ def test_an_explicit_binding_leaves_the_other_cores():
     placed = cpu_placement(
         parse_cpu_list("0-7"), [], {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-5"}, [], where=WHERE
     )
-    assert isinstance(placed, Placement) and placed.properties == ("CPUAffinity=6 7",)
+    assert isinstance(placed, UnitPlacement) and placed.properties == ("CPUAffinity=6 7",)
 
 
 def test_cpu_lists():

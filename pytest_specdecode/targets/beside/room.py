@@ -26,8 +26,9 @@ PORT_SPAN = 100  # ports tried after the original's
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where the candidate runs: its devices or cores, the variables and properties that pin it."""
+class UnitPlacement:
+    """Where a candidate unit runs beside the production unit: its devices or cores, and the
+    variables and properties that pin it (a local server's place: placement.Placement)."""
 
     where: str  # e.g. "GPU 1 (no compute process)", "core 1 (the original's OMP threads: 0)"
     env: Mapping[str, str] = field(default_factory=dict)  # set for the server process itself
@@ -55,7 +56,7 @@ def first_free_port(taken: Collection[int], after: int, span: int = PORT_SPAN) -
     return next((p for p in range(after + 1, min(after + span, 65535) + 1) if p not in taken), None)
 
 
-def with_port(argv: Sequence[str], server_args: int, port: int) -> list[str]:
+def with_unit_port(argv: Sequence[str], server_args: int, port: int) -> list[str]:
     """The command with the server's `--port` set to `port` (replaced where given, else added)."""
     out = list(argv)
     found = False
@@ -76,7 +77,7 @@ def with_port(argv: Sequence[str], server_args: int, port: int) -> list[str]:
 
 def gpu_placement(
     snapshot: UnitGpuSnapshot, server_argv: Sequence[str], *, where: str
-) -> Placement | str:
+) -> UnitPlacement | str:
     """Free GPUs for a second copy, else the original's GPUs if their free memory holds its
     share; else why not (a sentence with the figures)."""
     if snapshot.note is not None and snapshot.apps is None:
@@ -90,7 +91,7 @@ def gpu_placement(
     free = [g for g in gpus if g.uuid not in busy]
     if len(free) >= need:
         chosen = free[:need]
-        return Placement(
+        return UnitPlacement(
             f"{_gpus_text(chosen)} (no compute process on {'it' if need == 1 else 'them'})",
             env={"CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in chosen)},
         )
@@ -100,7 +101,7 @@ def gpu_placement(
     mine = [g for g in gpus if g.uuid in own] or gpus[:need]
     short = [g for g in mine if _free_mib(g) < share * (g.memory_total_mib or 0)]
     if mine and not short and all(g.memory_total_mib for g in mine):
-        return Placement(
+        return UnitPlacement(
             f"{_gpus_text(mine)} beside the original (free memory holds its {shown})",
             env={"CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in mine)},
         )
@@ -165,7 +166,7 @@ def cpu_placement(
     *,
     where: str,
     taken: Collection[int] = (),
-) -> Placement | str:
+) -> UnitPlacement | str:
     """Cores the original's compute threads leave free, less `taken` (given to this run's other
     transient units); else why not (with the figures)."""
     allowed = sorted(set(affinity) & set(online)) if affinity else sorted(online)
@@ -197,7 +198,7 @@ def cpu_placement(
             "none of its own"
         )
     cores = format_cpu_list(free)
-    return Placement(
+    return UnitPlacement(
         f"{'core' if len(free) == 1 else 'cores'} {cores} (the original: {how})",
         env={"VLLM_CPU_OMP_THREADS_BIND": cores},
         properties=(f"CPUAffinity={' '.join(map(str, free))}",),

@@ -31,13 +31,13 @@ from ...config.vllm_argv import with_speculative_config
 from ...errors import ConfigError
 from ...redaction import redact_text
 from ..beside.room import (
-    Placement,
+    UnitPlacement,
     cpu_placement,
     first_free_port,
     gpu_placement,
     listening_ports,
     parse_cpu_list,
-    with_port,
+    with_unit_port,
 )
 from ..facts import gpu
 from ..hosts.base import Host
@@ -90,7 +90,7 @@ def systemd_run_argv(
     environment: Sequence[str],
     environment_files: Sequence[tuple[str, bool]],
     copied: Mapping[str, str],
-    placement: Placement,
+    placement: UnitPlacement,
     extra_env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The systemd-run command line that starts the transient unit (argv, no shell)."""
@@ -132,7 +132,7 @@ class BesideLaunch:
     name: str  # the transient unit
     run_argv: list[str]  # systemd-run's command line
     address: tuple[str, int]  # where its API listens, as the host sees it
-    placement: Placement
+    placement: UnitPlacement
 
     @property
     def port(self) -> int:
@@ -182,7 +182,7 @@ class BesideHost:
             raise ConfigError(f"{placement}. Nothing was touched")
         listen_host, original_port = self.api_address()
         port = self._free_port(original_port)
-        argv = with_port(command.argv, command.server.server_args, port)
+        argv = with_unit_port(command.argv, command.server.server_args, port)
         argv = with_speculative_config(argv, spec, where=where, images=self.vllm_images)
         environment, files, copied = self._copied_properties()
         name = beside_unit_name(self.run_id, spec.name)
@@ -238,7 +238,7 @@ class BesideHost:
         )
         return steps
 
-    def _beside_placement(self) -> Placement | str:
+    def _beside_placement(self) -> UnitPlacement | str:
         where = f"unit {self.unit} on {self.host_name}"
         argv = self.command().server_argv
         snapshot = gpu.snapshot_unit(self.host, self.unit)
