@@ -18,6 +18,7 @@ from ..analysis.verdict.design import (
     levers,
     reach,
 )
+from ..analysis.verdict.noise import PRIOR
 from ..analysis.verdict.side_changes import (
     control_name,
     foreseen,
@@ -455,6 +456,9 @@ def design_lines(
     told = (
         f"restart noise {noise.sd:.1%} measured with {noise.df:.0f} degrees of freedom"
         if noise.measured
+        else f"restart noise: {PRIOR} of {noise.sd:.1%} from another machine (weighted as "
+        f"{noise.df:g} df)"
+        if noise.source.startswith(PRIOR)
         else f"restart noise assumed {noise.sd:.0%} (weighted as {noise.df:g} df)"
     )
     residual = f"a request's own spread {first.residual_sd:.1%}" + (

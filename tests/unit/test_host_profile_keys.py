@@ -263,6 +263,9 @@ def test_another_machines_profile_is_only_a_prior_and_the_plan_says_so(
     assert line.startswith("a prior of 3.0%, weighted as 7 degrees of freedom: measured on "
                            "another machine of this accelerator"), line  # fmt: skip
     assert f"host profile {path}" in line, line
+    # the design's reach names it a prior too, not an assumption
+    assert "restart noise: a prior of 3.0% from another machine (weighted as 7 df)" in out, out
+    assert "restart noise assumed" not in out, out
     prior = results["restart_noise_prior"]["throughput"]
     used = results["analysis"]["verdicts"]["ngram"]["coding"]["throughput"]["restart_noise"]
     assert prior["measured"] is False and prior["sd"] == pytest.approx(0.03)
