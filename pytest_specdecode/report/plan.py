@@ -528,7 +528,8 @@ def lever_lines(
     """The host's drift beside its restart noise, and the cheapest lever that would call a
     change of this size: the sentence, then every lever's numbers."""
     noise = outside.get("throughput") or RestartNoise.assumed(settings.run.assumed_restart_noise)
-    lines = [f"this host: restart noise {noise.sd:.1%} (start effects), {drift_text(drift)}"]
+    whose = "a prior from another machine" if noise.source.startswith(PRIOR) else "this host"
+    lines = [f"{whose}: restart noise {noise.sd:.1%} (start effects), {drift_text(drift)}"]
 
     def cost(starts: int, requests: int, together: bool) -> float:
         # side by side, the two servers of a pair start at once: one start's time per pair

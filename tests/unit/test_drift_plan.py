@@ -12,6 +12,7 @@ import pytest
 from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.analysis.variance.time_drift import TimeDrift, block_sd
 from pytest_specdecode.analysis.verdict.design import drift_variance, levers, start_only
+from pytest_specdecode.analysis.verdict.noise import as_prior
 from pytest_specdecode.report.plan import Timing, design_lines
 
 from ..support.synthetic import settings
@@ -93,6 +94,16 @@ def test_the_plan_states_restarts_drift_and_the_cheapest_lever(tmp_path: Path) -
     assert "restart noise 5.0% (start effects), drift 10.0% within a start (lag-1 r = 0.40" in text
     assert "cheapest lever to call a 20% change with 80% power: " in text
     assert "lever" not in "\n".join(_plan(s, _measured(0.05), None))
+    assert text.startswith("this host: restart noise 5.0%") or "\nthis host: restart" in text
+
+
+def test_another_machines_noise_and_drift_are_named_a_prior(tmp_path: Path) -> None:
+    s = settings(tmp_path, prompt_types=TYPES, samples=12)
+    prior = {metric: as_prior(noise) for metric, noise in _measured(0.05).items()}
+    text = "\n".join(_plan(s, prior, _drift(0.10)))
+    assert "a prior from another machine: restart noise 5.0% (start effects), drift 10.0%" in text
+    assert "restart noise: a prior of 5.0% from another machine (weighted as 7 df)" in text
+    assert "this host:" not in text and "restart noise assumed" not in text
 
 
 def test_a_design_that_already_calls_the_change_is_not_offered_as_a_lever(tmp_path: Path) -> None:
