@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from ..analysis.search.policy import plan_search
 from ..analysis.variance.power import MAX_STARTS
-from ..analysis.variance.restarts import RestartNoise
+from ..analysis.variance.restarts import PRIOR, RestartNoise
 from ..analysis.variance.time_drift import TimeDrift, drift_text
 from ..analysis.verdict.design import (
     DECIDE_AT,
@@ -18,7 +18,6 @@ from ..analysis.verdict.design import (
     levers,
     reach,
 )
-from ..analysis.verdict.noise import PRIOR
 from ..analysis.verdict.side_changes import (
     control_name,
     foreseen,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
+from pytest_specdecode.analysis.verdict.noise import as_prior
 from pytest_specdecode.analysis.verdict.stats import (
     Interval,
     Question,
@@ -176,6 +177,22 @@ def test_inconclusive_says_what_would_decide_it_and_names_an_assumed_noise() -> 
     assert "it would take about" in reason and "starts per arm (--spec-repeats" in reason
     assert "were the change to stay near -5.5%" in reason
     assert "the restart noise is assumed" in reason
+
+
+def test_inconclusive_names_another_machines_noise_a_prior_not_an_assumption() -> None:
+    measured = RestartNoise(0.028, 7.0, "an A/A run of 8 starts")
+    _, reason = decide(
+        interval_of(-0.15, 0.05),
+        higher_is_better=True,
+        min_effect=0.03,
+        p_adjusted=0.5,
+        alpha=0.05,
+        noise=as_prior(measured),
+        family=8,
+        starts=(3, 3),
+    )
+    assert "the restart noise is a prior from another machine: an A/A run here" in reason
+    assert "assumed" not in reason
 
 
 def test_a_change_on_the_margin_says_it_cannot_be_settled() -> None:

@@ -42,6 +42,7 @@ __all__ = [
 # false "regressed" at one start per arm, and a CI A/A run of three starts per arm called a
 # difference. docs/statistics.md has the calibration.
 ASSUMED_WEIGHT = 8.0
+PRIOR = "a prior"  # how the source of another machine's noise begins (verdict/noise.py)
 CONFLICT_P = 0.05  # an assumption this run's own starts rule out at this level is set aside
 
 

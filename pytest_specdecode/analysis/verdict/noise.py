@@ -34,6 +34,7 @@ from ...record.schema import RunRecord
 from ..variance.pairs import PositionBias, bias_of, fit_pairs, pair_noise_of
 from ..variance.restarts import (
     ASSUMED_WEIGHT,
+    PRIOR,
     RestartNoise,
     StartFit,
     fit_starts,
@@ -253,9 +254,6 @@ def same_key(record: RunRecord, key: ProfileKey) -> bool:
         and _version(record) == key.vllm_version
         and recorded_accelerator(record.environment) == key.accelerator
     )
-
-
-PRIOR = "a prior"  # how the source of another machine's noise begins
 
 
 def known(
