@@ -457,7 +457,7 @@ def design_lines(
         if noise.measured
         else f"restart noise: {PRIOR} of {noise.sd:.1%} from another machine (weighted as "
         f"{noise.df:g} df)"
-        if noise.source.startswith(PRIOR)
+        if noise.is_prior
         else f"restart noise assumed {noise.sd:.0%} (weighted as {noise.df:g} df)"
     )
     residual = f"a request's own spread {first.residual_sd:.1%}" + (
@@ -527,7 +527,7 @@ def lever_lines(
     """The host's drift beside its restart noise, and the cheapest lever that would call a
     change of this size: the sentence, then every lever's numbers."""
     noise = outside.get("throughput") or RestartNoise.assumed(settings.run.assumed_restart_noise)
-    whose = "a prior from another machine" if noise.source.startswith(PRIOR) else "this host"
+    whose = "a prior from another machine" if noise.is_prior else "this host"
     lines = [f"{whose}: restart noise {noise.sd:.1%} (start effects), {drift_text(drift)}"]
 
     def cost(starts: int, requests: int, together: bool) -> float:

@@ -162,17 +162,23 @@ def test_a_difference_needs_the_ranks_to_agree() -> None:
     assert verdict is Verdict.INCONCLUSIVE and "ranks do not confirm it" in reason
 
 
-def test_inconclusive_says_what_would_decide_it_and_names_an_assumed_noise() -> None:
+def _undecided_reason(noise: RestartNoise, starts: tuple[int, int]) -> str:
+    """The reason given for a -5.5% change whose interval straddles the ±3% margin."""
     _, reason = decide(
         interval_of(-0.15, 0.05),
         higher_is_better=True,
         min_effect=0.03,
         p_adjusted=0.5,
         alpha=0.05,
-        noise=ASSUMED,
+        noise=noise,
         family=8,
-        starts=(1, 1),
+        starts=starts,
     )
+    return reason
+
+
+def test_inconclusive_says_what_would_decide_it_and_names_an_assumed_noise() -> None:
+    reason = _undecided_reason(ASSUMED, (1, 1))
     assert "straddles the ±3% margin" in reason
     assert "it would take about" in reason and "starts per arm (--spec-repeats" in reason
     assert "were the change to stay near -5.5%" in reason
@@ -180,17 +186,9 @@ def test_inconclusive_says_what_would_decide_it_and_names_an_assumed_noise() -> 
 
 
 def test_inconclusive_names_another_machines_noise_a_prior_not_an_assumption() -> None:
-    measured = RestartNoise(0.028, 7.0, "an A/A run of 8 starts")
-    _, reason = decide(
-        interval_of(-0.15, 0.05),
-        higher_is_better=True,
-        min_effect=0.03,
-        p_adjusted=0.5,
-        alpha=0.05,
-        noise=as_prior(measured),
-        family=8,
-        starts=(3, 3),
-    )
+    prior = as_prior(RestartNoise(0.028, 7.0, "an A/A run of 8 starts"))
+    assert prior.is_prior and not prior.measured
+    reason = _undecided_reason(prior, (3, 3))
     assert "the restart noise is a prior from another machine: an A/A run here" in reason
     assert "assumed" not in reason
 

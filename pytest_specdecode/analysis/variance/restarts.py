@@ -69,6 +69,11 @@ class RestartNoise:
         return self.sd**2
 
     @property
+    def is_prior(self) -> bool:
+        """Measured on another machine (verdict/noise.py → as_prior), not here nor assumed."""
+        return self.source.startswith(PRIOR)
+
+    @property
     def start_variance(self) -> float:
         """The variance of one start's effect in the runs this comes from."""
         return self.spread if self.spread is not None else self.sd**2

@@ -184,11 +184,7 @@ def outside(record: RunRecord) -> dict[str, RestartNoise]:
     return {
         metric: prior[metric]
         if metric in prior
-        and (
-            prior[metric].measured
-            or prior[metric].sd == sd
-            or prior[metric].source.startswith(PRIOR)
-        )
+        and (prior[metric].measured or prior[metric].sd == sd or prior[metric].is_prior)
         else assumed(sd)
         for metric in METRICS
     }

@@ -33,7 +33,6 @@ from scipy import stats as _st
 from ..variance.pairs import fit_pairs, pair_variance
 from ..variance.power import MAX_STARTS, starts_to_decide
 from ..variance.restarts import (
-    PRIOR,
     RestartNoise,
     StartFit,
     fit_starts,
@@ -436,7 +435,7 @@ def _what_it_needs(
             "; the restart noise is assumed outside this run, and its own starts of the "
             "original measure it"
         )
-    elif not noise.measured and noise.source.startswith(PRIOR):
+    elif not noise.measured and noise.is_prior:
         text += (
             "; the restart noise is a prior from another machine: an A/A run here "
             "(--spec-config baseline --spec-repeats 4) measures it"
