@@ -1,10 +1,10 @@
 """What do idle servers beside cost a vLLM server on one GPU? For a GPU host (issue 41).
 
 Starts two baselines (the "probe" and its "twin") and measures them with one idle server beside;
-then four speculative servers (real n-gram k=5 at two prompt_lookup_min, synthetic acceptance
-at nothing and everything) and measures each of the six in turn, beside five; then freezes the
-five (SIGSTOP: their CUDA contexts and memory stay, their processes do no
-work) and measures again, and thaws them. Between phases it reads each server's CPU time
+then three speculative servers (real n-gram k=5, n-gram k=5 with synthetic acceptance at nothing
+and at everything), one after the other, and measures each of the five in turn, four beside;
+then freezes the four (SIGSTOP: their CUDA contexts and memory stay, their processes do no
+work) and measures the probe again, and thaws them. Between phases it reads each server's CPU time
 (its whole process group, from /proc) and the GPU's clocks, so that what the neighbours do
 while idle is seen, not guessed. Every measurement is c1, greedy, a fixed output length
 (ignore_eos), over the same prompts; blocks alternate so that drift shows.
@@ -57,11 +57,18 @@ def start(
     )
 
 
-def wait_ready(ports: list[int], timeout: float = 400) -> float:
+def wait_ready(
+    servers: dict[int, subprocess.Popen[bytes]], logs: Path, timeout: float = 300
+) -> float:
+    """Seconds until each server on its port answers /health; a server that dies is named with
+    the end of its log."""
     t0 = time.monotonic()
-    waiting = set(ports)
+    waiting = set(servers)
     while waiting and time.monotonic() - t0 < timeout:
         for port in list(waiting):
+            if servers[port].poll() is not None:
+                tail = (logs / f"server-{port}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the server on port {port} died while starting:\n{tail}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                     waiting.discard(port)
@@ -168,6 +175,7 @@ SERVERS = {  # port offset: (name, --speculative-config or None)
                             "prompt_lookup_max": 4, "rejection_sample_method": "synthetic",
                             "synthetic_acceptance_length": 6.0}),
 }  # fmt: skip
+MORE = [2, 4, 5]  # started after the one-beside phase: the probe then has four beside
 
 
 def counters(port: int) -> dict[str, float]:
@@ -223,12 +231,26 @@ def main() -> int:
     def save() -> None:
         out_path.write_text(json.dumps(record, indent=1))
 
-    def launch(offsets: list[int]) -> float:
+    def launch(offsets: list[int]) -> list[float]:
+        """One after the other: vLLM's memory profile fails where two start on a GPU at once."""
+        took = []
         for i in offsets:
             _name, spec = SERVERS[i]
             extra = ["--speculative-config", json.dumps(spec)] if spec else []
-            servers[i] = start(args.model, BASE_PORT + i, args.share, logs, {}, extra)
-        return round(wait_ready([BASE_PORT + i for i in offsets]), 1)
+            server = start(args.model, BASE_PORT + i, args.share, logs, {}, extra)
+            try:
+                took.append(round(wait_ready({BASE_PORT + i: server}, logs), 1))
+            except RuntimeError as error:  # a speculative one may fail: go on without it
+                if i in (0, 1):
+                    raise
+                print(f"{SERVERS[i][0]} did not start: {error}", flush=True)
+                record.setdefault("start_errors", {})[SERVERS[i][0]] = str(error)[-1500:]  # type: ignore[union-attr]
+                if server.poll() is None:
+                    os.killpg(server.pid, signal.SIGKILL)
+                continue
+            servers[i] = server
+            print(f"{SERVERS[i][0]} ready in {took[-1]} s", flush=True)
+        return took
 
     try:
         record["two_starts_s"] = launch([0, 1])
@@ -239,25 +261,32 @@ def main() -> int:
                 measure("twin beside 1", BASE_PORT + 1, rows, args.tokens, [servers[0].pid])
             )
         save()
-        record["four_starts_s"] = launch([2, 3, 4, 5])
+        record["more_starts_s"] = launch(MORE)
         record["idle_all_six"] = idle_cpu([s.pid for s in servers.values()])
         print(f"idle: cores busy and threads, per server: {record['idle_all_six']}", flush=True)
         save()
-        others = [servers[i].pid for i in range(1, 6)]
-        for block in range(2):  # beside 5: each server in turn; then the probe, the rest frozen
-            order = list(SERVERS) if block == 0 else list(reversed(SERVERS))
+        others = [servers[i].pid for i in servers if i != 0]
+        for block in range(2):  # beside 4: each server in turn; then the probe, the rest frozen
+            order = list(servers) if block == 0 else list(reversed(servers))
             for i in order:
                 name = SERVERS[i][0]
-                phases.append(measure_server(f"{name} beside 5", BASE_PORT + i, rows, args.tokens))
+                phases.append(
+                    measure_server(
+                        f"{name} beside {len(servers) - 1}", BASE_PORT + i, rows, args.tokens
+                    )
+                )
             for pid in others:
                 os.killpg(pid, signal.SIGSTOP)
-            phases.append(measure("probe beside 5 frozen", BASE_PORT, rows, args.tokens, []))
+            phases.append(
+                measure(f"probe beside {len(servers) - 1} frozen", BASE_PORT, rows, args.tokens, [])
+            )
             for pid in others:
                 os.killpg(pid, signal.SIGCONT)
             save()
-        for i in range(2, 6):  # back to one beside: does the probe recover?
+        more = [i for i in MORE if i in servers]
+        for i in more:  # back to one beside: does the probe recover?
             os.killpg(servers[i].pid, signal.SIGTERM)
-        for i in range(2, 6):
+        for i in more:
             servers[i].wait(timeout=60)
         phases.append(
             measure("probe beside 1 again", BASE_PORT, rows, args.tokens, [servers[1].pid])
