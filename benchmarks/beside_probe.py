@@ -220,6 +220,7 @@ def main() -> int:
     parser.add_argument("--share", type=float, default=0.15)
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--idle-only", action="store_true", help="one server: its idle CPU")
     args = parser.parse_args()
     out_path = Path(args.out)
     logs = out_path.parent
@@ -253,6 +254,14 @@ def main() -> int:
         return took
 
     try:
+        if args.idle_only:  # one server: what it does while nothing is asked of it
+            record["one_start_s"] = launch([0])
+            record["idle_one"] = idle_cpu([servers[0].pid])
+            print(f"idle: cores busy and threads: {record['idle_one']}", flush=True)
+            phases.append(measure("probe alone", BASE_PORT, rows, args.tokens, []))
+            record["idle_one_after"] = idle_cpu([servers[0].pid])
+            print(f"idle after requests: {record['idle_one_after']}", flush=True)
+            return 0
         record["two_starts_s"] = launch([0, 1])
         print(f"probe and twin ready in {record['two_starts_s']} s; {gpu_state()}", flush=True)
         for _ in range(2):  # one beside: the probe and its twin, alternating
