@@ -35,7 +35,7 @@ from ..measure.traffic import quiet, rate_text
 from ..options import settings_from_options
 from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
-from ..record.ending import RanTests, RunCut, run_cut
+from ..record.ending import RunCut, run_cut
 from ..record.profile import lookup
 from ..record.schema import Phase, RunRecord, TargetInfo
 from ..record.search import SEARCH_PREFIX
@@ -65,6 +65,7 @@ from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
+from .outcomes import setup_error, tests_run
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -509,7 +510,7 @@ class SpecDecodeSession:
         """Whether the run was cut short, and how to say so (record/ending.py → run_cut)."""
         assert self.experiment is not None
         record = self.experiment.record
-        stopped = self._stopped or (None if design_complete else _setup_error(self.config))
+        stopped = self._stopped or (None if design_complete else setup_error(self.config))
         first = self.experiment.board.interrupts.first_at  # a signal's, on the machine's clock
         if record.ending is not None and record.ending.signals and first is not None:
             wall = time.time() - (time.monotonic() - first)
@@ -524,7 +525,7 @@ class SpecDecodeSession:
             at=datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             step=self.progress.step_at(wall),
             measured=record.measured(len(self.experiment.order)),
-            tests=_tests_run(self.config),
+            tests=tests_run(self.config),
             design_complete=design_complete,
             exit_code=exit_code,
         )
@@ -581,49 +582,6 @@ class SpecDecodeSession:
         analysis = self._analysis if self._analysis is not None else analyze(record)
         lines = terminal_report.lines(record, analysis, files=files)
         return [redact_text(line) for line in lines]
-
-
-def _reports(config: pytest.Config) -> list[pytest.TestReport]:
-    """The test reports pytest's terminal has counted, in order."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
-        return []
-    found = [
-        r
-        for reports in reporter.stats.values()
-        for r in reports
-        if isinstance(r, pytest.TestReport)
-    ]
-    return sorted(found, key=lambda r: r.start)
-
-
-def _tests_run(config: pytest.Config) -> RanTests:
-    """Which collected tests ran to their end (their body called, or skipped or failed in
-    setup), and how each ended: a test cut in its setup or its body did not."""
-    session = config.pluginmanager.get_plugin("session")
-    outcomes: dict[str, str] = {}
-    for r in _reports(config):
-        if r.when == "call" or (r.when == "setup" and not r.passed):
-            outcomes[r.nodeid] = "error" if r.when == "setup" and r.failed else r.outcome
-        elif r.when == "teardown" and r.failed and r.nodeid in outcomes:
-            outcomes[r.nodeid] = "error"
-    counts: dict[str, int] = {}
-    for outcome in outcomes.values():
-        counts[outcome] = counts.get(outcome, 0) + 1
-    return RanTests(
-        collected=getattr(session, "testscollected", len(outcomes)),
-        outcomes=counts,
-        ran=[nodeid.split("::")[-1] for nodeid in outcomes],
-    )
-
-
-def _setup_error(config: pytest.Config) -> tuple[str, str, float] | None:
-    """The first error in a test's setup (the run's fixtures), as a run's cause: its last line."""
-    for r in _reports(config):
-        if r.when == "setup" and r.failed:
-            text = str(r.longrepr).strip().splitlines() or ["an error in a test's setup"]
-            return ("error", text[-1][:300], r.start)
-    return None
 
 
 def _failed_tests(config: pytest.Config) -> list[str]:
