@@ -172,6 +172,12 @@ class RunCut:
         """A result computed from it reads what was measured, not the whole design."""
         return not self.design_complete
 
+    def short_cause(self) -> str:
+        """ "SIGINT", "a KeyboardInterrupt", "pytest.exit", "an error": for the result line."""
+        return {"interrupt": f"a {self.by}", "exit": "pytest.exit", "error": "an error"}.get(
+            self.kind, self.by
+        )
+
     def cause(self) -> str:
         if self.kind == "signal":
             first = self.by.split(",")[0]

@@ -17,6 +17,7 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.record.ending import Measured, RanTests, RunEnding, run_cut
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import html, markdown, terminal
+from pytest_specdecode.report.sections.cut import result_label
 
 from ..support.synthetic import add_phase, record, settings
 
@@ -67,7 +68,7 @@ def test_the_banner_says_what_when_where_what_was_measured_and_the_tests() -> No
     assert "interrupted by SIGTERM, then SIGINT" in text  # the ending, as run.log says it
 
 
-def test_the_banner_of_an_error_and_of_tests_that_ran() -> None:
+def test_the_banner_of_an_error_and_of_tests_that_ran(tmp_path: Path) -> None:
     tests = RanTests(collected=5, outcomes={"passed": 2, "failed": 1}, ran=["t1", "t2", "t3"])
     cut = cut_of(
         ending=RunEnding(), stopped=("error", "ServiceError: gone"), tests=tests, step=None
@@ -79,6 +80,9 @@ def test_the_banner_of_an_error_and_of_tests_that_ran() -> None:
     assert "Tests: 3 of 5 tests ran (2 passed, 1 failed: t1, t2, t3); 2 did not run." in (
         cut.lines()
     )
+    rec = whole_run(tmp_path)
+    rec.cut = cut
+    assert result_label(rec) == "Result (partial: cut by an error before the design was complete)"
 
 
 def whole_run(tmp_path: Path) -> RunRecord:

@@ -14,7 +14,7 @@ def result_label(record: RunRecord) -> str:
     cut = record.cut
     if cut is None or not cut.partial:
         return "Result"
-    return f"Result (partial: cut by {cut.by} before the design was complete)"
+    return f"Result (partial: cut by {cut.short_cause()} before the design was complete)"
 
 
 def markdown_lines(cut: RunCut | None) -> list[str]:
