@@ -553,6 +553,8 @@ class SpecDecodeSession:
             store = self.experiment.store
             design_complete = self._analysis is not None
             store.record.cut = self._cut(design_complete, exit_code)
+            if store.record.cut is not None:  # run.log keeps it too
+                self.progress(f"run cut: {store.record.cut.headline()}")
             if self._analysis is None:  # an interrupted or partial run: what it measured
                 self._known_noise()
                 self._analysis = analyze(store.record)

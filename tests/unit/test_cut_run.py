@@ -249,6 +249,7 @@ def test_a_sigint_mid_window_is_said_at_the_top_of_every_report(pytester: pytest
     section = out.split("speculative decoding: baseline vs candidates")[1]
     assert section.lstrip(" =\n").startswith("CUT SHORT: Cut short by SIGINT"), section
     assert "restored to stopped" in result.stderr.str()
+    assert "run cut: Cut short by SIGINT" in (run / "run.log").read_text()
 
 
 def test_a_ctrl_c_in_a_test_after_the_design_names_the_tests_that_ran(
