@@ -57,7 +57,7 @@ def pytest_html_results_summary(
     found = _session(session.config)
     if found is None:
         return
-    written = found.finish()  # idempotent: the files may be written already
+    written = found.finish(int(session.exitstatus))  # idempotent: may be written already
     analysis = found.analysis()
     if found.experiment is None or analysis is None:
         return

@@ -21,6 +21,7 @@ from .targets.base import Target
 from .targets.lifecycle import interrupt_on_signals
 
 GROUP = "specdecode"
+_CONFIG: list[pytest.Config] = []  # the runs' configs, for the hooks that are not handed one
 _EXPERIMENT_OPTIONS = (
     "spec_config",
     "spec_search",
@@ -289,12 +290,18 @@ def pytest_configure(config: pytest.Config) -> None:
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(session, PLUGIN_NAME)
+    _CONFIG.append(config)
     if config.pluginmanager.hasplugin("html") and session.writes_html:
         from . import html_hooks
 
         html_hooks.register(config, session)
         session.on_discard.append(lambda: html_hooks.disable(config))  # a refused run: no report
     interrupt_on_signals()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config in _CONFIG:
+        _CONFIG.remove(config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -310,10 +317,26 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 
 
 @pytest.hookimpl(trylast=True)  # after the session fixtures' teardown: the restore
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     found = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
     if found is not None:
-        found.finish()
+        found.finish(int(exitstatus))
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Ctrl-C, a signal (raised as KeyboardInterrupt) or pytest.exit ended the run early: the
+    session notes it before the restore, for the cut run's report."""
+    found = _plugin_session()
+    if found is not None:
+        exit_ = isinstance(excinfo.value, pytest.exit.Exception)
+        by = str(getattr(excinfo.value, "msg", "")) if exit_ else excinfo.typename
+        found.note_stop("exit" if exit_ else "interrupt", by)
+
+
+def pytest_internalerror(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    found = _plugin_session()
+    if found is not None:
+        found.note_stop("error", f"{excinfo.typename}: {excinfo.value}"[:300])
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: they apply to these too
@@ -373,6 +396,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.section("speculative decoding: baseline vs candidates")
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+def _plugin_session() -> SpecDecodeSession | None:
+    return _CONFIG[-1].pluginmanager.get_plugin(PLUGIN_NAME) if _CONFIG else None
 
 
 def _relative_change(text: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -13,11 +14,15 @@ import pytest
 
 from .redaction import redact_text
 
+STEPS_KEPT = 500  # the recent lines and steps a cut run's step is looked up in
+
 
 class ProgressLog:
     """Progress lines shown live (past pytest's capture) and kept in the run's log.
 
-    Lines before the run folder exists are kept and written to the log when it opens.
+    Lines before the run folder exists are kept and written to the log when it opens. It also
+    keeps the run's recent steps (`step`, not shown), each with its wall time, so that a cut
+    run can say what it was doing (`step_at`).
     """
 
     def __init__(self, config: pytest.Config, *, stream: TextIO | None = None) -> None:
@@ -26,6 +31,8 @@ class ProgressLog:
         self._stream = stream
         self._log: Path | None = None
         self._pending: list[str] = []
+        # (wall time, text, whether a step) of the recent lines and steps
+        self._recent: deque[tuple[float, str, bool]] = deque(maxlen=STEPS_KEPT)
 
     def open(self, path: Path) -> None:
         self._log = path
@@ -33,8 +40,23 @@ class ProgressLog:
             log.writelines(self._pending)
         self._pending = []
 
+    def step(self, text: str) -> None:
+        """What the run is doing from now on, e.g. "measuring slot 3 of 24 (coding) on
+        baseline": kept, not shown."""
+        self._recent.append((time.time(), redact_text(text), True))
+
+    def step_at(self, wall: float) -> str | None:
+        """The run's step at this wall time: the last step set before it, else the last line
+        shown before it (None: nothing yet)."""
+        before = [(text, is_step) for at, text, is_step in self._recent if at <= wall]
+        steps = [text for text, is_step in before if is_step]
+        if steps:
+            return steps[-1]
+        return f"after the line '{before[-1][0]}'" if before else None
+
     def __call__(self, message: str) -> None:
         message = redact_text(message)
+        self._recent.append((time.time(), message, False))
         stamped = f"{datetime.now(UTC).isoformat(timespec='seconds')} {message}\n"
         if self._log is None:
             self._pending.append(stamped)

@@ -1,5 +1,6 @@
 """How a run ended and how the original was put back: written by targets/lifecycle.py, kept in
-the record (results.json "ending" and "restore"), read by the reports."""
+the record (results.json "ending" and "restore"), read by the reports. A run cut short
+(`RunCut`, results.json "cut"): composed by `run_cut` from what the session saw at its end."""
 
 from __future__ import annotations
 
@@ -101,3 +102,173 @@ class RunEnding:
     def from_dict(cls, data: Mapping[str, Any]) -> RunEnding:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# -- a run cut short ---------------------------------------------------------------------------
+
+SIGNAL_CAUSES = {
+    "SIGINT": "Ctrl-C, or a timeout's signal",
+    "SIGTERM": "a cancelled job, or a timeout's signal",
+    "SIGHUP": "a closed terminal",
+}
+
+
+@dataclass
+class Measured:
+    """What a run had measured when it ended, against what its design planned."""
+
+    starts: int = 0  # server starts measured (a reused baseline's not counted)
+    starts_planned: int = 0
+    cells: int = 0  # cells (a prompt type at a load level, in one start) with measured requests
+    cells_planned: int = 0
+    samples: int = 0  # measured requests, warm-up not counted
+    token_ids: int = 0  # cells whose token ids were recorded
+
+    def describe(self) -> str:
+        text = (
+            f"{self.starts} of {self.starts_planned} server starts, "
+            f"{self.cells} of {self.cells_planned} cells, {self.samples} requests"
+        )
+        return text + (f"; token ids of {self.token_ids} cells" if self.token_ids else "")
+
+
+@dataclass
+class RanTests:
+    """Which of the collected tests ran to their end before the run did."""
+
+    collected: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)  # of those that ran, by outcome
+    ran: list[str] = field(default_factory=list)  # their names, in order
+
+    def describe(self) -> str:
+        if not self.ran:
+            return f"no tests ran (none of {self.collected})"
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in self.outcomes.items())
+        names = ", ".join(self.ran[:3]) + (", …" if len(self.ran) > 3 else "")
+        rest = self.collected - len(self.ran)
+        return f"{len(self.ran)} of {self.collected} tests ran ({counts}: {names})" + (
+            f"; {rest} did not run" if rest > 0 else ""
+        )
+
+
+@dataclass
+class RunCut:
+    """A run ended early: by what, when, in which step, what it had measured, which tests ran.
+    results.json "cut"; the top of summary.md, report.html and the terminal's section."""
+
+    by: str  # "SIGINT", "SIGTERM, then SIGINT", "KeyboardInterrupt", or the error's first line
+    kind: str  # "signal", "interrupt" (no signal seen), "exit" (pytest.exit), "error"
+    at_s: float | None  # seconds into the run
+    at: str | None  # the wall time, UTC
+    step: str | None  # what the run was doing
+    measured: Measured = field(default_factory=Measured)
+    tests: RanTests = field(default_factory=RanTests)
+    design_complete: bool = False  # every start of the design was measured before the cut
+    exit_code: int | None = None  # pytest's
+    ending: str | None = None  # RunEnding.describe(): the handover and the restore
+
+    @property
+    def partial(self) -> bool:
+        """A result computed from it reads what was measured, not the whole design."""
+        return not self.design_complete
+
+    def short_cause(self) -> str:
+        """ "SIGINT", "a KeyboardInterrupt", "pytest.exit", "an error": for the result line."""
+        return {"interrupt": f"a {self.by}", "exit": "pytest.exit", "error": "an error"}.get(
+            self.kind, self.by
+        )
+
+    def cause(self) -> str:
+        if self.kind == "signal":
+            first = self.by.split(",")[0]
+            why = SIGNAL_CAUSES.get(first)
+            return f"{self.by} ({why})" if why else self.by
+        if self.kind == "interrupt":
+            return f"a {self.by}"
+        if self.kind == "exit":
+            return f"pytest.exit: {self.by}"
+        return f"an error: {self.by}"
+
+    def headline(self) -> str:
+        """One sentence: cut by what, when, in which step."""
+        when = f" {self.at_s:.0f} s into the run" if self.at_s is not None else ""
+        when += f" ({self.at})" if self.at else ""
+        step = f", while {self.step}" if self.step else ""
+        return f"Cut short by {self.cause()}{when}{step}."
+
+    def lines(self) -> list[str]:
+        """The banner: the headline, then what was measured, the tests, what the result is."""
+        out = [
+            self.headline(),
+            f"Measured before the cut: {self.measured.describe()}.",
+            f"Tests: {self.tests.describe()}.",
+        ]
+        if self.partial:
+            out.append(
+                "The design was not complete: the result below reads only what was measured "
+                "(partial), and no verdict of it is the whole run's."
+            )
+        if self.ending:
+            out.append(f"Ending: {self.ending}.")
+        if self.exit_code is not None:
+            out.append(f"pytest's exit code: {self.exit_code}.")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunCut:
+        names = {f.name for f in fields(cls)} - {"measured", "tests"}
+        return cls(
+            **{k: v for k, v in data.items() if k in names},
+            measured=Measured(**_known(Measured, data.get("measured") or {})),
+            tests=RanTests(**_known(RanTests, data.get("tests") or {})),
+        )
+
+
+def run_cut(
+    *,
+    ending: RunEnding | None,
+    stopped: tuple[str, str] | None,
+    at_s: float | None,
+    at: str | None,
+    step: str | None,
+    measured: Measured,
+    tests: RanTests,
+    design_complete: bool,
+    exit_code: int | None = None,
+) -> RunCut | None:
+    """Whether the run was cut, and how to say so: None for a run that ended whole.
+
+    `stopped`: (kind, by) of what ended it, where the session saw it (a KeyboardInterrupt, a
+    pytest.exit, an error); a signal recorded in `ending` names it. A run is cut when something
+    stopped it before its design was complete or before every collected test ran: a signal
+    during the restore, after everything ran, cuts nothing.
+    """
+    signals = ending.signals if ending is not None else []
+    if signals:
+        kind, by = "signal", ", then ".join(signals)
+    elif stopped is not None:
+        kind, by = stopped
+    else:
+        return None
+    if design_complete and len(tests.ran) >= tests.collected:
+        return None
+    return RunCut(
+        by=by,
+        kind=kind,
+        at_s=at_s,
+        at=at,
+        step=step,
+        measured=measured,
+        tests=tests,
+        design_complete=design_complete,
+        exit_code=exit_code,
+        ending=ending.describe() if ending is not None and ending.how != "finished" else None,
+    )
+
+
+def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}

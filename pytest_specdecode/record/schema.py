@@ -18,7 +18,7 @@ from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens, combine
-from .ending import RestoreReport, RunEnding
+from .ending import Measured, RestoreReport, RunCut, RunEnding
 from .engine_settings import EngineSettings
 from .host_env import WindowEnvironment
 from .requests.level_stats import LevelStats, level_stats
@@ -331,6 +331,7 @@ class RunRecord:
     traffic_watch: TrafficWatch | None = None  # other clients seen before anything was touched
     ending: RunEnding | None = None  # finished or interrupted, and how
     search: SearchRecord | None = None  # --spec-search: its reloads and why
+    cut: RunCut | None = None  # ended early: by what, when, in which step (record/ending.py)
     schema: int = SCHEMA
 
     @property
@@ -342,6 +343,20 @@ class RunRecord:
         """The phases that measured one arm, one per server start, in order (the ABA baseline
         is its own arm)."""
         return [p for p in self.phases.values() if p.arm == arm]
+
+    def measured(self, starts_planned: int) -> Measured:
+        """What this run measured itself so far (a reused baseline not counted), against
+        `starts_planned` starts of its design."""
+        own = [p for p in self.phases.values() if not p.reused_from]
+        cells = [m for p in own for m in p.measurements.values()]
+        return Measured(
+            starts=len(own),
+            starts_planned=starts_planned,
+            cells=sum(bool(m.samples) for m in cells),
+            cells_planned=starts_planned * len(self.keys),
+            samples=sum(len(m.samples) for m in cells),
+            token_ids=sum(m.token_ids is not None and m.token_ids.missing is None for m in cells),
+        )
 
     @property
     def measured_candidates(self) -> list[str]:
@@ -366,6 +381,7 @@ class RunRecord:
                 "traffic_watch": _optional(self.traffic_watch),
                 "ending": _optional(self.ending),
                 "search": _optional(self.search),
+                "cut": _optional(self.cut),
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -395,6 +411,7 @@ class RunRecord:
                 traffic_watch=_read(TrafficWatch, data.get("traffic_watch")),
                 ending=_read(RunEnding, data.get("ending")),
                 search=_read(SearchRecord, data.get("search")),
+                cut=_read(RunCut, data.get("cut")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

@@ -21,6 +21,7 @@ from .rows import TABLE_HEADER, Row, checks, headline, rows, undecided
 from .sections import (
     acceptance,
     break_even,
+    cut,
     host_env,
     levels,
     prediction,
@@ -51,6 +52,9 @@ CSS = """
 .specdecode .headline.improved {border-color: #2e8b57}
 .specdecode .specdecode-answer {font-size: 14px; padding: 8px 10px; border-left: 5px solid #1f3bb3;
   background: #f2f5ff}
+.specdecode .specdecode-cut {border: 2px solid #c0392b; background: #fdecea; padding: 6px 12px;
+  margin: 0 0 10px}
+.specdecode .cut-headline {font-size: 15px; font-weight: bold; color: #9b1c1c; margin: 4px 0}
 .specdecode .warn {color: #8a4b00}
 .specdecode .note {color: #555; font-size: 12px}
 .specdecode code {font-size: 12px; background: #f3f3f3; padding: 1px 3px}
@@ -90,8 +94,9 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
     klass = "unreliable" if unreliable else analysis.outcome.split()[0]
     parts = [
         f"<section class='specdecode' id='specdecode-summary'><style>{CSS}</style>",
+        cut.html_section(record.cut),
         search.answer_html(analysis.search),
-        f"<p class='headline {klass}'>Result: {_e(headline(analysis))}</p>",
+        f"<p class='headline {klass}'>{_e(cut.result_label(record))}: {_e(headline(analysis))}</p>",
         *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis, record)),
         f"<p class='note'>{_e(design_text(record.run))}</p>",
     ]

@@ -10,7 +10,7 @@ from ..analysis.verdict.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
-from .sections import acceptance, break_even, levels, prediction, search, side_changes
+from .sections import acceptance, break_even, cut, levels, prediction, search, side_changes
 from .text import STATISTICS_NOTE, acceptance_text, design_text, suite_text, title
 
 
@@ -26,6 +26,7 @@ def summary(
     gpus = record.environment.get("gpus")
     not_decided = undecided(analysis, record)
     lines = [
+        *cut.markdown_lines(record.cut),
         f"## {title(list(record.candidates))}",
         "",
         *search.answer_markdown(analysis.search),
@@ -37,7 +38,7 @@ def summary(
         "",
         design_text(record.run) + ".",
         "",
-        f"**Result: {headline(analysis)}**",
+        f"**{cut.result_label(record)}: {headline(analysis)}**",
         "",
         *(f"- {line}" for line in not_decided),
         *([""] if not_decided else []),

@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
 from .rows import checks, headline, rows, undecided
-from .sections import acceptance, break_even, levels, prediction, search, side_changes
+from .sections import acceptance, break_even, cut, levels, prediction, search, side_changes
 from .text import fmt_num, fmt_p, fmt_pct
 
 
@@ -26,11 +26,12 @@ HEADER = header()
 
 
 def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -> list[str]:
-    """Empty when nothing was measured."""
+    """Empty when nothing was measured, unless the run was cut: then its banner first."""
     baseline = record.arm_phases(BASELINE)
     if not baseline and not record.failures:
-        return []
-    out: list[str] = search.answer_lines(analysis.search)
+        banner = cut.terminal_lines(record.cut)
+        return [*banner, *(f"{name}: {path}" for name, path in files.items())] if banner else []
+    out: list[str] = [*cut.terminal_lines(record.cut), *search.answer_lines(analysis.search)]
     found = rows(analysis)
     wide = max([12, *(len(r.prompt_type) for r in found)])  # e.g. structured@c32
     cand = max([14, *(len(name) for name in analysis.verdicts)])
@@ -61,7 +62,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
             )
         out += side_changes.terminal_lines(analysis, candidate)
     if analysis.verdicts:
-        out += [f"Result: {headline(analysis)}", *undecided(analysis, record)]
+        out += [f"{cut.result_label(record)}: {headline(analysis)}", *undecided(analysis, record)]
     out += levels.terminal_lines(record, analysis)
     out += break_even.terminal_lines(analysis)
     out += search.terminal_lines(record, analysis.search)

@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from ..measure.traffic import quiet, rate_text
 from ..options import settings_from_options
 from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
+from ..record.ending import RunCut, run_cut
 from ..record.profile import lookup
 from ..record.schema import Phase, RunRecord, TargetInfo
 from ..record.search import SEARCH_PREFIX
@@ -63,6 +65,7 @@ from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
+from .outcomes import setup_error, tests_run
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -99,6 +102,7 @@ class SpecDecodeSession:
         self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
         self._started = time.monotonic()  # the run's wall time: recorded, for the next plans
         self._planned_s: float | None = None
+        self._stopped: tuple[str, str, float] | None = None  # (kind, by, wall time): what ended it
         self.host_noise = HostNoise.of_option(
             config.getoption("spec_host_profiles"),
             settings,
@@ -289,7 +293,9 @@ class SpecDecodeSession:
                     outside=self.host_noise.known(self.host_noise.plan_key(target)),
                     request_metrics_note=self.request_metrics_note,
                     probe=HostProbe(target.host),
+                    step=self.progress.step,
                 )
+                self.progress.step("watching the host before the run")
                 self._watch_host(target, board.original)
                 if settings.run.search:
                     self.search = self._search(self.experiment, target.host_name)
@@ -389,6 +395,7 @@ class SpecDecodeSession:
         allowed (their requests are then told apart per window)."""
         assert self.experiment is not None
         run = self.settings.run
+        self.progress.step(f"watching {original.label} for other clients' traffic")
         self.progress(
             f"watching {original.label} for {run.traffic_watch_s:g}s for other clients' traffic"
         )
@@ -468,8 +475,10 @@ class SpecDecodeSession:
         if aba and record.arm_phases(BASELINE) and record.measured_candidates:
             self.progress("drift check (ABA): measuring the original again")
             self.experiment.baseline_after()
+        self.progress.step("analysing the run")
         self._known_noise()
         self._analysis = analyze(record)
+        self.progress.step("running the tests (the design was measured)")
         return self._analysis
 
     def _known_noise(self) -> None:
@@ -491,6 +500,36 @@ class SpecDecodeSession:
                 self.settings.reports_dir.rmdir()
 
     # -- the end ------------------------------------------------------------------------------
+    def note_stop(self, kind: str, by: str) -> None:
+        """What ended the run early, as pytest saw it (the first only): "interrupt" (a
+        KeyboardInterrupt), "exit" (pytest.exit) or "error" (an internal error)."""
+        if self._stopped is None:
+            self._stopped = (kind, by, time.time())
+
+    def _cut(self, design_complete: bool, exit_code: int | None) -> RunCut | None:
+        """Whether the run was cut short, and how to say so (record/ending.py → run_cut)."""
+        assert self.experiment is not None
+        record = self.experiment.record
+        stopped = self._stopped or (None if design_complete else setup_error(self.config))
+        first = self.experiment.board.interrupts.first_at  # a signal's, on the machine's clock
+        if record.ending is not None and record.ending.signals and first is not None:
+            wall = time.time() - (time.monotonic() - first)
+        elif stopped is not None:
+            wall = stopped[2]
+        else:
+            wall = time.time()
+        return run_cut(
+            ending=record.ending,
+            stopped=stopped[:2] if stopped else None,
+            at_s=wall - (time.time() - (time.monotonic() - self._started)),
+            at=datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            step=self.progress.step_at(wall),
+            measured=record.measured(len(self.experiment.order)),
+            tests=tests_run(self.config),
+            design_complete=design_complete,
+            exit_code=exit_code,
+        )
+
     def analysis(self) -> RunAnalysis | None:
         """The run's one analysis: None until the design is complete (or the run ended)."""
         return self._analysis
@@ -499,8 +538,9 @@ class SpecDecodeSession:
         """--spec-aba: the drift check, after everything else was measured."""
         return self.complete_design().drift
 
-    def finish(self) -> Written | None:
-        """Once, after the restore: the analysis into results.json, the plots and summary.md.
+    def finish(self, exit_code: int | None = None) -> Written | None:
+        """Once, after the restore: the analysis into results.json, the plots and summary.md;
+        a run cut short says so (`RunCut`, at the top of each). `exit_code`: pytest's.
 
         Never raises: the samples are already stored, and the test outcome must stand.
         """
@@ -511,6 +551,10 @@ class SpecDecodeSession:
             return None
         try:
             store = self.experiment.store
+            design_complete = self._analysis is not None
+            store.record.cut = self._cut(design_complete, exit_code)
+            if store.record.cut is not None:  # run.log keeps it too
+                self.progress(f"run cut: {store.record.cut.headline()}")
             if self._analysis is None:  # an interrupted or partial run: what it measured
                 self._known_noise()
                 self._analysis = analyze(store.record)

@@ -325,13 +325,17 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
 
 def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pytester) -> None:
     """A cancelled job's SIGTERM; Ctrl-C's SIGINT is sent on the systemd host
-    (real_host/test_remote_host.py, test_production_units.py), through the same handler."""
+    (real_host/test_remote_host.py, test_production_units.py), through the same handler. The
+    cut run says so at the top of summary.md, report.html and the terminal, and in results.json
+    (the scripted SIGINT's: unit/test_cut_run.py)."""
     sig = signal.SIGTERM
     exp = write_experiment(pytester, run={**RUN, "samples": 6})
     cmd = [sys.executable, "-m", "pytest", *exp.args("--spec-config", "ngram")]
-    proc = subprocess.Popen(
-        cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=subprocess.DEVNULL
-    )
+    terminal = pytester.path / "stdout.txt"  # a file: a pipe nobody reads could fill and block
+    with terminal.open("w") as stdout:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=stdout
+        )
     lines = []
     deadline = time.monotonic() + 400
     assert proc.stderr is not None
@@ -347,10 +351,35 @@ def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pyt
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
     assert "restored to stopped" in err, err
     assert exp.leftover_servers() == []
-    samples = all_samples(exp.results())
+    data = exp.results()
+    samples = all_samples(data)
     for prompt_type in PROMPT_TYPES:  # each 1 warm-up + 5 rounds at least, all kept
         assert sum(s["prompt_type"] == prompt_type for s in samples) >= 6, prompt_type
     assert "candidate-ngram" not in err  # interrupted before any swap
+
+    # The cut, said first: in the sixth round of the baseline's 24 slots (or, if that round
+    # ended before the signal, recording its token ids), before any test ran.
+    cut = data["cut"]
+    assert cut["by"] == "SIGTERM" and cut["kind"] == "signal", cut
+    step = (
+        r"measuring slot 2[1-4] of 24 \(\w+\) on baseline|recording token ids of \[baseline\] \w+"
+    )
+    assert re.fullmatch(step, cut["step"]), cut
+    assert cut["tests"]["ran"] == [] and cut["tests"]["collected"] > 0, cut
+    assert cut["design_complete"] is False and cut["exit_code"] == pytest.ExitCode.INTERRUPTED
+    measured = cut["measured"]
+    assert (measured["starts"], measured["starts_planned"]) == (1, 2), measured
+    assert measured["samples"] == sum(not s["warmup"] for s in samples), measured
+    summary = (exp.run_dir() / "summary.md").read_text()
+    top = summary.splitlines()[0]
+    assert top.startswith("> **⚠ Cut short by SIGTERM (a cancelled job"), summary
+    assert f"while {cut['step']}." in top, top
+    assert "no tests ran (none of" in summary.split("## ")[0]
+    assert "**Result (partial: cut by SIGTERM" in summary
+    page = (exp.run_dir() / "report.html").read_text()
+    assert "Cut short by SIGTERM" in page, page[-3000:]
+    section = terminal.read_text().split("speculative decoding: baseline vs candidates")[-1]
+    assert section.lstrip(" =\n").startswith("CUT SHORT: Cut short by SIGTERM"), section
 
 
 def test_candidate_that_dies_at_startup_fails_fast_with_its_log(

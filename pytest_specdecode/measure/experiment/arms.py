@@ -48,6 +48,7 @@ class Experiment:
         outside: Mapping[str, RestartNoise] | None = None,
         request_metrics_note: str | None = None,
         probe: Probe | None = None,
+        step: Progress | None = None,
     ) -> None:
         self.settings = settings
         self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
@@ -56,6 +57,8 @@ class Experiment:
         self.progress = progress
         self.headers = dict(headers or {})
         self._ctx = RunContext(settings, store, progress, self.headers, transports or Transports())
+        if step is not None:  # what the run is doing now, for a cut run's report
+            self._ctx.step = step
         # What the adaptive stop rule knows of the host: the restart noise, a request's residual
         known = dict(outside or {})
         throughput = known.get("throughput")
@@ -191,6 +194,7 @@ class Experiment:
                     self._errors.setdefault(other, exc)
 
     def _measure(self, name: str, arm: str, spec: SpecConfig | None, *, restart: bool) -> None:
+        self._ctx.step(f"starting {name}")
         service = self.board.activate(spec, restart=restart)
         phase = self._new_phase(name, arm, spec, service, startup_s=self.board.last_startup_s)
         if self.settings.run.order == "blocked":
@@ -212,6 +216,7 @@ class Experiment:
         # faster than the other) weighs on every arm alike
         swap = self._pairs % 2 == 1
         self._pairs += 1
+        self._ctx.step(f"starting {', '.join(n for n, _ in group)} beside {base_name}")
         try:
             with self._served(specs, restart=restart, swap=swap) as (original, seconds):
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)

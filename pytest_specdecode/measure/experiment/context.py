@@ -1,5 +1,6 @@
-"""What every part of the experiment shares: the settings, the record, the progress line, and
-the server's own endpoints read untimed (/metrics, /version)."""
+"""What every part of the experiment shares: the settings, the record, the progress line, the
+current step (for a cut run's report), and the server's own endpoints read untimed (/metrics,
+/version)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from ...targets.base import Progress, Service, Transports
 from ..server_metrics import ServerCounters, parse_counters
 
 
+def _no_step(text: str) -> None:
+    """Where nobody keeps the run's steps."""
+
+
 @dataclass
 class RunContext:
     settings: Settings
@@ -22,6 +27,7 @@ class RunContext:
     progress: Progress
     headers: dict[str, str] = field(default_factory=dict)
     transports: Transports = field(default_factory=Transports)
+    step: Progress = _no_step  # what the run is doing now, kept for a cut run's report
 
     @property
     def record(self) -> RunRecord:

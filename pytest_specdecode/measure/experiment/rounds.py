@@ -70,6 +70,7 @@ class Rounds:
         self._sender = sender
         self._quiet = quiet
         self._ids = ids
+        self._planned = 0  # the start's slots at most (at most: adaptive cells stop early)
 
     def measure(self, starts: list[Start], order: RoundOrder) -> None:
         """Warm-up, then round after round of slots, each to every start in turn; then each
@@ -88,6 +89,7 @@ class Rounds:
             f"{names}: {len(lead.cells)} cells in rounds, one slot each ({kind}, seed "
             f"{order.seed}): a request at c1, a burst of N requests at cN"
         )
+        self._planned = sum(-(-c.plan.most // c.plan.step) for c in lead.cells.values())
         slot = rounds = 0
         while keys := [k for k in lead.cells if any(self._wants(s.cells[k]) for s in starts)]:
             if run.order == "blocked":
@@ -195,6 +197,10 @@ class Rounds:
 
     def _send_slot(self, cell: Cell, slot: int) -> Slot:
         """One slot, between two reads of its server's counters (untimed)."""
+        self._ctx.step(
+            f"measuring slot {slot + 1} of {self._planned} ({cell.window.m.key}) on "
+            f"{cell.window.phase.name}"
+        )
         before = self._ctx.counters(cell.service)
         indices = cell.plan.next_slot(len(cell.window.m.samples))
         result = self._sender.send(cell.window, indices, slot=slot)

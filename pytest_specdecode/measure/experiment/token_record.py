@@ -73,6 +73,7 @@ class TokenIdRecorder:
             for index in (i for indices in plan for i in indices):
                 timed.setdefault(prompts[index].text, None)
         untimed = sum(sample is None for sample in timed.values())
+        ctx.step(f"recording token ids of {window.where}")
         start = ctx.clock.now()
         m.token_ids = record_token_ids(
             window.base, timed, headers=ctx.headers, transport=ctx.transports.sync

@@ -102,6 +102,8 @@ class WindowSender:
         """Requests for these prompts at the window's level; each journalled as it ends."""
         ctx = self._ctx
         phase, m, prompt_type = window.phase, window.m, window.prompt_type
+        if warmup or slot is None:  # a slot's step is set by rounds.py, with its number
+            ctx.step(f"{'warming up' if warmup else 'measuring'} {window.where}")
         kept = m.warmup if warmup else m.samples
         offset = len(kept)
 
