@@ -63,6 +63,7 @@ from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
+from .outcome import CATEGORY as UNDECIDED
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -548,7 +549,7 @@ def _failed_tests(config: pytest.Config) -> list[str]:
         return []
     return [
         r.nodeid.split("::")[-1] + ("" if r.when == "call" else f" ({r.when})")
-        for key in ("failed", "error")
+        for key in ("failed", UNDECIDED, "error")
         for r in reporter.stats.get(key, [])
         if getattr(r, "nodeid", None)
     ]
