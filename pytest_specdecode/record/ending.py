@@ -1,5 +1,6 @@
-"""How a run ended and how the original was put back: written by targets/lifecycle.py, kept in
-the record (results.json "ending" and "restore"), read by the reports."""
+"""How a run ended and how the original was put back, and a start that died and was started
+again: written by targets/lifecycle.py, kept in the record (results.json "ending", "restore",
+a phase's "died_start"), read by the reports."""
 
 from __future__ import annotations
 
@@ -101,3 +102,31 @@ class RunEnding:
     def from_dict(cls, data: Mapping[str, Any]) -> RunEnding:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class DiedStart:
+    """A candidate's first start, whose engine died before it ever served, for a reason other
+    than its configuration: the candidate was started once more (`[target] retry_failed_start`),
+    and its phase is the second start."""
+
+    service: str  # the first start's server, as named then
+    after_s: float  # how long into that start it died
+    cause: str  # its root cause, one line
+
+    def describe(self, phase: str, ready_s: float | None = None) -> str:
+        """Both starts: the first, which died, and the second, which was measured."""
+        ready = f", which served after {ready_s:.0f}s" if ready_s is not None else ""
+        return (
+            f"candidate {phase}: the first start died before serving ({self.cause}, "
+            f"{self.after_s:.0f}s into it); started again, and measured on the second{ready}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DiedStart:
+        return cls(
+            service=str(data["service"]), after_s=float(data["after_s"]), cause=str(data["cause"])
+        )

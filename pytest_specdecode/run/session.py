@@ -278,6 +278,7 @@ class SpecDecodeSession:
                 transport=transports.sync,
                 record_ending=record_ending,
                 clock=transports.clock,
+                retry_failed_start=t.retry_failed_start,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
                 self.experiment = Experiment(
