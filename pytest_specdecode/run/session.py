@@ -549,7 +549,9 @@ def _failed_tests(config: pytest.Config) -> list[str]:
     if reporter is None:
         return []
     return [
-        r.nodeid.split("::")[-1] + ("" if r.when == "call" else f" ({r.when})")
+        r.nodeid.split("::")[-1]
+        + ("" if r.when == "call" else f" ({r.when})")
+        + (f" ({UNDECIDED})" if key == UNDECIDED else "")
         for key in ("failed", UNDECIDED, "error")
         for r in reporter.stats.get(key, [])
         if getattr(r, "nodeid", None)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_undecided_outcome import html_tests
+
 REPO = Path(__file__).resolve().parents[2]
 
 CONFIG = """
@@ -149,6 +151,13 @@ def test_no_verdict_is_not_green(pytester: pytest.Pytester) -> None:
     assert re.search(r"\b1 undecided\b", summary), summary
     assert "failed" not in summary, summary
     assert "no verdict for ngram (inconclusive, throughput " in out
+    # The run's own reports say so too: summary.md's list, pytest-html's result column.
+    (run_dir,) = (pytester.path / "reports").iterdir()
+    md = (run_dir / "summary.md").read_text()
+    assert "`test_speculation_does_not_regress[ngram-coding] (undecided)`" in md, md
+    rows = html_tests((run_dir / "report.html").read_text())
+    row = "".join(rows["test_speculation_does_not_regress[ngram-coding]"]["resultsTableRow"])
+    assert '<td class="col-result">Undecided</td>' in row, row
     assert "restart noise unmeasured: assumed 5%" in out
 
 

@@ -94,7 +94,8 @@ def test_junit_xml_says_undecided(pytester: pytest.Pytester, outcome_run: pytest
     assert suite is not None and suite.get("failures") == "2"
 
 
-def _html_tests(page: str) -> dict[str, dict]:
+def html_tests(page: str) -> dict[str, dict]:
+    """pytest-html's data of each test, by its name, as the page's script reads it."""
     blob = re.search(r'data-jsonblob="([^"]*)"', page)
     assert blob is not None
     data = json.loads(html.unescape(blob.group(1)))  # as the browser reads the attribute
@@ -105,7 +106,7 @@ def test_pytest_html_shows_undecided_and_files_it_under_failed(
     pytester: pytest.Pytester, outcome_run: pytest.RunResult
 ) -> None:
     page = (pytester.path / "report.html").read_text()
-    tests = _html_tests(page)
+    tests = html_tests(page)
     row = "".join(tests["test_undecided"]["resultsTableRow"])
     # The visible result cell says Undecided; the row is filed, counted and coloured as failed
     # (pytest-html's filters know only their own results), so it is shown by default.
