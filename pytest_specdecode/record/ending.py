@@ -113,6 +113,7 @@ class DiedStart:
     service: str  # the first start's server, as named then
     after_s: float  # how long into that start it died
     cause: str  # its root cause, one line
+    text: str = ""  # its failure as a failed start reports it: each process's error, log tail
 
     def describe(self, phase: str, ready_s: float | None = None) -> str:
         """Both starts: the first, which died, and the second, which was measured."""
@@ -128,5 +129,8 @@ class DiedStart:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DiedStart:
         return cls(
-            service=str(data["service"]), after_s=float(data["after_s"]), cause=str(data["cause"])
+            service=str(data["service"]),
+            after_s=float(data["after_s"]),
+            cause=str(data["cause"]),
+            text=str(data.get("text", "")),
         )

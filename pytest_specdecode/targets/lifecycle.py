@@ -175,7 +175,7 @@ class Switchboard:
             self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
             return wanted
 
-        def again() -> Service:
+        def again(spec: SpecConfig = spec) -> Service:
             self.active = None
             self.target.before_swap()
             self.active = self.target.candidate(spec)
@@ -196,7 +196,7 @@ class Switchboard:
         except StartDied as died:
             if not self.retry_failed_start or died.refused is not None or self.interrupts.signals:
                 raise
-            first = DiedStart(service=service.label, after_s=died.after_s, cause=died.cause)
+            first = DiedStart(service.label, died.after_s, died.cause, text=str(died))
         self._progress(
             f"{first.service} died {first.after_s:.0f}s into its start, before it ever served "
             f"({first.cause}); not a configuration vLLM refused: starting it once more"

@@ -128,6 +128,9 @@ def test_an_engine_that_dies_once_before_serving_is_started_again(tmp_path: Path
     phase = exp.record.phases["ngram"]
     assert phase.measurements["coding"].tokens_per_s, phase
     assert phase.died_start is not None and phase.died_start.cause == DIED
+    first = phase.died_start.text  # the first start's failure, as a failed start reports it
+    assert first.startswith("scripted service 'ngram' failed while starting, after 0s:"), first
+    assert "--- last 3 log lines of scripted service 'ngram' ---" in first
     assert "ngram" not in exp.record.failures
     said = "\n".join(exp.lines)  # type: ignore[attr-defined]
     assert f"scripted service 'ngram' died 0s into its start, before it ever served ({DIED})" in (
