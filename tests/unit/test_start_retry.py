@@ -194,10 +194,15 @@ def test_the_run_goes_on_and_its_report_names_both_starts(
     out, err = result.stdout.str(), result.stderr.str()
     assert result.ret == pytest.ExitCode.OK, out + err  # n-gram improved on both: the gate passes
     assert "starting scripted service 'ngram' again" in err, err
-    assert (
-        f"warning: candidate ngram: the first start died before serving ({DIED}, 0s into it); "
+    named = (
+        f"candidate ngram: the first start died before serving ({DIED}, 0s into it); "
         "started again, and measured on the second"
-    ) in out, out
+    )
+    assert f"warning: {named}" in out, out
+    (run_dir,) = (pytester.path / "reports").iterdir()
+    assert f"- ⚠ {named}" in (run_dir / "summary.md").read_text()
+    stored = json.loads((run_dir / "results.json").read_text())["phases"]["ngram"]
+    assert stored["died_start"]["cause"] == DIED and stored["startup_s"] is not None
 
 
 # -- a server beside the original (--spec-arms together) ----------------------------------------
