@@ -19,3 +19,16 @@ class ServiceError(SpecDecodeError):
 
 class RequestError(SpecDecodeError):
     """A benchmark request failed: HTTP error, broken stream or missing usage."""
+
+
+class StartDied(ServiceError):
+    """A server that died while starting, before it ever served.
+
+    `refused`: the line by which vLLM refused the configuration (a second start would fail the
+    same way), else None: it died for another reason. `cause`: its root cause, one line."""
+
+    def __init__(self, message: str, *, cause: str, after_s: float, refused: str | None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.after_s = after_s
+        self.refused = refused

@@ -16,6 +16,7 @@ from pytest_html import extras
 from .config.arms import cell_key
 from .report import html
 from .report.text import title
+from .run import outcome
 from .run.session import PLUGIN_NAME, SpecDecodeSession
 
 REPORT_FILE = "report.html"
@@ -87,6 +88,10 @@ def _environment(config: pytest.Config, table: dict[str, Any]) -> None:
     metadata.clear()  # in place: pytest-html holds this very dict
     metadata.update(ours)
     metadata.update(rest)
+
+
+def pytest_html_results_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    outcome.html_result_cells(report, cells)  # an undecided verdict: Undecided, not Failed
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,6 +15,7 @@ from .config.settings import SEARCH_METHODS, Settings
 from .errors import ConfigError
 from .options import settings_from_options
 from .record.search import slot_name
+from .run import outcome
 from .run.session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
@@ -378,23 +379,38 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
-    """An arm that failed to start: its failure in full once, a pointer to it after."""
+    """An arm that failed to start: its failure in full once, a pointer to it after. An
+    undecided verdict: marked as such."""
     report = yield
     found = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
     if found is not None and call.excinfo is not None and report.failed:
         text = found.start_failure_text(item.nodeid, call.excinfo.value)
         if text is not None:
             report.longrepr = text
+    outcome.mark(item, report, call.excinfo.value if call.excinfo is not None else None)
     return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+    """An undecided verdict: `N undecided` in the summary line, U, UNDECIDED with -v."""
+    return outcome.teststatus(report)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     found = terminalreporter.config.pluginmanager.get_plugin(PLUGIN_NAME)
     lines = found.terminal_lines() if found is not None else []
-    if lines:
-        with contextlib.suppress(OSError, ValueError):  # a closed terminal or a broken pipe
+    undecided = outcome.summary_lines(terminalreporter.stats.get(outcome.CATEGORY, []))
+    with contextlib.suppress(OSError, ValueError):  # a closed terminal or a broken pipe
+        if lines:
             terminalreporter.section("speculative decoding: baseline vs candidates")
             for line in lines:
+                terminalreporter.write_line(line)
+        if undecided:  # pytest's own failure summaries list only its own categories
+            terminalreporter.section("undecided: no verdict either way, so the gate fails")
+            for line in undecided:
                 terminalreporter.write_line(line)
 
 

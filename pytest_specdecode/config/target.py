@@ -45,6 +45,9 @@ class TargetConfig:
     sudo: bool | None = None  # systemd: run commands under `sudo -n`; None: when not root
     api_via: Literal["auto", "direct", "ssh"] = "auto"  # systemd: how the API is reached
     vllm_images: tuple[str, ...] = ()  # systemd: container images whose entrypoint is vLLM's
+    # a candidate whose engine dies before it ever serves, for a reason other than its config,
+    # is started once more; default: yes for a local process, no for a systemd unit
+    retry_failed_start: bool = False
 
 
 _TARGET_KEYS = {
@@ -67,6 +70,7 @@ _TARGET_KEYS = {
     "sudo",
     "api_via",
     "vllm_images",
+    "retry_failed_start",
 }
 
 
@@ -111,6 +115,9 @@ def target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfig
     ):
         raise ConfigError(f"{here}: api_key_env must name an environment variable")
     timeout = positive_number(table.get("startup_timeout_s", 1800), "startup_timeout_s", here)
+    retry = table.get("retry_failed_start", backend == "local")
+    if not isinstance(retry, bool):
+        raise ConfigError(f"{here}: retry_failed_start must be true or false, got {retry!r}")
     return TargetConfig(
         backend=backend,
         api_base=api_base,
@@ -133,6 +140,7 @@ def target_config(table: dict[str, Any], base: Path, where: str) -> TargetConfig
         sudo=table.get("sudo"),
         api_via=table.get("api_via", "auto"),
         vllm_images=_images(table.get("vllm_images", []), here),
+        retry_failed_start=retry,
     )
 
 

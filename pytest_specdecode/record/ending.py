@@ -1,6 +1,7 @@
-"""How a run ended and how the original was put back: written by targets/lifecycle.py, kept in
-the record (results.json "ending" and "restore"), read by the reports. A run cut short
-(`RunCut`, results.json "cut"): composed by `run_cut` from what the session saw at its end."""
+"""How a run ended and how the original was put back, and a start that died and was started
+again: written by targets/lifecycle.py, kept in the record (results.json "ending", "restore",
+a phase's "died_start"), read by the reports. A run cut short (`RunCut`, results.json "cut"):
+composed by `run_cut` from what the session saw at its end."""
 
 from __future__ import annotations
 
@@ -272,3 +273,35 @@ def run_cut(
 def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in values.items() if k in names}
+
+
+@dataclass(frozen=True)
+class DiedStart:
+    """A candidate's first start, whose engine died before it ever served, for a reason other
+    than its configuration: the candidate was started once more (`[target] retry_failed_start`),
+    and its phase is the second start."""
+
+    service: str  # the first start's server, as named then
+    after_s: float  # how long into that start it died
+    cause: str  # its root cause, one line
+    text: str = ""  # its failure as a failed start reports it: each process's error, log tail
+
+    def describe(self, phase: str, ready_s: float | None = None) -> str:
+        """Both starts: the first, which died, and the second, which was measured."""
+        ready = f", which served after {ready_s:.0f}s" if ready_s is not None else ""
+        return (
+            f"candidate {phase}: the first start died before serving ({self.cause}, "
+            f"{self.after_s:.0f}s into it); started again, and measured on the second{ready}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DiedStart:
+        return cls(
+            service=str(data["service"]),
+            after_s=float(data["after_s"]),
+            cause=str(data["cause"]),
+            text=str(data.get("text", "")),
+        )

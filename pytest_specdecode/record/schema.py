@@ -18,7 +18,7 @@ from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens, combine
-from .ending import Measured, RestoreReport, RunCut, RunEnding
+from .ending import DiedStart, Measured, RestoreReport, RunCut, RunEnding
 from .engine_settings import EngineSettings
 from .host_env import WindowEnvironment
 from .requests.level_stats import LevelStats, level_stats
@@ -245,6 +245,7 @@ class Phase:
     # together: which of the two places it ran in (0: the original's own, 1: the second's);
     # the places alternate between pairs where the target can swap them
     position: int | None = None
+    died_start: DiedStart | None = None  # its first start died before serving: this is a retry
 
     @property
     def acceptance(self) -> Acceptance:
@@ -269,6 +270,7 @@ class Phase:
             "together_with": self.together_with,
             "sent_first": self.sent_first,
             "position": self.position,
+            "died_start": _optional(self.died_start),
             "acceptance": self.acceptance.to_dict(),  # for readers; recomputed
             "measurements": {k: m.to_json() for k, m in self.measurements.items()},
         }
@@ -293,6 +295,7 @@ class Phase:
             together_with=data.get("together_with"),
             sent_first=list(data.get("sent_first") or []),
             position=data.get("position"),
+            died_start=_read(DiedStart, data.get("died_start")),
             measurements={
                 k: Measurement.from_json(m) for k, m in data.get("measurements", {}).items()
             },

@@ -199,6 +199,11 @@ class Check:
 def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
     """The checks beside the verdicts, in the order a reviewer reads them."""
     out = [Check(w, True) for w in analysis.warnings]
+    out += [  # a start that died before serving, and the second start measured in its place
+        Check(p.died_start.describe(p.name, p.startup_s), True)
+        for p in record.phases.values()
+        if p.died_start is not None
+    ]
     restore = record.restore
     if restore is not None and (restore.errors or restore.failed):
         out.append(Check(f"restore: {restore.describe()}", True))  # after the analysis: its own

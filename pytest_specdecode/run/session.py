@@ -65,6 +65,7 @@ from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
+from .outcome import CATEGORY as UNDECIDED
 from .outcomes import setup_error, tests_run
 
 PLUGIN_NAME = "specdecode-session"
@@ -281,6 +282,7 @@ class SpecDecodeSession:
                 transport=transports.sync,
                 record_ending=record_ending,
                 clock=transports.clock,
+                retry_failed_start=t.retry_failed_start,
             ) as board:
                 store = RunStore(self.run_dir, self._new_record(target))
                 self.experiment = Experiment(
@@ -591,8 +593,10 @@ def _failed_tests(config: pytest.Config) -> list[str]:
     if reporter is None:
         return []
     return [
-        r.nodeid.split("::")[-1] + ("" if r.when == "call" else f" ({r.when})")
-        for key in ("failed", "error")
+        r.nodeid.split("::")[-1]
+        + ("" if r.when == "call" else f" ({r.when})")
+        + (f" ({UNDECIDED})" if key == UNDECIDED else "")
+        for key in ("failed", UNDECIDED, "error")
         for r in reporter.stats.get(key, [])
         if getattr(r, "nodeid", None)
     ]

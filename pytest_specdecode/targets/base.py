@@ -13,9 +13,15 @@ import httpx
 
 from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig, VllmFacts
-from ..errors import ServiceError
+from ..errors import ServiceError, StartDied
 from .hosts.base import Host
-from .start_failure import failure_lines, first_errors, last_exception, root_cause
+from .start_failure import (
+    config_refusal,
+    failure_lines,
+    first_errors,
+    last_exception,
+    root_cause,
+)
 
 Progress = Callable[[str], None]
 
@@ -180,7 +186,7 @@ def wait_until_ready(
             reason = service.failure()
             if reason:
                 clock.sleep(2)  # let the dying server finish writing its traceback
-                raise ServiceError(start_failure_text(service, reason, elapsed))
+                raise start_died(service, reason, elapsed)
             if _serves(client, service):
                 progress(f"{service.label} ready after {elapsed:.0f}s")
                 return elapsed
@@ -223,11 +229,29 @@ def _serves(client: httpx.Client, service: Service) -> bool:
     return True
 
 
+def start_died(service: Service, reason: str, elapsed: float) -> StartDied:
+    """A start that died before it served: its text (`start_failure_text`), its root cause,
+    and whether vLLM refused its configuration (`start_failure.config_refusal`)."""
+    whole = _whole_log(service)
+    root = root_cause(first_errors(whole))
+    cause = root.text if root is not None else (last_exception(service.log_tail(30)) or reason)
+    return StartDied(
+        start_failure_text(service, reason, elapsed),
+        cause=cause,
+        after_s=elapsed,
+        refused=config_refusal(whole),
+    )
+
+
+def _whole_log(service: Service) -> list[str]:
+    return service.start_log() if hasattr(service, "start_log") else service.log_tail(30)
+
+
 def start_failure_text(service: Service, reason: str, elapsed: float) -> str:
     """Why a start failed: the root cause first, then the first error of every process of the
     server (API server, engine core, workers) from the start's whole log, then its tail."""
     tail = service.log_tail(30)
-    whole = service.start_log() if hasattr(service, "start_log") else tail  # a hook's own
+    whole = _whole_log(service)  # a hook's own Service may keep no start log
     errors = first_errors(whole)
     root = root_cause(errors)
     if root is not None:

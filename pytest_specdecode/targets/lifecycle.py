@@ -19,8 +19,8 @@ import httpx
 
 from ..clock import MACHINE, Clock
 from ..config.specconfig import SpecConfig
-from ..errors import ConfigError, HostError, ServiceError
-from ..record.ending import RestoreReport, RunEnding
+from ..errors import ConfigError, HostError, ServiceError, StartDied
+from ..record.ending import DiedStart, RestoreReport, RunEnding
 from .base import Progress, Service, Target, room_beside, wait_until_ready
 
 HANDOVER_WAIT_S = 20.0  # how long the unwinding waits for the handover to reach the host
@@ -121,6 +121,7 @@ class Switchboard:
         transport: httpx.BaseTransport | None = None,
         interrupts: Interrupts | None = None,
         clock: Clock = MACHINE,
+        retry_failed_start: bool = False,
     ) -> None:
         self.target = target
         self.original = target.original()
@@ -144,6 +145,9 @@ class Switchboard:
         self._transport = transport
         self._progress = progress
         self._clock = clock
+        # a candidate whose engine died before it ever served (not by its config): once more
+        self.retry_failed_start = retry_failed_start
+        self.died_starts: dict[str, DiedStart] = {}  # by candidate: its first start, which died
 
     def activate(self, spec: SpecConfig | None, *, restart: bool = False) -> Service:
         """Make the original (spec None) or the candidate for `spec` the one serving.
@@ -167,8 +171,48 @@ class Switchboard:
         self._progress(f"starting {wanted.label}")
         wanted.start()
         self.active, self.active_spec = wanted, spec
-        self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
-        return wanted
+        if spec is None:
+            self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
+            return wanted
+
+        def again(spec: SpecConfig = spec) -> Service:
+            self.active = None
+            self.target.before_swap()
+            self.active = self.target.candidate(spec)
+            return self.active
+
+        self.active, self.last_startup_s = self._serve(spec, wanted, again)
+        return self.active
+
+    def _serve(
+        self, spec: SpecConfig, service: Service, again: Callable[[], Service]
+    ) -> tuple[Service, float]:
+        """A started candidate, once it serves, and the seconds it took. One whose engine died
+        before it ever served, for a reason other than its configuration, is stopped and started
+        once more (`again` makes it anew), where the run allows it (`retry_failed_start`);
+        `died_starts` keeps the first start for the record."""
+        try:
+            return service, self._wait(service, self._ready_timeout_s)
+        except StartDied as died:
+            if not self.retry_failed_start or died.refused is not None or self.interrupts.signals:
+                raise
+            first = DiedStart(service.label, died.after_s, died.cause, text=str(died))
+        self._progress(
+            f"{first.service} died {first.after_s:.0f}s into its start, before it ever served "
+            f"({first.cause}); not a configuration vLLM refused: starting it once more"
+        )
+        service.stop()  # what is left of it: its other processes, a unit's drop-in
+        second = again()
+        self._progress(f"starting {second.label} again")
+        second.start()
+        self.died_starts[spec.name] = first
+        try:
+            return second, self._wait(second, self._ready_timeout_s)
+        except ServiceError as exc:
+            raise ServiceError(
+                f"{exc}\n(started twice: the first start died too, {first.after_s:.0f}s into it: "
+                f"{first.cause})"
+            ) from exc
 
     @property
     def beside(self) -> Service | None:
@@ -211,11 +255,18 @@ class Switchboard:
         restart = restart_original or bool(getattr(self.original, "stale", False))
         original = self.activate(None, restart=restart)
         try:
-            for second in seconds:
+            for place, (spec, second) in enumerate(zip(specs, list(seconds), strict=True)):
                 self.besides.append(second)
                 self._progress(f"starting {second.label} beside {original.label}")
                 second.start()
-                self.last_startup_s = self._wait(second, self._ready_timeout_s)
+
+                def again(place: int = place, spec: SpecConfig = spec) -> Service:
+                    self.besides.remove(seconds[place])
+                    seconds[place] = self._beside_of(spec, place + 1, several)
+                    self.besides.append(seconds[place])
+                    return seconds[place]
+
+                _, self.last_startup_s = self._serve(spec, second, again)
             yield original, seconds
         except BaseException:  # stopped at once, and told in the restore's report
             if not self.interrupts.signals:  # else the handover stops them; restore() watches
@@ -411,12 +462,14 @@ def experiment_services(
     transport: httpx.BaseTransport | None = None,
     record_ending: Callable[[RunEnding], None] | None = None,
     clock: Clock = MACHINE,
+    retry_failed_start: bool = False,
 ) -> Iterator[Switchboard]:
     """Yield a Switchboard; on any exit, restore the original service and check it.
 
     Call `target.preflight()` first: it refuses, before anything is touched, what is unsafe.
     `record_ending` receives how the run ended, as soon as each part of it is known; `clock`
-    times the waits and the restore's retries.
+    times the waits and the restore's retries; `retry_failed_start`: a candidate whose engine
+    died before it ever served, not by its configuration, is started once more.
     """
     board = Switchboard(
         target,
@@ -426,6 +479,7 @@ def experiment_services(
         headers=headers,
         transport=transport,
         clock=clock,
+        retry_failed_start=retry_failed_start,
     )
     board.interrupts.watch(target, progress)
     try:

@@ -127,7 +127,10 @@ class LocalProcessService:
     def stop(self) -> None:
         proc = self._proc
         self.label = f"local vLLM process '{self.name}'"  # the next start names its own pid
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:  # it died: its engine's processes may outlive it
+            _signal_group(proc.pid, signal.SIGKILL)
             return
         _signal_group(proc.pid, signal.SIGTERM)
         try:

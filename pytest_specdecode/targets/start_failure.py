@@ -28,6 +28,16 @@ _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("Process ", "During handling of the above exception", "The above exception was")
 _QUIET_LEVELS = ("DEBUG", "INFO", "WARNING")
 _MAX_CHARS = 300
+# argparse's refusal of the command line: "api_server.py: error: argument --speculative-config:"
+_ARGPARSE = re.compile(r"^\S+: error: (?:argument |unrecognized arguments|the following arguments)")
+# An error that a second start would repeat: the configuration refused (validation, a value, a
+# type, an unknown or unsupported option) or a package the method needs missing
+_REFUSAL = re.compile(
+    r"^(?:[\w.]*\.)?(?:ValueError|TypeError|ValidationError|NotImplementedError|ImportError"
+    r"|ModuleNotFoundError|ArgumentError|ArgumentTypeError)\b"
+    r"|validation errors? for |unrecognized|not supported|unsupported|invalid choice",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,22 @@ def _merge_unprefixed(found: dict[str, ProcessError]) -> dict[str, ProcessError]
     process of that name (EngineCore pid=…) logged: keep the prefixed one."""
     prefixed = {key.split(" pid=")[0] for key in found if " pid=" in key}
     return {k: v for k, v in found.items() if " pid=" in k or k not in prefixed}
+
+
+def config_refusal(lines: Sequence[str]) -> str | None:
+    """The line by which vLLM refused the configuration of a start that died, or None where it
+    died for another reason (which a second start may not repeat).
+
+    Read from the start's errors only (argparse's, and each process's first error), never its
+    warnings: vLLM warns "not supported" on starts that serve."""
+    for raw in lines:
+        line = _ANSI.sub("", raw).strip()
+        if _ARGPARSE.match(line):
+            return _cut(line)
+    for error in first_errors(lines):
+        if _REFUSAL.search(error.text):
+            return error.text
+    return None
 
 
 def root_cause(errors: Sequence[ProcessError]) -> ProcessError | None:

@@ -332,7 +332,8 @@ def test_propose_equals_vllms_own_function() -> None:
 
 
 def outcomes(out: str) -> dict[str, str]:
-    return dict(re.findall(r"::(test_\w+\[[^\]]+\]) (PASSED|FAILED|SKIPPED|ERROR)", out))
+    found = r"::(test_\w+\[[^\]]+\]) (PASSED|FAILED|UNDECIDED|SKIPPED|ERROR)"
+    return dict(re.findall(found, out))
 
 
 def test_the_search_reuses_the_baseline_and_learns_its_cost_from_the_stored_run(
@@ -381,7 +382,8 @@ def test_each_reload_is_an_ordinary_candidate_and_none_is_left_running(search: R
     for slot in SLOTS:  # a reload is confirmed by its own verdict tests; a slot not reached skips
         for name in SEARCHED:
             outcome = tests[f"test_speculation_does_not_regress[{slot}-{name}]"]
-            assert outcome in (("PASSED", "FAILED") if slot in reached else ("SKIPPED",)), outcome
+            ran = ("PASSED", "FAILED", "UNDECIDED")
+            assert outcome in (ran if slot in reached else ("SKIPPED",)), outcome
     assert search.record.restore is not None
     assert search.exp.leftover_servers() == []
 

@@ -57,6 +57,7 @@ class Script:
     restarted: dict[str, Speed] | None = None  # from its second start on, if it drifts
     crash_at_start: str | None = None  # the process exits with this in its log
     crash_log: list[str] | None = None  # the whole log of a crashed start (a captured one)
+    crash_starts: int | None = None  # how many of its starts crash (None: every one)
     ready_after_s: float = 0.0  # math.inf: never ready
     restore_s: float = 0.0  # the original takes this long to come back at the restore
     token_ids: bool = False  # answers untimed requests with vLLM 0.32's return_token_ids
@@ -80,6 +81,7 @@ class ScriptedService:
         self.active = False
         self.started_at = 0.0
         self.starts = 0
+        self.crashed = False  # its latest start crashed
 
     def is_active(self) -> bool:
         return self.active
@@ -88,7 +90,11 @@ class ScriptedService:
         self.target.events.append(f"start {self.name}")
         self.starts += 1
         self.started_at = self.target.time.now
-        self.active = self.script.crash_at_start is None
+        crashes = self.target.crashes.get(self.name, 0)
+        limit = self.script.crash_starts
+        self.crashed = self.script.crash_at_start is not None and (limit is None or crashes < limit)
+        self.target.crashes[self.name] = crashes + self.crashed
+        self.active = not self.crashed
         if self.active:
             self.target.serving = self
 
@@ -105,7 +111,7 @@ class ScriptedService:
         return self.active and self.target.time.now - self.started_at >= delay
 
     def failure(self) -> str | None:
-        if self.script.crash_at_start is not None and not self.active and self.starts:
+        if self.crashed and not self.active and self.starts:
             return "the process exited with status 1"
         return None
 
@@ -113,10 +119,10 @@ class ScriptedService:
         return self.start_log()[-lines:]
 
     def start_log(self) -> list[str]:
-        if self.script.crash_log is not None:
+        if self.crashed and self.script.crash_log is not None:
             return list(self.script.crash_log)
         tail = ["INFO starting", "Traceback (most recent call last):"]
-        if self.script.crash_at_start:
+        if self.crashed and self.script.crash_at_start:
             return [*tail, self.script.crash_at_start]
         return [*tail[:1], *self.script.start_log]
 
@@ -148,6 +154,7 @@ class ScriptedTarget:
         self.host = LocalHost()
         self.adopts_running_original = running
         self.events: list[str] = []
+        self.crashes: dict[str, int] = {}  # by service: how many of its starts crashed
         self.token_id_requests = 0  # untimed requests for token ids, over all starts
         self.serving: ScriptedService | None = None
         self.beside: ScriptedService | None = None  # a second server on BESIDE

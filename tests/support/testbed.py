@@ -217,6 +217,9 @@ def write_remote_experiment(
         "startup_timeout_s": 400,
         "restore_timeout_s": 600,
         "watchdog_s": 300,
+        # a candidate's engine that dies once before serving (seen in CI: 19 s into its start)
+        # is started again, so that a test that needs its window does not fail on it
+        "retry_failed_start": True,
         **(target or {}),
     }
     table = lambda d: "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())  # noqa: E731

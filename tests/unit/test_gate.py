@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_undecided_outcome import html_tests
+
 REPO = Path(__file__).resolve().parents[2]
 
 CONFIG = """
@@ -70,6 +72,10 @@ def run_gate(pytester: pytest.Pytester, base_coding: str, cand_coding: str) -> p
 
 def failed_ids(result: pytest.RunResult) -> set[str]:
     return set(re.findall(r"^FAILED \S+::(\S+)", result.stdout.str(), re.M))
+
+
+def undecided_ids(result: pytest.RunResult) -> set[str]:
+    return set(re.findall(r"^UNDECIDED \S+::(\S+)", result.stdout.str(), re.M))
 
 
 def test_a_throughput_regression_fails_its_verdict_test(pytester: pytest.Pytester) -> None:
@@ -135,11 +141,23 @@ def test_collect_only_writes_nothing(pytester: pytest.Pytester) -> None:
 def test_no_verdict_is_not_green(pytester: pytest.Pytester) -> None:
     # The candidate runs exactly as fast: with the restart noise unmeasured (assumed 5%), one
     # start per arm cannot tell "no change" from a change of a few percent.
+    # It fails the gate, under pytest's own word for it: undecided, not failed.
     result = run_gate(pytester, "Speed()", "Speed()")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
-    assert failed_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
+    assert failed_ids(result) == set(), out
+    assert undecided_ids(result) == {"test_speculation_does_not_regress[ngram-coding]"}, out
+    summary = out.strip().splitlines()[-1]
+    assert re.search(r"\b1 undecided\b", summary), summary
+    assert "failed" not in summary, summary
     assert "no verdict for ngram (inconclusive, throughput " in out
+    # The run's own reports say so too: summary.md's list, pytest-html's result column.
+    (run_dir,) = (pytester.path / "reports").iterdir()
+    md = (run_dir / "summary.md").read_text()
+    assert "`test_speculation_does_not_regress[ngram-coding] (undecided)`" in md, md
+    rows = html_tests((run_dir / "report.html").read_text())
+    row = "".join(rows["test_speculation_does_not_regress[ngram-coding]"]["resultsTableRow"])
+    assert '<td class="col-result">Undecided</td>' in row, row
     assert "restart noise unmeasured: assumed 5%" in out
 
 
@@ -160,7 +178,7 @@ def test_a_drifting_baseline_fails_the_gate(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(*write_gate(pytester, DRIFTING), "--spec-aba")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
-    assert "test_baseline_did_not_drift" in failed_ids(result), out
+    assert "test_baseline_did_not_drift" in failed_ids(result), out  # drift fails, not undecided
     assert "the run is unreliable: the baseline drifted on coding, math" in out
     assert "improved" not in out.split("speculative decoding: baseline vs candidates")[1]
 
@@ -204,7 +222,8 @@ def test_other_clients_in_every_window_give_no_verdict(pytester: pytest.Pytester
     result = traffic_gate(pytester, neighbour=10_000)  # someone sends all along
     out, err = result.stdout.str(), result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
-    assert failed_ids(result) == {
+    assert failed_ids(result) == set(), out
+    assert undecided_ids(result) == {
         "test_speculation_does_not_regress[ngram-coding]",
         "test_speculation_does_not_regress[ngram-math]",
     }, out

@@ -104,7 +104,8 @@ def run_search(pytester: pytest.Pytester, *extra: str, fail_at: int = 0) -> pyte
 
 
 def outcomes(result: pytest.RunResult) -> dict[str, str]:
-    found = re.findall(r"::(test_\w+\[[^\]]+\]) (PASSED|FAILED|SKIPPED|ERROR)", result.stdout.str())
+    outcome = r"::(test_\w+\[[^\]]+\]) (PASSED|FAILED|UNDECIDED|SKIPPED|ERROR)"
+    found = re.findall(outcome, result.stdout.str())
     return dict(found)
 
 
@@ -119,7 +120,8 @@ def test_a_search_fills_its_slots_and_skips_the_rest_with_the_reason(
     result = run_search(pytester, "--spec-max-reloads", "3", "--spec-min-effect", "0.5")
     out = result.stdout.str()
     found = outcomes(result)
-    assert found["test_speculation_does_not_regress[search-1-coding]"] in ("PASSED", "FAILED")
+    ran = ("PASSED", "FAILED", "UNDECIDED")
+    assert found["test_speculation_does_not_regress[search-1-coding]"] in ran
     for slot in ("search-2", "search-3"):
         assert found[f"test_speculation_does_not_regress[{slot}-math]"] == "SKIPPED", out
         assert found[f"test_throughput_threshold[{slot}-coding]"] == "SKIPPED", out

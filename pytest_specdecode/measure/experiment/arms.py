@@ -291,6 +291,8 @@ class Experiment:
             env=dict(spec.env) if spec else {},
             order=run.order,
             order_seed=order_seed(run.seed, name) if run.order == "interleaved" else None,
+            # its first start died before serving, and this is the second (Switchboard._serve)
+            died_start=self.board.died_starts.pop(spec.name, None) if spec else None,
         )
         phase.engine = self._engine(service)
         self.progress(f"[{name}] the engine ran with: {phase.engine.describe()}")
