@@ -191,7 +191,12 @@ class Switchboard:
 
     @contextmanager
     def together_all(
-        self, specs: Sequence[SpecConfig], *, restart_original: bool, swap: bool = False
+        self,
+        specs: Sequence[SpecConfig],
+        *,
+        restart_original: bool,
+        swap: bool = False,
+        first_beside: Callable[[Service, Service], None] | None = None,
     ) -> Iterator[tuple[Service, list[Service]]]:
         """The original serving and one server per spec beside it, all ready. They are stopped
         on exit, and by restore() on any interrupt (Ctrl-C, SIGTERM, the first-signal handover).
@@ -200,6 +205,8 @@ class Switchboard:
         count the others' allocations as its own (two at once on an H200: `No available memory
         for the cache blocks`). The original is restarted where its place changed (the local
         target's part of the cores). `swap`: the places turn by one, where the target can.
+        `first_beside`: called with the original and the first server once that one serves,
+        before the others start (the regime window: the original beside one server).
         """
         several = len(specs)
         for spec in specs:
@@ -216,6 +223,8 @@ class Switchboard:
                 self._progress(f"starting {second.label} beside {original.label}")
                 second.start()
                 self.last_startup_s = self._wait(second, self._ready_timeout_s)
+                if first_beside is not None and second is seconds[0]:
+                    first_beside(original, second)
             yield original, seconds
         except BaseException:  # stopped at once, and told in the restore's report
             if not self.interrupts.signals:  # else the handover stops them; restore() watches

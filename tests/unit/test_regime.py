@@ -1,0 +1,131 @@
+"""The regime window (issue 41): beside two or more, the baseline is first measured with one
+server beside it, before the others start; the run compares it with the same start beside them
+all, says where that slowed it beyond the tolerance, and the next plan serves fewer beside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_specdecode.analysis.regime import (
+    SLOWED,
+    WITHIN,
+    Regime,
+    RegimeFigure,
+    fallback_beside,
+    regime_of,
+)
+from pytest_specdecode.analysis.run import analyze
+from pytest_specdecode.config.arms import BASELINE
+from pytest_specdecode.measure.experiment.arms import Experiment
+from pytest_specdecode.record.schema import RunRecord
+from pytest_specdecode.record.store import RunStore
+
+from ..support.scripted_target import Script, ScriptedTarget, Speed
+from ..support.synthetic import record, settings
+from .test_beside_many import ManyBoard
+
+K = [f'{{"method":"ngram","num_speculative_tokens":{k}}}' for k in (2, 3, 4)]
+NAMES = ["ngram-k2", "ngram-k3", "ngram-k4"]
+PROMPTS = ("the coding prompt", "the math prompt")
+
+
+def _run(tmp_path: Path, *, crowded: float, slots: int = 2) -> tuple[RunRecord, ManyBoard]:
+    """Three candidates beside one baseline start on the scripted target; the original slowed
+    by `crowded` a gap per server beside beyond the first."""
+    (tmp_path / "run").mkdir()
+    s = settings(
+        tmp_path,
+        candidates=K,
+        samples=4,
+        run_extra=f'arms = "together"\nbeside = 3\nregime_slots = {slots}',
+    )
+    original = Script({p: Speed(gap_s=0.004) for p in PROMPTS}, crowded=crowded)
+    scripts = {n: Script({p: Speed(gap_s=0.005) for p in PROMPTS}) for n in NAMES}
+    target = ScriptedTarget(original, scripts)
+    store = RunStore(tmp_path / "run", record(s))
+    board = ManyBoard(
+        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
+        transport=target.transports().sync, clock=target.time.clock,
+    )  # fmt: skip
+    exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    for name in NAMES:
+        exp.arm(name)
+    board.restore()
+    return RunRecord.from_json(json.loads(store.path.read_text())), board
+
+
+def test_the_regime_window_is_sent_beside_one_before_the_others_start(tmp_path: Path) -> None:
+    rec, board = _run(tmp_path, crowded=0.0, slots=2)
+    window = rec.regime
+    assert window is not None  # kept through results.json
+    assert (window.phase, window.beside, window.neighbour) == (BASELINE, 3, NAMES[0])
+    assert sorted(window.measurements) == ["coding", "math"]
+    assert all(len(m.samples) == 2 for m in window.measurements.values())  # the slots asked
+    second_started = dict(board.started)[NAMES[1]]
+    streams = board.target.streams  # type: ignore[attr-defined]
+    before = [name for name, t0, _ in streams if t0 < second_started]
+    assert set(before) == {"original", NAMES[0]}  # beside one only
+    sent = sum(len(m.samples) + len(m.warmup) for m in window.measurements.values())
+    assert before.count("original") == sent  # all of the window, none of the main rounds
+    main = rec.phases[BASELINE].measurements.values()
+    assert len(streams) - len(before) > sum(len(m.samples) for m in main)  # then beside three
+
+
+def test_the_regime_window_enters_no_phase_and_no_verdict(tmp_path: Path) -> None:
+    rec, _ = _run(tmp_path, crowded=0.0, slots=2)
+    assert not [p for p in rec.phases if "regime" in p]
+    base = rec.phases[BASELINE]
+    found = analyze(rec)
+    for name in NAMES:
+        for key, verdict in found.verdicts[name].items():
+            assert verdict.throughput.n_baseline == len(base.measurements[key].samples)
+    lines = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    labels = {json.loads(line)["phase"] for line in lines}
+    assert f"{BASELINE}@regime" in labels  # journalled, marked as the regime's
+
+
+def test_the_baseline_slowed_beside_three_is_named_beyond_the_tolerance(tmp_path: Path) -> None:
+    rec, _ = _run(tmp_path, crowded=0.5, slots=2)  # beside three: each step two gaps
+    regime = analyze(rec).regime
+    assert regime is not None and regime.state == SLOWED
+    assert regime.pooled.high < 1 - regime.tolerance
+    assert 0.4 < regime.pooled.ratio < 0.8  # tokens per second: about halved, the TTFT aside
+    assert set(regime.cells) == {"coding", "math"}
+    text = regime.text()
+    assert f"{1 - regime.pooled.ratio:.0%} slower beside 3 servers than beside one" in text
+    assert "another regime than production's" in text
+    assert analyze(rec).to_json()["regime"]["state"] == SLOWED
+
+
+def test_the_baseline_beside_three_as_fast_as_beside_one_is_within(tmp_path: Path) -> None:
+    rec, _ = _run(tmp_path, crowded=0.0, slots=1)
+    regime = regime_of(rec)
+    assert regime is not None and regime.state == WITHIN
+    assert "within 5% of its speed beside one" in regime.text()
+
+
+def test_no_regime_window_with_one_beside_nor_with_none_asked(tmp_path: Path) -> None:
+    rec, _ = _run(tmp_path, crowded=0.5, slots=0)
+    assert rec.regime is None and analyze(rec).regime is None
+
+
+def _regime(beside: int, ratio: float, half: float = 0.02) -> Regime:
+    figure = RegimeFigure(ratio, ratio - half, ratio + half, 8, 32)
+    return Regime(BASELINE, beside, "ngram-k2", 0.05, 0.9, figure)
+
+
+def test_the_plan_falls_back_to_the_largest_n_measured_within_the_tolerance() -> None:
+    assert fallback_beside(5, []) == (5, None)
+    assert fallback_beside(5, [("r1", _regime(5, 0.99))]) == (5, None)
+    chosen, why = fallback_beside(5, [("r2", _regime(5, 0.72))])
+    assert chosen == 1 and why is not None
+    assert "the stored run r2 measured the baseline 28% slower beside 5 servers" in why
+    chosen, why = fallback_beside(5, [("r2", _regime(5, 0.72)), ("r1", _regime(3, 0.99))])
+    assert chosen == 3 and why is not None and "beside 3 the run r1" in why
+    # the newest measurement of an N stands: a later run within the tolerance lifts it
+    assert fallback_beside(5, [("r3", _regime(5, 1.0)), ("r2", _regime(5, 0.72))]) == (5, None)
+    # an interval across the tolerance is no reason to fall back
+    assert fallback_beside(5, [("r2", _regime(5, 0.95, half=0.05))]) == (5, None)
+    # asked for fewer than the slowed N: as asked
+    assert fallback_beside(2, [("r2", _regime(5, 0.72))]) == (2, None)
