@@ -10,8 +10,8 @@ the machine, and a wait costs no real time.
 
 from __future__ import annotations
 
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
