@@ -64,6 +64,7 @@ class Regime:
     confidence: float
     pooled: RegimeFigure
     cells: dict[str, RegimeFigure] = field(default_factory=dict)
+    arms: tuple[str, ...] = ()  # the arms measured beside all N: the baseline and its candidates
 
     @property
     def state(self) -> str:
@@ -76,6 +77,10 @@ class Regime:
     def slowed(self) -> bool:
         return self.state == SLOWED
 
+    def marks(self, arm: str | None = None) -> bool:
+        """Whether `arm` (None: the map) was measured in a slowed regime."""
+        return self.slowed and (arm is None or arm in self.arms)
+
     def text(self) -> str:
         """One sentence for the terminal, summary.md and report.html."""
         n, tol = self.beside, f"{self.tolerance:.0%}"
@@ -84,7 +89,7 @@ class Regime:
             return (
                 f"the baseline ran {1 - self.pooled.ratio:.0%} slower beside {n} servers than "
                 f"beside one ({figure}; tolerance {tol}): the map and the verdicts measured "
-                f"beside {n} were measured in another regime than production's, a slowed one"
+                f"beside {n} were measured in another regime than production's"
             )
         if self.state == WITHIN:
             return (
@@ -110,6 +115,7 @@ class Regime:
             "text": self.text(),
             "pooled": self.pooled.to_dict(),
             "cells": {k: f.to_dict() for k, f in self.cells.items()},
+            "arms": list(self.arms),
         }
 
 
@@ -142,6 +148,13 @@ def regime_of(record: RunRecord) -> Regime | None:
         confidence,
         pooled,
         cells,
+        arms=tuple(
+            dict.fromkeys(
+                p.arm
+                for p in record.phases.values()
+                if p.name == window.phase or p.together_with == window.phase
+            )
+        ),
     )
 
 

@@ -33,7 +33,7 @@ PROMPTS = ("the coding prompt", "the math prompt")
 def _run(tmp_path: Path, *, crowded: float, slots: int = 2) -> tuple[RunRecord, ManyBoard]:
     """Three candidates beside one baseline start on the scripted target; the original slowed
     by `crowded` a gap per server beside beyond the first."""
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(parents=True)
     s = settings(
         tmp_path,
         candidates=K,
@@ -129,3 +129,25 @@ def test_the_plan_falls_back_to_the_largest_n_measured_within_the_tolerance() ->
     assert fallback_beside(5, [("r2", _regime(5, 0.95, half=0.05))]) == (5, None)
     # asked for fewer than the slowed N: as asked
     assert fallback_beside(2, [("r2", _regime(5, 0.72))]) == (2, None)
+
+
+def test_the_reports_say_the_regime_and_mark_what_was_measured_in_it(tmp_path: Path) -> None:
+    from pytest_specdecode.report import html, markdown, terminal
+
+    rec, _ = _run(tmp_path, crowded=0.5, slots=2)
+    found = analyze(rec)
+    assert found.regime is not None
+    said = found.regime.text()
+    md = markdown.summary(rec, found)
+    assert said in md and "· ⚠ measured in a slowed regime" in md
+    assert md.index(said) < md.index(f"### {NAMES[0]}")  # at the top, before the tables
+    page = html.summary(rec, found, None)
+    assert "the baseline ran" in page and "measured in a slowed regime" in page
+    lines = terminal.lines(rec, found, files={})
+    assert f"warning: Regime: {said}." in lines
+    assert f"  {NAMES[1]}: measured in a slowed regime" in lines
+    calm, _ = _run(tmp_path / "calm", crowded=0.0, slots=1)
+    quiet = analyze(calm)
+    assert "slowed regime" not in markdown.summary(calm, quiet)
+    assert any(line.startswith("Regime: the baseline beside 3") for line in
+               terminal.lines(calm, quiet, files={}))  # fmt: skip
