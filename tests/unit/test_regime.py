@@ -151,3 +151,38 @@ def test_the_reports_say_the_regime_and_mark_what_was_measured_in_it(tmp_path: P
     assert "slowed regime" not in markdown.summary(calm, quiet)
     assert any(line.startswith("Regime: the baseline beside 3") for line in
                terminal.lines(calm, quiet, files={}))  # fmt: skip
+
+
+class Host:
+    """A target as the plan's key reads it: its host's name."""
+
+    host_name = "localhost"
+
+
+def test_the_next_plan_on_the_machine_serves_fewer_beside_and_says_why(tmp_path: Path) -> None:
+    import shutil
+
+    from pytest_specdecode.run.arms import with_regime
+    from pytest_specdecode.run.host_noise import HostNoise
+
+    rec, _ = _run(tmp_path / "slowed", crowded=0.5, slots=2)
+    s = settings(tmp_path, candidates=K, run_extra='arms = "together"\nbeside = 3')
+    stored = s.reports_dir / "20261204-2100-map"
+    stored.parent.mkdir(parents=True)
+    shutil.copytree(tmp_path / "slowed" / "run", stored)  # a stored run of this host and model
+    host = HostNoise(s, profiles=tmp_path / "profiles", run_dir=s.reports_dir / "next",
+                     progress=lambda _: None, facts=lambda: None)  # fmt: skip
+    host._machine = {"gpus": None}  # the serving host's, as the stored run recorded it
+    found = host.regimes(Host())  # type: ignore[arg-type]
+    assert [name for name, _ in found] == [stored.name] and found[0][1].slowed
+    fewer, why = with_regime(s, lambda: found)
+    assert fewer.run.beside == 1 and why is not None
+    assert why.startswith(f"1 beside the baseline, not 3: the stored run {stored.name} measured")
+    assert "slower beside 3 servers than beside one (tolerance 5%)" in why
+    # another accelerator's stored run is not this machine's
+    host._machine = {"gpus": ["0: NVIDIA H200, 143771 MiB, driver 580.159.04"]}
+    assert host.regimes(Host()) == []  # type: ignore[arg-type]
+    # one at a time, or one beside: nothing to fall back from
+    one = settings(tmp_path, candidates=K, run_extra='arms = "together"\nbeside = 1')
+    assert with_regime(one, lambda: found) == (one, None)
+    assert rec.regime is not None and rec.regime.beside == 3
