@@ -20,13 +20,14 @@ from ...errors import ServiceError
 from ...record.counters import Traffic, combine
 from ...record.engine_settings import EngineSettings, from_server_info, parse_engine_log
 from ...record.host_env import WindowEnvironment
-from ...record.schema import Measurement, Phase, RegimeWindow, RunRecord, regime_phase_name
+from ...record.schema import Measurement, Phase, RunRecord
 from ...record.store import RunStore
 from ...targets.base import Progress, Service, Transports
 from ...targets.lifecycle import Switchboard
 from ..host_load import Probe
 from .context import RunContext
 from .order import RoundOrder, order_seed
+from .regime import regime_window
 from .rounds import Rounds, Start
 from .token_record import TokenIdRecorder
 from .watch import QuietWatch
@@ -212,7 +213,7 @@ class Experiment:
         # faster than the other) weighs on every arm alike
         swap = self._pairs % 2 == 1
         self._pairs += 1
-        regime = self._regime_window(base_name, group)
+        regime = regime_window(self._ctx, self._rounds, base_name, group)
         try:
             with self._served(specs, restart=restart, swap=swap, first=regime) as (
                 original,
@@ -253,41 +254,6 @@ class Experiment:
                     f"[{base_name}] measured alone: {names} could not be served beside it"
                 )
                 self._start_and_measure(base_name, BASELINE)
-
-    def _regime_window(
-        self, base_name: str, group: list[tuple[str, str]]
-    ) -> Callable[[Service, Service], None] | None:
-        """Beside two or more, the run's first group: the baseline with only the first server
-        beside it, a few slots per cell (`[run] regime_slots`), before the others start. Its
-        requests are kept in `RunRecord.regime`, never in a phase: no verdict reads them."""
-        run = self.settings.run
-        if len(group) < 2 or not run.regime_slots or self.record.regime is not None:
-            return None
-
-        def measure(original: Service, first: Service) -> None:
-            base = Phase(regime_phase_name(base_name), BASELINE, None, service=original.label)
-            near = Phase(regime_phase_name(group[0][0]), group[0][1], None, service=first.label)
-            self.record.regime = RegimeWindow(
-                phase=base_name,
-                beside=len(group),
-                neighbour=group[0][0],
-                tolerance=run.regime_tolerance,
-                measurements=base.measurements,  # filled as it is measured: flushed with it
-            )
-            self.progress(
-                f"[{base_name}] the regime window: the baseline beside {group[0][0]} alone, "
-                f"{run.regime_slots} slot(s) per cell, before the other {len(group) - 1} start; "
-                "its requests enter no verdict"
-            )
-            seed = order_seed(run.seed, base.name)
-            self._rounds.measure(
-                [Start(base, original), Start(near, first)],
-                RoundOrder(seed),
-                slots=run.regime_slots,
-            )
-            self.store.flush()
-
-        return measure
 
     @contextlib.contextmanager
     def _served(
