@@ -5,6 +5,7 @@ all, says where that slowed it beyond the tolerance, and the next plan serves fe
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from pytest_specdecode.analysis.regime import (
@@ -186,3 +187,40 @@ def test_the_next_plan_on_the_machine_serves_fewer_beside_and_says_why(tmp_path:
     one = settings(tmp_path, candidates=K, run_extra='arms = "together"\nbeside = 1')
     assert with_regime(one, lambda: found) == (one, None)
     assert rec.regime is not None and rec.regime.beside == 3
+
+
+def test_the_figure_pairs_by_prompt_so_the_window_s_few_prompts_weigh_no_prompt_level() -> None:
+    import dataclasses
+    import random
+
+    from pytest_specdecode.analysis.regime import regime_figure
+    from pytest_specdecode.record.schema import Measurement
+
+    from ..support.synthetic import sample
+
+    level = {("coding", i): 100.0 * (1 + 0.5 * i) for i in range(8)}  # prompts far apart
+    level |= {("math", i): 60.0 * (1 + 0.3 * i) for i in range(8)}
+
+    def cell(rng: random.Random, key: str, prompts: range, factor: float) -> Measurement:
+        m = Measurement(key)
+        for i in prompts:
+            tps = level[(key, i)] * factor * math.exp(rng.gauss(0, 0.02))
+            m.samples.append(dataclasses.replace(sample(key, "b", i, tps), prompt_index=i))
+        return m
+
+    def cells(seed: int) -> list:
+        rng = random.Random(seed)
+        return [(k, cell(rng, k, range(2), 1.0), cell(rng, k, range(8), 0.8))
+                for k in ("coding", "math")]  # fmt: skip
+
+    found = [regime_figure(cells(seed), 0.9) for seed in range(400)]
+    assert all(f is not None and (f.n_one, f.n_beside) == (4, 16) for f in found)
+    covered = sum(f.low < 0.8 < f.high for f in found if f) / len(found)
+    assert 0.86 < covered < 0.94  # the 90% interval covers the true 0.8 nine times in ten
+    # the prompts' own levels, not removed, would have called the baseline faster beside N
+    plain = cells(0)
+    for _, a, b in plain:
+        for x in (*a.samples, *b.samples):
+            x.prompt_index = None
+    unpaired = regime_figure(plain, 0.9)
+    assert unpaired is not None and unpaired.ratio > 1.0
