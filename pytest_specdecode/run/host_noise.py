@@ -259,10 +259,12 @@ class HostNoise:
 
     def regimes(self, target: Target) -> list[tuple[str, Regime]]:
         """What serving N beside the baseline cost it in this host's stored runs of its
-        accelerator and model (analysis/regime.py), newest first, each with its run's name."""
+        accelerator and model (analysis/regime.py), newest first, each with its run's name,
+        judged against this run's `[run] regime_tolerance`."""
         key = self.plan_key(target)
+        tolerance = self.settings.run.regime_tolerance
         return [
-            (name, found)
+            (name, dataclasses.replace(found, tolerance=tolerance))
             for name, record in self._stored(key)
             if record.regime is not None
             and recorded_accelerator(record.environment) == key.accelerator

@@ -180,6 +180,12 @@ def test_the_next_plan_on_the_machine_serves_fewer_beside_and_says_why(tmp_path:
     assert fewer.run.beside == 1 and why is not None
     assert why.startswith(f"1 beside the baseline, not 3: the stored run {stored.name} measured")
     assert "slower beside 3 servers than beside one (tolerance 5%)" in why
+    # judged against this run's tolerance: a looser one keeps all three beside
+    loose = settings(tmp_path, candidates=K,
+                     run_extra='arms = "together"\nbeside = 3\nregime_tolerance = 0.9')  # fmt: skip
+    host.settings = loose
+    assert with_regime(loose, lambda: host.regimes(Host())) == (loose, None)  # type: ignore[arg-type]
+    host.settings = s
     # another accelerator's stored run is not this machine's
     host._machine = {"gpus": ["0: NVIDIA H200, 143771 MiB, driver 580.159.04"]}
     assert host.regimes(Host()) == []  # type: ignore[arg-type]
