@@ -230,3 +230,18 @@ def test_the_figure_pairs_by_prompt_so_the_window_s_few_prompts_weigh_no_prompt_
             x.prompt_index = None
     unpaired = regime_figure(plain, 0.9)
     assert unpaired is not None and unpaired.ratio > 1.0
+
+
+def test_the_map_measured_beside_n_in_a_slowed_regime_says_so(tmp_path: Path) -> None:
+    import dataclasses
+    from types import SimpleNamespace
+
+    from pytest_specdecode.report.sections import break_even
+
+    rec, _ = _run(tmp_path, crowded=0.5, slots=1)
+    found = analyze(rec)
+    a_map = SimpleNamespace(overall=[], drafting="synthetic")  # the lines read only these
+    slowed = dataclasses.replace(found, break_even=a_map)
+    assert break_even.lines(slowed)[0].startswith("The map was measured in a slowed regime: ")
+    calm = dataclasses.replace(slowed, regime=None)
+    assert not any("slowed regime" in line for line in break_even.lines(calm))
