@@ -24,6 +24,7 @@ from pytest_specdecode.record.store import RunStore
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed
 from ..support.synthetic import record, settings
+from .test_arms_together import H200, alive, local_target, sleeping_vllm  # noqa: F401
 from .test_beside_many import ManyBoard
 
 K = [f'{{"method":"ngram","num_speculative_tokens":{k}}}' for k in (2, 3, 4)]
@@ -245,3 +246,33 @@ def test_the_map_measured_beside_n_in_a_slowed_regime_says_so(tmp_path: Path) ->
     assert break_even.lines(slowed)[0].startswith("The map was measured in a slowed regime: ")
     calm = dataclasses.replace(slowed, regime=None)
     assert not any("slowed regime" in line for line in break_even.lines(calm))
+
+
+def test_together_all_calls_the_regime_window_once_the_first_serves_before_the_others(
+    tmp_path: Path,
+    sleeping_vllm: None,  # noqa: F811
+) -> None:
+    from pytest_specdecode.config.specconfig import SpecConfig
+    from pytest_specdecode.targets.lifecycle import experiment_services
+
+    target = local_target(tmp_path, gpus=(H200,))
+    specs = [SpecConfig(n, {"method": "ngram", "num_speculative_tokens": k})
+             for n, k in zip(NAMES, (2, 3, 4), strict=True)]  # fmt: skip
+    lines: list[str] = []
+    seen: list[tuple[bool, bool, list[str]]] = []
+
+    def window(original, first) -> None:  # type: ignore[no-untyped-def]
+        started = [line.split("'")[1] for line in lines if "process 'beside-" in line]
+        seen.append((alive(original.pid), alive(first.pid), started))
+
+    with (
+        experiment_services(
+            target, ready_timeout_s=5, restore_timeout_s=30, progress=lines.append
+        ) as board,  # fmt: skip
+        board.together_all(specs, restart_original=False, first_beside=window) as (_, seconds),
+    ):
+        assert len(seconds) == 3 and all(alive(s.pid) for s in seconds)
+    assert len(seen) == 1  # once, beside the first only
+    original_alive, first_alive, started = seen[0]
+    assert original_alive and first_alive
+    assert set(started) == {f"beside-{NAMES[0]}"}  # the others not yet started
