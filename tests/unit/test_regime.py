@@ -276,3 +276,15 @@ def test_together_all_calls_the_regime_window_once_the_first_serves_before_the_o
     original_alive, first_alive, started = seen[0]
     assert original_alive and first_alive
     assert set(started) == {f"beside-{NAMES[0]}"}  # the others not yet started
+
+
+def test_the_regime_s_settings_are_checked(tmp_path: Path) -> None:
+    import pytest
+
+    from pytest_specdecode.errors import ConfigError
+
+    assert settings(tmp_path).run.regime_slots == 4  # the default, defined once
+    with pytest.raises(ConfigError, match="regime_tolerance must be in"):
+        settings(tmp_path, run_extra="regime_tolerance = 1.5")
+    with pytest.raises(ConfigError, match="regime_slots must be an integer >= 0"):
+        settings(tmp_path, run_extra="regime_slots = -1")
