@@ -18,6 +18,7 @@ from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
+from .regime import Regime, regime_of
 from .search.answer import SearchAnswer, search_answer
 from .variance.pairs import PositionBias
 from .variance.time_drift import TimeDrift
@@ -124,6 +125,8 @@ class RunAnalysis:
     map_verdicts: dict[str, dict[str, PromptTypeVerdict]] = field(default_factory=dict)
     break_even: BreakEvenMap | None = None
     map_checks: list[MapCheck] = field(default_factory=list)  # the candidates against the map
+    # beside two or more: the baseline beside them all against beside one (analysis/regime.py)
+    regime: Regime | None = None
 
     @property
     def outcome(self) -> str:
@@ -172,6 +175,7 @@ class RunAnalysis:
             "control_splits": {c: x.to_json() for c, x in self.splits.items()},
             "break_even": self.break_even.to_json() if self.break_even else None,
             "map_checks": [c.to_dict() for c in self.map_checks],
+            "regime": self.regime.to_json() if self.regime else None,
         }
 
 
@@ -249,6 +253,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         map_verdicts=map_verdicts,
         break_even=(found := map_of_run(record, map_verdicts)),
         map_checks=map_checks(record, verdicts, prediction, found) if found else [],
+        regime=regime_of(record),
     )
 
 

@@ -102,6 +102,11 @@ class RunConfig:
     # "together": two servers at once; "auto": together where the host has room (run/arms.py)
     arms: Literal["auto", "one-at-a-time", "together"] = "auto"
     beside: int = 1  # together: the most candidates served beside one baseline start at once
+    # beside two or more: the baseline's slots per cell with one server beside, before the rest
+    # start (the regime window, measure/experiment/arms.py; 0: none), and how much slower the
+    # baseline beside all of them may run before the run says so (analysis/regime.py)
+    regime_slots: int = 4
+    regime_tolerance: float = 0.05
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
@@ -327,6 +332,14 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
         )
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
     positive_int(run.beside, "beside", where, minimum=1)
+    positive_int(run.regime_slots, "regime_slots", where, minimum=0)
+    tolerance = run.regime_tolerance
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, float | int)
+        or not 0 < tolerance < 1
+    ):
+        raise ConfigError(f"{where}: regime_tolerance must be in (0, 1), got {tolerance!r}")
     for key in ("allow_traffic", "allow_busy_host", "record_token_ids", "ignore_eos", "control"):
         if not isinstance(getattr(run, key), bool):
             raise ConfigError(f"{where}: {key} must be true or false")

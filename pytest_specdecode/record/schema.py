@@ -302,6 +302,48 @@ class Phase:
         )
 
 
+REGIME_LABEL = "regime"  # in samples.jsonl, a regime window's phase: "<baseline start>@regime"
+
+
+def regime_phase_name(phase: str) -> str:
+    """The journal's name for a baseline start's regime window."""
+    return f"{phase}@{REGIME_LABEL}"
+
+
+@dataclass
+class RegimeWindow:
+    """The regime window: the baseline start `phase` with one server beside it (`neighbour`,
+    the first started), measured before the others start; then beside all `beside` of them in
+    the main rounds. Kept here, never in `RunRecord.phases`: its requests enter no verdict,
+    figure or prediction; analysis/regime.py compares the two."""
+
+    phase: str
+    beside: int  # servers beside the baseline in the main rounds
+    neighbour: str
+    tolerance: float  # [run] regime_tolerance, as measured
+    measurements: dict[str, Measurement] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "beside": self.beside,
+            "neighbour": self.neighbour,
+            "tolerance": self.tolerance,
+            "measurements": {k: m.to_json() for k, m in self.measurements.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RegimeWindow:
+        found = data.get("measurements") or {}
+        return cls(
+            phase=str(data["phase"]),
+            beside=int(data["beside"]),
+            neighbour=str(data.get("neighbour") or ""),
+            tolerance=float(data["tolerance"]),
+            measurements={str(k): Measurement.from_json(m) for k, m in found.items()},
+        )
+
+
 @dataclass
 class TargetInfo:
     """What was measured, where: secrets already redacted."""
@@ -335,6 +377,7 @@ class RunRecord:
     ending: RunEnding | None = None  # finished or interrupted, and how
     search: SearchRecord | None = None  # --spec-search: its reloads and why
     cut: RunCut | None = None  # ended early: by what, when, in which step (record/ending.py)
+    regime: RegimeWindow | None = None  # beside two or more: the baseline beside one first
     schema: int = SCHEMA
 
     @property
@@ -385,6 +428,7 @@ class RunRecord:
                 "ending": _optional(self.ending),
                 "search": _optional(self.search),
                 "cut": _optional(self.cut),
+                "regime": _optional(self.regime),
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -415,6 +459,7 @@ class RunRecord:
                 ending=_read(RunEnding, data.get("ending")),
                 search=_read(SearchRecord, data.get("search")),
                 cut=_read(RunCut, data.get("cut")),
+                regime=_read(RegimeWindow, data.get("regime")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

@@ -25,6 +25,7 @@ from .sections import (
     host_env,
     levels,
     prediction,
+    regime,
     search,
     side_changes,
 )
@@ -98,13 +99,16 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         search.answer_html(analysis.search),
         f"<p class='headline {klass}'>{_e(cut.result_label(record))}: {_e(headline(analysis))}</p>",
         *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis, record)),
+        regime.html_block(analysis),
         f"<p class='note'>{_e(design_text(record.run))}</p>",
     ]
     for name in analysis.verdicts:
         spec = record.candidates.get(name)
+        slowed = regime.mark(analysis, name)
         parts.append(
             f"<h3>{_e(name)}"
             + (f" <code>{_e(json.dumps(spec, sort_keys=True))}</code>" if spec else "")
+            + (f" <span class='warn'>⚠ {_e(slowed)}</span>" if slowed else "")
             + "</h3>"
         )
         parts.append(table(rows(analysis, name)))

@@ -10,7 +10,7 @@ from ..analysis.verdict.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
-from .sections import acceptance, break_even, cut, levels, prediction, search, side_changes
+from .sections import acceptance, break_even, cut, levels, prediction, regime, search, side_changes
 from .text import STATISTICS_NOTE, acceptance_text, design_text, suite_text, title
 
 
@@ -42,13 +42,16 @@ def summary(
         "",
         *(f"- {line}" for line in not_decided),
         *([""] if not_decided else []),
+        *regime.markdown_lines(analysis),
     ]
     if failed:
         lines += [f"**Failed tests ({len(failed)}):** " + ", ".join(f"`{f}`" for f in failed), ""]
     for name in analysis.verdicts:
         spec = record.candidates.get(name)
         lines += [
-            f"### {name}" + (f" · `{json.dumps(spec, sort_keys=True)}`" if spec else ""),
+            f"### {name}"
+            + (f" · `{json.dumps(spec, sort_keys=True)}`" if spec else "")
+            + (f" · ⚠ {found}" if (found := regime.mark(analysis, name)) else ""),
             "",
             "| " + " | ".join(TABLE_HEADER) + " |",
             "|:--|--:|--:|--:|:--|--:|:--|",

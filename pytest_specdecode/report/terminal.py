@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
 from ..record.schema import RunRecord
 from .rows import checks, headline, rows, undecided
-from .sections import acceptance, break_even, cut, levels, prediction, search, side_changes
+from .sections import acceptance, break_even, cut, levels, prediction, regime, search, side_changes
 from .text import fmt_num, fmt_p, fmt_pct
 
 
@@ -61,8 +61,11 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
                 f"{fmt_pct(acc.draft_acceptance_rate, sign=False)}"
             )
         out += side_changes.terminal_lines(analysis, candidate)
+        if found := regime.mark(analysis, candidate):
+            out.append(f"  {candidate}: {found}")
     if analysis.verdicts:
         out += [f"{cut.result_label(record)}: {headline(analysis)}", *undecided(analysis, record)]
+    out += regime.terminal_lines(analysis)
     out += levels.terminal_lines(record, analysis)
     out += break_even.terminal_lines(analysis)
     out += search.terminal_lines(record, analysis.search)

@@ -4,8 +4,10 @@ a time elsewhere; the plan says which was chosen, and why."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..analysis.regime import Regime, fallback_beside
 from ..config.settings import Settings
 from ..record.profile import HostProfile
 from ..targets.base import Target, room_beside
@@ -53,6 +55,21 @@ def choose_arms(
         "side by side on a CPU waits until an A/A run side by side has measured how the two "
         f"places' cores differ on this machine ({AA_SIDE_BY_SIDE})"
     )
+
+
+def with_regime(
+    settings: Settings, measured: Callable[[], Sequence[tuple[str, Regime]]]
+) -> tuple[Settings, str | None]:
+    """Side by side beside two or more: no more beside than stored runs on this machine
+    measured the baseline within their tolerance (`measured`: their regimes, newest first;
+    analysis/regime.py `fallback_beside`), and why; else the settings as they are."""
+    run = settings.run
+    if run.arms != "together" or run.beside < 2:
+        return settings, None
+    beside, why = fallback_beside(run.beside, measured())
+    if why is None:
+        return settings, None
+    return dataclasses.replace(settings, run=dataclasses.replace(run, beside=beside)), why
 
 
 def with_arms(settings: Settings, arms: str) -> Settings:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..analysis.regime import Regime, regime_of
 from ..analysis.variance.restarts import RestartNoise
 from ..analysis.variance.time_drift import TimeDrift, drift_text
 from ..analysis.verdict import noise
@@ -33,6 +34,7 @@ from ..record.profile import (
     design_of,
     lookup,
     profiles_dir,
+    recorded_accelerator,
     speed_of,
     with_held_version,
 )
@@ -254,6 +256,20 @@ class HostNoise:
             f"host profile {path}: this run's restart noise added ({measured}); later runs of "
             f"{key.describe()} use it. Inside a repository, commit it"
         )
+
+    def regimes(self, target: Target) -> list[tuple[str, Regime]]:
+        """What serving N beside the baseline cost it in this host's stored runs of its
+        accelerator and model (analysis/regime.py), newest first, each with its run's name,
+        judged against this run's `[run] regime_tolerance`."""
+        key = self.plan_key(target)
+        tolerance = self.settings.run.regime_tolerance
+        return [
+            (name, dataclasses.replace(found, tolerance=tolerance))
+            for name, record in self._stored(key)
+            if record.regime is not None
+            and recorded_accelerator(record.environment) == key.accelerator
+            and (found := regime_of(record)) is not None
+        ]
 
     # -- what the key reads ---------------------------------------------------------------------
     def _drift(self, key: ProfileKey) -> TimeDrift | None:

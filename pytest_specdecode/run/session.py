@@ -62,7 +62,7 @@ from ..targets.facts.vllm import (
 )
 from ..targets.host_env import HostProbe, busiest
 from ..targets.lifecycle import RunEnding, experiment_services
-from .arms import choose_arms, with_arms
+from .arms import choose_arms, with_arms, with_regime
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
 from .outcome import CATEGORY as UNDECIDED
@@ -214,8 +214,12 @@ class SpecDecodeSession:
             profile=lookup(self.host_noise.profiles, key).profile,
             version=key.vllm_version,
         )
-        self.settings = self.host_noise.settings = with_arms(self.settings, mode)
-        return f"arms: {'side by side' if mode == 'together' else 'one at a time'}: {why}"
+        settings, fewer = with_regime(
+            with_arms(self.settings, mode), lambda: self.host_noise.regimes(target)
+        )
+        self.settings = self.host_noise.settings = settings
+        how = f"arms: {'side by side' if mode == 'together' else 'one at a time'}: {why}"
+        return how + (f"; servers beside: {fewer}" if fewer else "")
 
     def _design_lines(self, target: Target) -> list[str]:
         """What the design can call on this host, and what would call --spec-detect's change."""

@@ -235,7 +235,12 @@ class Switchboard:
 
     @contextmanager
     def together_all(
-        self, specs: Sequence[SpecConfig], *, restart_original: bool, swap: bool = False
+        self,
+        specs: Sequence[SpecConfig],
+        *,
+        restart_original: bool,
+        swap: bool = False,
+        first_beside: Callable[[Service, Service], None] | None = None,
     ) -> Iterator[tuple[Service, list[Service]]]:
         """The original serving and one server per spec beside it, all ready. They are stopped
         on exit, and by restore() on any interrupt (Ctrl-C, SIGTERM, the first-signal handover).
@@ -244,6 +249,8 @@ class Switchboard:
         count the others' allocations as its own (two at once on an H200: `No available memory
         for the cache blocks`). The original is restarted where its place changed (the local
         target's part of the cores). `swap`: the places turn by one, where the target can.
+        `first_beside`: called with the original and the first server once that one serves,
+        before the others start (the regime window: the original beside one server).
         """
         several = len(specs)
         for spec in specs:
@@ -267,6 +274,8 @@ class Switchboard:
                     return seconds[place]
 
                 _, self.last_startup_s = self._serve(spec, second, again)
+                if first_beside is not None and place == 0:
+                    first_beside(original, seconds[0])
             yield original, seconds
         except BaseException:  # stopped at once, and told in the restore's report
             if not self.interrupts.signals:  # else the handover stops them; restore() watches

@@ -11,6 +11,7 @@ the machine, and a wait costs no real time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -63,6 +64,7 @@ class Script:
     token_ids: bool = False  # answers untimed requests with vLLM 0.32's return_token_ids
     batch_cost: float = 0.0  # each step takes (1 + batch_cost x (requests in flight - 1)) gaps
     start_log: tuple[str, ...] = ()  # the log of each start (its settings are read from it)
+    crowded: float = 0.0  # each step takes (1 + crowded x (servers beside - 1)) gaps
 
     def speed(self, prompt: str) -> Speed:
         return self.speeds.get(prompt, Speed())
@@ -294,6 +296,9 @@ class ScriptedTarget:
         speed = service.script.speed(prompt)
         if service.starts > 1 and service.script.restarted is not None:
             speed = service.script.restarted.get(prompt, speed)
+        if service.script.crowded and len(self.besides) > 1:  # slowed by idle neighbours
+            slower = 1 + service.script.crowded * (len(self.besides) - 1)
+            speed = dataclasses.replace(speed, gap_s=speed.gap_s * slower)
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,16 +58,34 @@ def test_groups_of_candidates_beside_one_baseline_start() -> None:
 
 
 class ManyBoard(Switchboard):
-    """`Switchboard.together_all` on the scripted target: its servers on ports of their own."""
+    """`Switchboard.together_all` on the scripted target: its servers on ports of their own,
+    started one after the other (`started`: each with the virtual time it started)."""
+
+    started: list[tuple[str, float]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = []
 
     @contextmanager
     def together_all(
-        self, specs: Sequence[SpecConfig], *, restart_original: bool, swap: bool = False
+        self,
+        specs: Sequence[SpecConfig],
+        *,
+        restart_original: bool,
+        swap: bool = False,
+        first_beside: Callable[[ScriptedService, ScriptedService], None] | None = None,
     ) -> Iterator[tuple[ScriptedService, list[ScriptedService]]]:
         original = self.activate(None, restart=restart_original)
         target: ScriptedTarget = self.target  # type: ignore[assignment]
         try:
-            yield original, [target.start_beside(s, i + 1) for i, s in enumerate(specs)]  # type: ignore[misc]
+            seconds = []
+            for i, spec in enumerate(specs):  # one after the other, as the real one
+                seconds.append(target.start_beside(spec, i + 1))
+                self.started.append((spec.name, target.time.now))
+                if i == 0 and first_beside is not None:  # the regime window
+                    first_beside(original, seconds[0])
+            yield original, seconds  # type: ignore[misc]
         finally:
             target.stop_beside()
 

@@ -5,7 +5,7 @@ sent by rounds.py (interleaved) or windows.py (blocked), watched by watch.py."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import httpx
 
@@ -27,6 +27,7 @@ from ...targets.lifecycle import Switchboard
 from ..host_load import Probe
 from .context import RunContext
 from .order import RoundOrder, order_seed
+from .regime import regime_window
 from .rounds import Rounds, Start
 from .token_record import TokenIdRecorder
 from .watch import QuietWatch
@@ -217,8 +218,12 @@ class Experiment:
         swap = self._pairs % 2 == 1
         self._pairs += 1
         self._ctx.step(f"starting {', '.join(n for n, _ in group)} beside {base_name}")
+        regime = regime_window(self._ctx, self._rounds, base_name, group)
         try:
-            with self._served(specs, restart=restart, swap=swap) as (original, seconds):
+            with self._served(specs, restart=restart, swap=swap, first=regime) as (
+                original,
+                seconds,
+            ):
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
                 cands = [
                     self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
@@ -257,15 +262,22 @@ class Experiment:
 
     @contextlib.contextmanager
     def _served(
-        self, specs: list[SpecConfig], *, restart: bool, swap: bool
+        self,
+        specs: list[SpecConfig],
+        *,
+        restart: bool,
+        swap: bool,
+        first: Callable[[Service, Service], None] | None = None,
     ) -> Iterator[tuple[Service, list[Service]]]:
         """The original and the candidates beside it: a pair through `together`, more through
-        `together_all`."""
+        `together_all` (`first`: the regime window, once the first of them serves)."""
         if len(specs) == 1:
             with self.board.together(specs[0], restart_original=restart, swap=swap) as (o, s):
                 yield o, [s]
         else:
-            with self.board.together_all(specs, restart_original=restart, swap=swap) as found:
+            with self.board.together_all(
+                specs, restart_original=restart, swap=swap, first_beside=first
+            ) as found:
                 yield found
 
     def _new_phase(

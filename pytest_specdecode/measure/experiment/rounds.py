@@ -72,12 +72,13 @@ class Rounds:
         self._ids = ids
         self._planned = 0  # the start's slots at most (at most: adaptive cells stop early)
 
-    def measure(self, starts: list[Start], order: RoundOrder) -> None:
+    def measure(self, starts: list[Start], order: RoundOrder, *, slots: int | None = None) -> None:
         """Warm-up, then round after round of slots, each to every start in turn; then each
-        cell's figures and the token ids. `[run] order = "blocked"`: one cell after another."""
+        cell's figures and the token ids. `[run] order = "blocked"`: one cell after another.
+        `slots`: exactly this many slots per cell, and no token ids (the regime window)."""
         ctx, run = self._ctx, self._ctx.settings.run
         for start in starts:
-            self._prepare(start)
+            self._prepare(start, slots)
         for start in starts:  # warm-up first, one prompt type after another
             for _, plan, windows in start.prompt_types:
                 if plan.warmup:
@@ -108,12 +109,13 @@ class Rounds:
                 _close_cell(cell)
                 self._sender.summary(cell.window)
             ctx.store.flush()
-        for start in starts:
+        for start in starts if slots is None else ():
             for prompt_type, plan, windows in start.prompt_types:
                 self._ids.after_start(start.phase, prompt_type, windows, plan)
 
-    def _prepare(self, start: Start) -> None:
-        """A start's windows and cells, prompt type by prompt type, on the request plan."""
+    def _prepare(self, start: Start, slots: int | None = None) -> None:
+        """A start's windows and cells, prompt type by prompt type, on the request plan;
+        `slots`: a fixed number of slots per cell."""
         settings = self._ctx.settings
         for prompt_type in settings.prompt_types.values():
             plan = self._sender.plan(prompt_type)
@@ -122,9 +124,10 @@ class Rounds:
             start.prompt_types.append((prompt_type, plan, windows))
             for window, indices in zip(windows, plan.levels, strict=True):
                 least, most = settings.run.requests_at(window.m.level, fixed=settings.aa_only)
-                cell = CellPlan(
-                    window.m.key, tuple(indices), least, most, slot_size(window.m.level, least)
-                )
+                step = slot_size(window.m.level, least)
+                if slots is not None:
+                    least = most = min(slots * step, len(indices))
+                cell = CellPlan(window.m.key, tuple(indices), least, most, step)
                 start.cells[window.m.key] = Cell(window, cell, start.service)
 
     def _wants(self, cell: Cell) -> bool:

@@ -66,6 +66,9 @@ def lines(analysis: RunAnalysis) -> list[str]:
     if found is None:
         return []
     out = [line.describe() for line in found.overall]
+    regime = analysis.regime
+    if regime is not None and regime.marks():  # analysis/regime.py: beside N slowed it
+        out.insert(0, f"The map was measured in a slowed regime: {regime.text()}.")
     out.append(f"Drafting: {found.drafting}.")
     out += [c.text() for c in analysis.map_checks]
     return out
