@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..analysis.search.policy import plan_search
 from ..analysis.variance.power import MAX_STARTS
@@ -36,7 +36,8 @@ from ..record.store import stored_runs
 from ..targets.base import Target, room_beside
 from .schedule import (
     SlotCount,
-    accelerator_pace,
+    Timing,
+    accelerator_timing,
     largest_slots,
     phase_entries,
     schedule_of,
@@ -55,18 +56,6 @@ RUN_LOG = "run.log"
 # A request's time per output token on a CPU where nothing of this host was measured (the
 # embedded CPU vLLM's order); on a GPU or an unknown accelerator, no such guess is made.
 CPU_S_PER_TOKEN = 0.05
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long things took before: per server start and per output token (None: unknown)."""
-
-    start_s: float
-    s_per_token: float | None
-    source: str  # where these numbers come from
-    # this host's own pace: a stored run's wall time over its plan's estimate (what the plain
-    # estimate leaves out: warm-up, token ids, waits, stops), where it recorded both
-    pace: float = 1.0
 
 
 def previous_timing(
@@ -131,20 +120,6 @@ def previous_timing(
     if accelerator is not None and accelerator.kind == "cpu":
         return Timing(default_start_s, CPU_S_PER_TOKEN, f"assumed for a CPU: {none}")
     return Timing(default_start_s, None, f"{none} measured the engine's speed")
-
-
-def accelerator_timing(accelerator: Accelerator | None, start_s: float) -> Timing | None:
-    """Where this machine stored no pace of its own: its kind of accelerator's (schedule.py
-    ACCELERATOR_PACE), a start taking `start_s`, named as such; None for a kind not known."""
-    pace = accelerator_pace(accelerator)
-    if pace is None or accelerator is None:
-        return None
-    return Timing(
-        start_s,
-        pace.s_per_token,
-        f"assumed for {accelerator.describe()}, {pace.measured}; this machine stored no run "
-        "of its own",
-    )
 
 
 def stored_prediction(settings: Settings, *, host: str) -> list[str]:
@@ -335,11 +310,13 @@ def service_plan(settings: Settings, target: Target) -> list[str]:
     each pair runs, and what is stopped after it (never the one-at-a-time swaps)."""
     if settings.run.arms != "together":
         return target.plan(settings.candidates)
+    several = min(settings.run.beside, len(settings.candidates)) > 1
     return [
         *arms_plan(settings, target),
-        "after each pair's windows, its second server is stopped; at the end the original is "
-        "left as it was found",
-    ]
+        ("after each group's windows, the servers beside the original are stopped"
+         if several else "after each pair's windows, its second server is stopped")
+        + "; at the end the original is left as it was found",
+    ]  # fmt: skip
 
 
 def arms_plan(settings: Settings, target: Target) -> list[str]:

@@ -260,3 +260,29 @@ def default_start_s(accelerator: Accelerator | None, target_start_s: float) -> f
     target's typical start (a production unit's model may take longer than the one measured)."""
     pace = accelerator_pace(accelerator)
     return max(pace.start_s, target_start_s) if pace else target_start_s
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long things took before: per server start and per output token (None: unknown)."""
+
+    start_s: float
+    s_per_token: float | None
+    source: str  # where these numbers come from
+    # this host's own pace: a stored run's wall time over its plan's estimate (what the plain
+    # estimate leaves out: warm-up, token ids, waits, stops), where it recorded both
+    pace: float = 1.0
+
+
+def accelerator_timing(accelerator: Accelerator | None, start_s: float) -> Timing | None:
+    """Where this machine stored no pace of its own: its kind of accelerator's (schedule.py
+    ACCELERATOR_PACE), a start taking `start_s`, named as such; None for a kind not known."""
+    pace = accelerator_pace(accelerator)
+    if pace is None or accelerator is None:
+        return None
+    return Timing(
+        start_s,
+        pace.s_per_token,
+        f"assumed for {accelerator.describe()}, {pace.measured}; this machine stored no run "
+        "of its own",
+    )
