@@ -27,10 +27,10 @@ from pytest_specdecode.report.schedule import (
     slots_seconds,
 )
 from pytest_specdecode.report.text import fmt_duration
-from pytest_specdecode.targets.lifecycle import beside_kwargs
+from pytest_specdecode.targets.lifecycle import beside_kwargs, experiment_services
 
 from ..support.synthetic import add_phase, store
-from .test_arms_together import H200, local_target
+from .test_arms_together import COMMAND, H200, alive, local_target, sleeping_vllm  # noqa: F401
 
 H200_KIND = Accelerator("gpu", "NVIDIA H200", 1)
 TYPES = ("coding", "math", "structured", "explanatory")
@@ -129,6 +129,33 @@ def test_five_beside_on_an_h200_the_plan_names_the_six_servers_the_run_places(
     assert "6 servers side by side for baseline with ngram, map-k3-L1" in text
     assert "6 server starts, one after the other" in text
     assert text.count("15% of the GPU memory") == 6 and "45%" not in text
+
+
+def test_the_plans_six_servers_are_the_six_the_board_starts(
+    tmp_path: Path,
+    sleeping_vllm: None,  # noqa: F811
+) -> None:
+    """The real local backend starts stand-in servers for the group the plan names: as many
+    starts, and each process on the plan's port with the plan's share; the restore stops all."""
+    s = gpu_settings(tmp_path, beside=5, samples=12, break_even=True)
+    (group,) = schedule_of(s, baseline=True, aba=False, adopts_original=False).groups
+    servers = planned_servers(s, local_target(tmp_path, gpus=(H200,)), group)
+    assert servers is not None
+    target = local_target(tmp_path, gpus=(H200,))
+    lines: list[str] = []
+    with (
+        experiment_services(
+            target, ready_timeout_s=5, restore_timeout_s=30, progress=lines.append
+        ) as board,
+        board.together_all(list(s.candidates), restart_original=False) as (original, seconds),
+    ):
+        pids = [original.pid, *(x.pid for x in seconds)]
+        argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") for pid in pids]
+    assert len([line for line in lines if line.startswith("starting ")]) == group.starts == 6
+    for argv, planned in zip(argvs, servers, strict=True):
+        assert share(argv) == planned.memory_share == pytest.approx(0.15)
+        assert f"port {argv[argv.index('--port') + 1]}," in planned.where
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_one_beside_the_pair_gets_the_pairs_share_and_each_group_is_listed(tmp_path: Path) -> None:
