@@ -15,7 +15,7 @@ from pytest_specdecode.analysis.variance.time_drift import TimeDrift
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.measure.experiment.arms import Experiment
-from pytest_specdecode.record.profile import Accelerator
+from pytest_specdecode.record.profile import Accelerator, ProfileKey, lookup
 from pytest_specdecode.report import plan
 from pytest_specdecode.report.schedule import (
     ACCELERATOR_PACE,
@@ -213,6 +213,26 @@ def test_the_time_is_starts_and_slots_per_server_at_the_h200s_pace_where_nothing
         assert abs(seconds / took - 1) < 0.25, (beside, seconds, took)
         line = plan.duration_line(seconds, starts, timing, search=False)
         assert f"{starts} server starts at ~100s" in line and "assumed for 1 x NVIDIA H200" in line
+
+
+def test_the_committed_h200_profile_of_another_machine_no_longer_halves_the_time(
+    tmp_path: Path,
+) -> None:
+    """Issue 41's main job: the plan read the committed profile's speed (another machine's A/A
+    runs, 2.2 ms per token, no overhead) and said about 6 min; the run took 13 min 29 s. That
+    profile is not this machine's: the H200's pace is used, within 25% of what the run took."""
+    s = gpu_settings(tmp_path, beside=1, samples=48, break_even=False)
+    profiles = Path(__file__).resolve().parents[2] / "suites" / "host-profiles-h200"
+    key = ProfileKey("localhost", H200_KIND, "smollm2-135m-instruct", "0.26.0")
+    found = lookup(profiles, key)
+    assert found.profile is not None and all(e.machine != "m-1" for e in found.profile.entries)
+    timing = plan.previous_timing(
+        s, host="localhost", default_start_s=60.0, accelerator=H200_KIND, profile=found,
+        machine="m-1",
+    )  # fmt: skip
+    assert timing.source.startswith("assumed for 1 x NVIDIA H200")
+    seconds, _ = plan.estimate_seconds(s, timing, baseline=True, aba=False, adopts_original=False)
+    assert abs(seconds / 809.0 - 1) < 0.25
 
 
 def test_this_machines_stored_pace_comes_before_the_accelerators(tmp_path: Path) -> None:
