@@ -50,6 +50,27 @@ def together_order(
     return out
 
 
+def planned_order(
+    arms: Sequence[str], repeats: int, *, together: bool, at_once: int = 1
+) -> list[tuple[str, str]]:
+    """The design's server starts as the run takes them: side by side (`together_order`, up to
+    `at_once` candidates beside each baseline start) or one at a time (`design_order`)."""
+    return together_order(arms, repeats, at_once) if together else design_order(arms, repeats)
+
+
+def together_groups(order: Sequence[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Side by side: each baseline start's entry, and the candidates' entries after it, served
+    at once with it (the run's groups: measure/experiment/arms.py, and the plan's)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for name, arm in order:
+        if arm == BASELINE:
+            current = out.setdefault(name, [])
+        elif current is not None:
+            current.append((name, arm))
+    return {name: group for name, group in out.items() if group}
+
+
 def cell_key(prompt_type: str, level: LoadLevel, *, several: bool) -> str:
     """A measurement's name in a phase: the prompt type, and `@level` when a run measures
     several levels ("coding", or "coding@c4"). Verdicts and tests are keyed by it."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from ..analysis.search.policy import plan_search
 from ..analysis.variance.power import MAX_STARTS
@@ -25,7 +25,7 @@ from ..analysis.verdict.side_changes import (
     from_rules,
     reproduce,
 )
-from ..config.arms import BASELINE, BASELINE_AFTER, design_order, together_order
+from ..config.arms import BASELINE
 from ..config.settings import RunConfig, Settings
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
@@ -34,6 +34,18 @@ from ..record.schema import RunRecord
 from ..record.search import slot_name
 from ..record.store import stored_runs
 from ..targets.base import Target, room_beside
+from .schedule import (
+    SlotCount,
+    Timing,
+    accelerator_timing,
+    largest_slots,
+    phase_entries,
+    schedule_of,
+    schedule_seconds,
+    server_lines,
+    slot_seconds,
+)
+from .schedule import default_start_s as default_start_s_of
 from .sections import prediction
 from .sections.search import plan_lines
 from .text import fmt_duration
@@ -44,18 +56,6 @@ RUN_LOG = "run.log"
 # A request's time per output token on a CPU where nothing of this host was measured (the
 # embedded CPU vLLM's order); on a GPU or an unknown accelerator, no such guess is made.
 CPU_S_PER_TOKEN = 0.05
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long things took before: per server start and per output token (None: unknown)."""
-
-    start_s: float
-    s_per_token: float | None
-    source: str  # where these numbers come from
-    # this host's own pace: a stored run's wall time over its plan's estimate (what the plain
-    # estimate leaves out: warm-up, token ids, waits, stops), where it recorded both
-    pace: float = 1.0
 
 
 def previous_timing(
@@ -69,10 +69,12 @@ def previous_timing(
     machine: str | None = None,
 ) -> Timing:
     """The engine's speed on this host and accelerator: the newest stored run of the model
-    there (of this very machine first, where `machine` is known), else the newest speed its
-    host profile holds, else `served` (the running server's own /metrics: s per output token);
-    else, on a CPU, a stated assumption, and elsewhere none (the requests' time is then not
-    estimated)."""
+    there (this very machine's first), else its host profile's newest speed (only this
+    machine's where its kind of accelerator's pace is known), else `served` (the running
+    server's /metrics), else the kind of accelerator's (schedule.py ACCELERATOR_PACE); else, on
+    a CPU, a stated assumption, elsewhere none. A start where none was stored: the kind's, at
+    least `default_start_s` (the target's typical start)."""
+    default_start_s = default_start_s_of(accelerator, default_start_s)
     found_runs = [
         (folder, record)
         for folder, record in stored_runs(
@@ -95,9 +97,10 @@ def previous_timing(
         )
     found = profile.profile if profile else None
     timed = [e for e in found.entries if e.speed is not None] if found else []
-    if profile is not None and timed:
-        entry = max(timed, key=lambda e: (bool(machine) and e.machine == machine, e.date))
-        assert entry.speed is not None
+    entry = max(timed, key=lambda e: (bool(machine) and e.machine == machine, e.date), default=None)
+    own = entry is not None and bool(machine) and entry.machine == machine
+    kind = accelerator_timing(accelerator, default_start_s)
+    if profile is not None and entry is not None and entry.speed is not None and (own or not kind):
         return Timing(
             start_s=entry.speed.start_s or default_start_s,
             s_per_token=entry.speed.s_per_token,
@@ -110,6 +113,8 @@ def previous_timing(
             served,
             "from the running server's /metrics (its requests' time per output token)",
         )
+    if kind is not None:
+        return kind  # no pace of this machine's own: its kind of accelerator's
     where = accelerator.describe() if accelerator else "an unknown accelerator"
     none = f"no stored run or host profile of this model on {host} ({where})"
     if accelerator is not None and accelerator.kind == "cpu":
@@ -193,22 +198,8 @@ def order_lines(run: RunConfig) -> list[str]:
 
 
 def phase_order(settings: Settings, *, baseline: bool, aba: bool) -> list[str]:
-    """The phases the design measures, in order (ABA last); a search's at most."""
-    names = []
-    for spec in settings.candidates:  # with --spec-control, each one's control right after it
-        names += [spec.name, *([control_name(spec.name)] if _controlled(settings, spec) else [])]
-    if settings.run.search:
-        names += [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
-    together = settings.run.arms == "together" and baseline
-    design = together_order if together else design_order
-    order = [name for name, arm in design(names, settings.run.repeats)]
-    if not baseline:
-        order = [n for n in order if n.split("#")[0] != BASELINE]
-    return order + ([BASELINE_AFTER] if aba and names else [])
-
-
-def _controlled(settings: Settings, spec: SpecConfig) -> bool:
-    return settings.run.control and not spec.is_original
+    """The phases the design measures, in the run's order (ABA last); a search's at most."""
+    return [name for name, _ in phase_entries(settings, baseline=baseline, aba=aba)]
 
 
 def count_requests(settings: Settings, *, baseline: bool, aba: bool) -> tuple[int, int, int]:
@@ -223,14 +214,8 @@ def count_requests(settings: Settings, *, baseline: bool, aba: bool) -> tuple[in
 
 
 def count_starts(settings: Settings, *, baseline: bool, aba: bool, adopts_original: bool) -> int:
-    """Server starts: each phase's, but a running original measured as it runs, plus the
-    restore's unless the last phase left the original running."""
-    order = phase_order(settings, baseline=baseline, aba=aba)
-    if not order:
-        return 0
-    starts = len(order) - int(adopts_original and order[0] == BASELINE)
-    last_is_original = order[-1].split("#")[0] in (BASELINE, BASELINE_AFTER)
-    return starts + int(adopts_original and not last_is_original)
+    """Server starts, as the run takes them (report/schedule.py `schedule_of`)."""
+    return schedule_of(settings, baseline=baseline, aba=aba, adopts_original=adopts_original).starts
 
 
 PACE_BOUNDS = (0.5, 5.0)  # a stored run's own pace is trusted within these
@@ -262,18 +247,38 @@ def estimate_seconds(
 def plain_seconds(
     settings: Settings, timing: Timing, *, baseline: bool, aba: bool, adopts_original: bool
 ) -> tuple[float, int]:
-    """`estimate_seconds` before this host's pace: what a run records as its plan's."""
-    starts = count_starts(settings, baseline=baseline, aba=aba, adopts_original=adopts_original)
-    if timing.s_per_token is None:
-        return starts * timing.start_s, starts
+    """`estimate_seconds` before this host's pace: what a run records as its plan's. Starts x
+    a start's time + slots x a slot's time per server x servers per slot (schedule.py)."""
+    schedule = schedule_of(settings, baseline=baseline, aba=aba, adopts_original=adopts_original)
+    slot_s = None if timing.s_per_token is None else slot_seconds(settings, timing.s_per_token)
+    slots = SlotCount(largest_slots(settings.run, len(settings.prompt_types)))
+    seconds = schedule_seconds(schedule, start_s=timing.start_s, slot_s=slot_s, slots=slots)
+    return seconds, schedule.starts
+
+
+def design_seconds(
+    settings: Settings,
+    timing: Timing,
+    starts: int,
+    requests: int,
+    *,
+    together: bool,
+    baseline: bool,
+    aba: bool,
+    adopts_original: bool,
+) -> float:
+    """A design's time, as `estimate_seconds` gives the configured one's: `starts` starts per
+    arm (pairs side by side), `requests` per prompt type and start, its arms side by side or
+    one at a time. The plan's --spec-detect design and every lever are timed by it."""
     run = settings.run
-    phases = len(phase_order(settings, baseline=baseline, aba=aba))
-    tokens = sum(t.max_tokens for t in settings.prompt_types.values())
-    # a level of N in flight sends its requests in about 1/N of the time one at a time takes
-    waves = run.warmup + sum(
-        run.requests_at(level)[1] / (level.concurrency or 1) for level in run.levels
+    arms = "together" if together else ("one-at-a-time" if run.arms == "together" else run.arms)
+    trial = replace(
+        settings,
+        run=replace(run, repeats=starts, samples=requests, max_samples=requests, arms=arms),
     )
-    return starts * timing.start_s + phases * waves * tokens * timing.s_per_token, starts
+    return estimate_seconds(
+        trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
+    )[0]
 
 
 def side_change_plan(settings: Settings, version: str | None) -> list[str]:
@@ -305,16 +310,18 @@ def service_plan(settings: Settings, target: Target) -> list[str]:
     each pair runs, and what is stopped after it (never the one-at-a-time swaps)."""
     if settings.run.arms != "together":
         return target.plan(settings.candidates)
+    several = min(settings.run.beside, len(settings.candidates)) > 1
     return [
         *arms_plan(settings, target),
-        "after each pair's windows, its second server is stopped; at the end the original is "
-        "left as it was found",
-    ]
+        ("after each group's windows, the servers beside the original are stopped"
+         if several else "after each pair's windows, its second server is stopped")
+        + "; at the end the original is left as it was found",
+    ]  # fmt: skip
 
 
 def arms_plan(settings: Settings, target: Target) -> list[str]:
-    """`--spec-arms together`: where each of the two servers runs, per candidate. Raises a
-    ConfigError, naming the host and the reason, where the host has no room for two."""
+    """`--spec-arms together`: where each server of each group runs. Raises a ConfigError,
+    naming the host and the reason, where the host has no room for them."""
     if settings.run.arms != "together":
         return []
     lines = []
@@ -329,13 +336,7 @@ def arms_plan(settings: Settings, target: Target) -> list[str]:
         why = room_beside(target, spec, of=at_once)
         if why:
             raise ConfigError(f"--spec-arms together refused on {target.host_name}: {why}")
-        places = getattr(target, "beside_plan", None)  # where the backend can tell
-        where = places(spec) if places else f"the original at {target.api_base}, the candidate "
-        lines.append(
-            f"arms side by side for {spec.name}: {where}; started one after the other, each "
-            "ready before the next; requests alternate between them"
-        )
-    return lines
+    return lines + server_lines(settings, target)
 
 
 def candidate_text(spec: SpecConfig) -> str:
@@ -481,13 +482,17 @@ def design_lines(
         f"±{run.min_effect:.0%})"
     ]
 
-    def seconds(starts: int, requests: int) -> float:
-        trial = replace(
-            settings, run=replace(run, repeats=starts, samples=requests, max_samples=requests)
+    def seconds(starts: int, requests: int, together: bool = run.arms == "together") -> float:
+        return design_seconds(
+            settings,
+            timing,
+            starts,
+            requests,
+            together=together,
+            baseline=baseline,
+            aba=aba,
+            adopts_original=adopts_original,
         )
-        return estimate_seconds(
-            trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
-        )[0]
 
     if drift is not None:
         lines += lever_lines(settings, outside, drift, detect or DECIDE_AT, seconds, timing)
@@ -521,20 +526,17 @@ def lever_lines(
     outside: Mapping[str, RestartNoise],
     drift: TimeDrift,
     change: float,
-    seconds,
+    seconds: Callable[[int, int, bool], float],
     timing: Timing,
 ) -> list[str]:
     """The host's drift beside its restart noise, and the cheapest lever that would call a
-    change of this size: the sentence, then every lever's numbers."""
+    change of this size: the sentence, then every lever's numbers. `seconds(starts, requests,
+    together)`: `design_seconds`, the configured design's own estimate."""
     noise = outside.get("throughput") or RestartNoise.assumed(settings.run.assumed_restart_noise)
     whose = "a prior from another machine" if noise.is_prior else "this host"
     lines = [f"{whose}: restart noise {noise.sd:.1%} (start effects), {drift_text(drift)}"]
 
-    def cost(starts: int, requests: int, together: bool) -> float:
-        # side by side, the two servers of a pair start at once: one start's time per pair
-        return seconds(starts, requests) - (starts * timing.start_s if together else 0.0)
-
-    found = levers(settings, outside, drift, change, seconds=cost)
+    found = levers(settings, outside, drift, change, seconds=seconds)
     if not found:
         return [
             *lines,

@@ -107,6 +107,15 @@ def interrupt_on_signals() -> None:
             pass
 
 
+def beside_kwargs(*, swapped: bool, place: int, of: int) -> dict[str, object]:
+    """What a target's `beside` (and the plan's `beside_servers`) is asked for one server of a
+    group: `swap` where the places turn, `place` and `of` where several serve beside at once."""
+    kwargs: dict[str, object] = {"swap": True} if swapped else {}
+    if of > 1:
+        kwargs.update(place=place, of=of)
+    return kwargs
+
+
 class Switchboard:
     """Which service is up right now; brings up the original or a candidate on demand."""
 
@@ -289,9 +298,7 @@ class Switchboard:
                 self.besides.remove(second)
 
     def _beside_of(self, spec: SpecConfig, place: int, of: int) -> Service:
-        kwargs: dict[str, object] = {"swap": True} if self.swapped else {}
-        if of > 1:
-            kwargs.update(place=place, of=of)
+        kwargs = beside_kwargs(swapped=self.swapped, place=place, of=of)
         return self.target.beside(spec, **kwargs)  # type: ignore[call-arg]
 
     def _wait(self, service: Service, timeout_s: float) -> float:

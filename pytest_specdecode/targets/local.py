@@ -24,6 +24,7 @@ from .base import Progress, Transports, port_answers
 from .beside.placement import (
     GPU_SHARE,
     Placement,
+    PlannedServer,
     api_base_on_port,
     cpu_room,
     gpu_placements,
@@ -289,19 +290,36 @@ class LocalProcessTarget:
 
     def beside_plan(self, spec: SpecConfig) -> str:
         """For the plan: where each of the two would run, and how. Starts and changes nothing."""
-        layout = self._layout()
-        if isinstance(layout, str):
-            raise ConfigError(layout)
-        mine, theirs = layout[0], layout[1]
+        mine, theirs = self.beside_servers(spec)
+        return (
+            f"the original on {mine.where} (restarted there: {mine.command}), the candidate on "
+            f"{theirs.where} ({theirs.command})"
+        )
+
+    def beside_servers(
+        self, spec: SpecConfig, *, swap: bool = False, place: int = 1, of: int = 1
+    ) -> tuple[PlannedServer, PlannedServer]:
+        """For the plan: the original and the candidate as `beside` would place them (the same
+        places, port and command), named. Starts and changes nothing."""
+        mine, theirs, port = self._places(spec, swap=swap, place=place, of=of)
         taskset = shutil.which("taskset")
-        port = self._beside_port(spec.name)
         argv = with_speculative_config(self.command, spec, where="[target] command")
         second = with_port(theirs.argv(argv, taskset=taskset), port)
         return (
-            f"the original on {self._where(mine, self.api_base)} (restarted there: "
-            f"{shown(mine.argv(self.command, taskset=taskset), mine.env())}), the candidate on "
-            f"{self._where(theirs, api_base_on_port(self.api_base, port))} "
-            f"({shown(second, {**spec.env, **theirs.env()})})"
+            PlannedServer(
+                "original",
+                self._where(mine, self.api_base),
+                shown(mine.argv(self.command, taskset=taskset), mine.env()),
+                mine.memory_share,
+                mine.cores,
+            ),
+            PlannedServer(
+                spec.name,
+                self._where(theirs, api_base_on_port(self.api_base, port)),
+                shown(second, {**spec.env, **theirs.env()}),
+                theirs.memory_share,
+                theirs.cores,
+            ),
         )
 
     swaps_places = True  # side by side, the two may take each other's cores or GPUs
@@ -313,12 +331,7 @@ class LocalProcessTarget:
         share: place `place` of `of` servers beside the original; the original is placed on its
         own part for its next start. Not started. `swap`: the places turn by one, so that each
         server sits in another's (the ports stay: the original keeps its own)."""
-        layout = self._layout(of + 1)
-        if isinstance(layout, str):
-            raise ConfigError(layout)
-        turn = 1 if swap else 0
-        mine = layout[turn % len(layout)]
-        theirs = layout[(place + turn) % len(layout)]
+        mine, theirs, port = self._places(spec, swap=swap, place=place, of=of)
         taskset = shutil.which("taskset")
         original = self.original()
         original.place(
@@ -326,7 +339,6 @@ class LocalProcessTarget:
             {**self.env, **mine.env()},
             self._where(mine, self.api_base),
         )
-        port = self._beside_port(spec.name)
         api_base = api_base_on_port(self.api_base, port)
         argv = with_speculative_config(self.command, spec, where="[target] command")
         second = self._service(
@@ -337,6 +349,18 @@ class LocalProcessTarget:
         )
         second.placement = self._where(theirs, api_base)
         return second
+
+    def _places(
+        self, spec: SpecConfig, *, swap: bool, place: int, of: int
+    ) -> tuple[Placement, Placement, int]:
+        """The original's place, the candidate's and its port: `beside`'s and the plan's."""
+        layout = self._layout(of + 1)
+        if isinstance(layout, str):
+            raise ConfigError(layout)
+        turn = 1 if swap else 0
+        mine = layout[turn % len(layout)]
+        theirs = layout[(place + turn) % len(layout)]
+        return mine, theirs, self._beside_port(spec.name)
 
     @staticmethod
     def _where(placement: Placement, api_base: str) -> str:

@@ -299,7 +299,8 @@ def stored_run(s, name: str, environment: dict, tokens_per_s: float) -> None:
 
 def test_the_dry_run_estimate_on_a_gpu_is_never_a_cpu_guess(tmp_path: Path) -> None:
     s = settings(tmp_path)
-    on_gpu = {"host": "localhost", "default_start_s": 60.0, "accelerator": H200}
+    a100 = Accelerator("gpu", "NVIDIA A100-SXM4-80GB", 1)  # a kind whose pace is not known
+    on_gpu = {"host": "localhost", "default_start_s": 60.0, "accelerator": a100}
     found = plan.previous_timing(s, **on_gpu)  # nothing measured on this GPU
     assert found.s_per_token is None
     seconds, starts = plan.estimate_seconds(
@@ -308,17 +309,27 @@ def test_the_dry_run_estimate_on_a_gpu_is_never_a_cpu_guess(tmp_path: Path) -> N
     line = plan.duration_line(seconds, starts, found, search=False)
     assert "ms per output token" not in line and "the requests' time is not estimated" in line
     assert line.startswith("estimated duration: the starts alone take about 2 min")  # 2 x 60 s
+    # On an H200 with nothing of this machine's stored: the H200's own pace, named as assumed.
+    h200 = plan.previous_timing(s, **{**on_gpu, "accelerator": H200})
+    assert h200.source.startswith("assumed for 1 x NVIDIA H200") and h200.s_per_token
+    assert h200.s_per_token < plan.CPU_S_PER_TOKEN / 5  # never the CPU's guess
+    on_gpu["accelerator"] = H200
     # A stored run of the CPU on the same host name is another accelerator's: not used.
     stored_run(s, "20261201T000000Z-cpu", machine_facts(None, "AMD EPYC"), tokens_per_s=20.0)
-    assert plan.previous_timing(s, **on_gpu).s_per_token is None
+    assert plan.previous_timing(s, **on_gpu).source == h200.source
     cpu = plan.previous_timing(s, **{**on_gpu, "accelerator": CPU})
     assert cpu.s_per_token == pytest.approx(1 / 20, rel=0.05)
-    # The GPU's own host profile holds the engine's measured speed.
+    # The GPU's host profile holds the engine's speed: another machine's (or one not
+    # recorded) yields to the H200's own pace; this machine's entry is its own pace.
     profiles = tmp_path / "profiles"
     speed = EngineSpeed(58.0, 0.004)
     add_entry(profiles, "localhost", H200, MODEL, entry("aa-gpu", "0.26.0", 0.1, speed=speed))
     key = ProfileKey("localhost", H200, MODEL, "0.26.0")
-    from_profile = plan.previous_timing(s, **on_gpu, profile=lookup(profiles, key))
+    other = plan.previous_timing(s, **on_gpu, profile=lookup(profiles, key), machine="m-1")
+    assert other.source == h200.source
+    mine = entry("aa-here", "0.26.0", 0.1, speed=speed, machine="m-1")
+    add_entry(profiles, "localhost", H200, MODEL, mine)
+    from_profile = plan.previous_timing(s, **on_gpu, profile=lookup(profiles, key), machine="m-1")
     assert (from_profile.start_s, from_profile.s_per_token) == (58.0, 0.004)
     assert from_profile.source.startswith("from the host profile")
     # And a stored run of the GPU, newer knowledge of this host, comes first.

@@ -12,7 +12,7 @@ import httpx
 from ...analysis.variance.restarts import RestartNoise
 from ...analysis.verdict.adaptive import target_se
 from ...analysis.verdict.side_changes import control_name, control_plan
-from ...config.arms import BASELINE, BASELINE_AFTER, design_order, together_order
+from ...config.arms import BASELINE, BASELINE_AFTER, planned_order, together_groups
 from ...config.settings import Settings
 from ...config.specconfig import SpecConfig
 from ...config.vllm_argv import REQUEST_METRICS_FLAG
@@ -84,14 +84,12 @@ class Experiment:
         for name, spec in self.controls.items():
             arms.insert(arms.index(spec.name) + 1, name)
         self.together = settings.run.arms == "together" and BASELINE not in reused
-        planned = (
-            together_order(arms, settings.run.repeats, settings.run.beside)
-            if self.together
-            else design_order(arms, settings.run.repeats)
+        planned = planned_order(
+            arms, settings.run.repeats, together=self.together, at_once=settings.run.beside
         )
         self.order = [entry for entry in planned if entry[1] not in reused]
         # --spec-arms together: each baseline start's entry, then its candidates', served at once
-        self._partners = _groups(self.order) if self.together else {}
+        self._partners = together_groups(self.order) if self.together else {}
         self._next = 0
         self._pairs = 0  # pairs of starts served side by side so far
         self._errors: dict[str, Exception] = {}
@@ -383,16 +381,3 @@ def _where(service: Service) -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
-
-
-def _groups(order: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
-    """Together: each baseline start's entry, and the candidates' entries after it, served at
-    once with it."""
-    out: dict[str, list[tuple[str, str]]] = {}
-    current: list[tuple[str, str]] | None = None
-    for name, arm in order:
-        if arm == BASELINE:
-            current = out.setdefault(name, [])
-        elif current is not None:
-            current.append((name, arm))
-    return {name: group for name, group in out.items() if group}

@@ -58,6 +58,18 @@ class Placement:
         return ", ".join(parts) or "as the original"
 
 
+@dataclass(frozen=True)
+class PlannedServer:
+    """One server of a group as the plan names it, from the places the run takes: its phase,
+    port and place (`port 8012, 15% of the GPU memory`), and its command as a shell runs it."""
+
+    name: str
+    where: str
+    command: str
+    memory_share: float | None = None  # --gpu-memory-utilization, on a shared GPU
+    cores: tuple[int, ...] = ()
+
+
 def core_list(cores: Iterable[int]) -> str:
     """`0,1,2,5` → `0-2,5`, the form taskset and VLLM_CPU_OMP_THREADS_BIND read."""
     ordered = sorted(set(cores))

@@ -1,0 +1,288 @@
+"""What a design starts and sends, and how long that takes: the plan's server groups, its
+starts, and its time.
+
+The groups are the run's own: its order (config/arms.py `planned_order`) cut into the groups it
+serves at once (`together_groups`), the places turning from group to group as the run's do
+(measure/experiment/arms.py `Experiment._start_group`). The time is
+
+    starts x a start's time + slots x a slot's time per server x servers per slot
+
+where a slot is one request of one prompt type and level, sent to every server of its group in
+turn; each rests on this machine's pace where it is stored, else on its kind of accelerator's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..analysis.verdict.side_changes import control_name
+from ..config.arms import BASELINE, BASELINE_AFTER, planned_order, together_groups
+from ..config.settings import RunConfig, Settings
+from ..record.profile import Accelerator
+from ..record.search import slot_name
+from ..targets.base import Target
+from ..targets.beside.placement import PlannedServer
+from ..targets.lifecycle import beside_kwargs
+
+# --------------------------------------------------------------------------- the groups
+
+
+@dataclass(frozen=True)
+class StartGroup:
+    """Servers measured at once: side by side, a baseline start and the candidates served
+    beside it; one at a time, a single start. `starts`: the server starts it takes."""
+
+    phases: tuple[tuple[str, str], ...]  # (phase, arm), the baseline's first
+    starts: int
+    swap: bool = False  # side by side: the places turned by one (every second group)
+
+    @property
+    def servers(self) -> int:
+        return len(self.phases)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A design's groups in order and its server starts (the restore's included)."""
+
+    groups: tuple[StartGroup, ...]
+    starts: int
+
+    @property
+    def server_windows(self) -> int:
+        """Servers that each receive every slot of their group, over all groups."""
+        return sum(g.servers for g in self.groups)
+
+
+def phase_entries(settings: Settings, *, baseline: bool, aba: bool) -> list[tuple[str, str]]:
+    """The design's starts as (phase, arm), in the run's order: each candidate (with
+    --spec-control, its control right after it) in `planned_order`, side by side up to
+    `[run] beside` at once; a search's reloads after them, one start each; ABA last."""
+    run = settings.run
+    names = []
+    for spec in settings.candidates:
+        controlled = run.control and not spec.is_original
+        names += [spec.name, *([control_name(spec.name)] if controlled else [])]
+    together = run.arms == "together" and baseline
+    slots = [slot_name(i) for i in range(1, run.max_reloads + 1)] if run.search else []
+    if together:  # the run measures each reload in a start of its own, after the design
+        order = planned_order(names, run.repeats, together=True, at_once=run.beside)
+        order += [(slot, slot) for slot in slots]
+    else:
+        order = planned_order([*names, *slots], run.repeats, together=False)
+    if not baseline:
+        order = [entry for entry in order if entry[1] != BASELINE]
+    return order + ([(BASELINE_AFTER, BASELINE_AFTER)] if aba and (names or slots) else [])
+
+
+def schedule_of(
+    settings: Settings, *, baseline: bool, aba: bool, adopts_original: bool
+) -> Schedule:
+    """The groups as the run serves them, and its server starts. Side by side, a group starts
+    each candidate beside the original, and the original too unless the target measures it as
+    it runs (`adopts_original`: a systemd unit keeps serving). One at a time, each phase is a
+    start, but a running original measured first as it runs; and the restore starts the
+    original again where the last start left another configuration serving."""
+    entries = phase_entries(settings, baseline=baseline, aba=aba)
+    together = settings.run.arms == "together" and baseline
+    partners = together_groups(entries) if together else {}
+    groups: list[StartGroup] = []
+    served = 0  # groups served side by side so far: every second one turns the places
+    i = 0
+    while i < len(entries):
+        name, arm = entries[i]
+        group = partners.get(name)
+        if group and entries[i + 1 : i + 1 + len(group)] == group:
+            own = 0 if adopts_original else 1
+            members = (entries[i], *group)
+            groups.append(StartGroup(members, len(group) + own, swap=served % 2 == 1))
+            served += 1
+            i += 1 + len(group)
+            continue
+        adopted = adopts_original and not groups and arm == BASELINE
+        groups.append(StartGroup((entries[i],), 0 if adopted else 1))
+        i += 1
+    starts = sum(g.starts for g in groups)
+    last = groups[-1] if groups else None
+    if adopts_original and last is not None and last.servers == 1:
+        starts += int(last.phases[0][1] not in (BASELINE, BASELINE_AFTER))
+    return Schedule(tuple(groups), starts)
+
+
+# --------------------------------------------------------------------------- the servers
+
+
+def planned_servers(
+    settings: Settings, target: Target, group: StartGroup
+) -> list[PlannedServer] | None:
+    """A group's servers, the original first, as the run places them: the target's
+    `beside_servers` asked as `Switchboard.together_all` asks its `beside` (the same place,
+    port and share); None where the backend cannot tell."""
+    places = getattr(target, "beside_servers", None)
+    if places is None:
+        return None
+    swapped = group.swap and bool(getattr(target, "swaps_places", False))
+    specs = {spec.name: spec for spec in settings.candidates}
+    of = group.servers - 1
+    out: list[PlannedServer] = []
+    for place, (name, arm) in enumerate(group.phases[1:], start=1):
+        original, second = places(specs[arm], **beside_kwargs(swapped=swapped, place=place, of=of))
+        out += [replace(original, name=group.phases[0][0])] if not out else []
+        out.append(replace(second, name=name))
+    return out
+
+
+def server_lines(settings: Settings, target: Target) -> list[str]:
+    """Side by side: one line per group the run serves at once, each server with its port and
+    place (memory share or cores) and command, and the group's starts."""
+    schedule = schedule_of(
+        settings, baseline=True, aba=False, adopts_original=target.adopts_running_original
+    )
+    groups = [g for g in schedule.groups if g.servers > 1]
+    lines = []
+    for group in groups:
+        base, (first, arm), *rest = group.phases
+        turned = " (the places turned)" if group.swap and getattr(target, "swaps_places", 0) else ""
+        servers = planned_servers(settings, target, group)
+        if servers is None:  # a backend that tells its pair only (one beside at a time)
+            spec = next(s for s in settings.candidates if s.name == arm)
+            where = getattr(target, "beside_plan", None)
+            told = where(spec) if where else f"the original at {target.api_base}, the candidate"
+        elif not rest:
+            mine, theirs = servers
+            told = (
+                f"the original on {mine.where} (restarted there: {mine.command}), the candidate "
+                f"on {theirs.where} ({theirs.command})"
+            )
+        else:
+            names = ", ".join(name for name, _ in group.phases[1:])
+            lines.append(
+                f"{group.servers} servers side by side for {base[0]} with {names}{turned}: "
+                f"{_starts(group.starts)}, one after the other, each ready before the next:\n"
+                + "\n".join(
+                    f"  {s.name} on {s.where} ({'restarted there: ' if i == 0 else ''}{s.command})"
+                    for i, s in enumerate(servers)
+                )
+            )
+            continue
+        lines.append(
+            f"arms side by side for {first}{turned}: {told}; {_starts(group.starts)}, one after "
+            "the other, each ready before the next; requests alternate between them"
+        )
+    return lines
+
+
+def _starts(n: int) -> str:
+    return f"{n} server start{'' if n == 1 else 's'}"
+
+
+# --------------------------------------------------------------------------- the time
+
+
+@dataclass(frozen=True)
+class SlotCount:
+    """The slots each group sends: the largest number, and the expected one where a
+    sequential stop ends cells early (None: every cell runs to its largest)."""
+
+    largest: float
+    expected: float | None = None
+
+    @property
+    def planned(self) -> float:
+        return self.expected if self.expected is not None else self.largest
+
+
+def largest_slots(run: RunConfig, prompt_types: int) -> float:
+    """The most slots one group sends: each prompt type at each level, its most requests and
+    the warm-up; a level of N in flight sends its slots in about 1/N of the time."""
+    rounds = run.warmup + sum(run.requests_at(lv)[1] / (lv.concurrency or 1) for lv in run.levels)
+    return prompt_types * rounds
+
+
+def slot_seconds(settings: Settings, s_per_token: float) -> float:
+    """One slot's request to one server: the prompt types' mean max_tokens at this pace."""
+    tokens = [t.max_tokens for t in settings.prompt_types.values()] or [0]
+    return s_per_token * sum(tokens) / len(tokens)
+
+
+def slots_seconds(schedule: Schedule, slots: SlotCount, slot_s: float) -> float:
+    """The slots' time: per group, its slots x a slot's time per server x its servers (each
+    slot visits every server of its group in turn, never two at once). The hook for a
+    sequential stop: `slots.expected` where it ends cells early."""
+    return sum(slots.planned * slot_s * g.servers for g in schedule.groups)
+
+
+def schedule_seconds(
+    schedule: Schedule, *, start_s: float, slot_s: float | None, slots: SlotCount
+) -> float:
+    """starts x a start's time + slots x a slot's time per server x servers per slot; the
+    starts alone where a slot's time is unknown (None)."""
+    starting = schedule.starts * start_s
+    return starting if slot_s is None else starting + slots_seconds(schedule, slots, slot_s)
+
+
+# --------------------------------------------------------------------------- by accelerator
+
+
+@dataclass(frozen=True)
+class AcceleratorPace:
+    """A kind of accelerator's start and pace where this machine has stored none: a request's
+    wall time per output token at max_tokens, with what a slot spends around it."""
+
+    start_s: float
+    s_per_token: float
+    measured: str  # where and with what it was measured
+
+
+# Measured on an H200 lease (issue 41, vLLM 0.26.0, SmolLM2-135M, 256 tokens): starts of 50 to
+# 151 s (151 and 114 s for a pair, 482 s for six); 192 slots of two servers in 517 s and 52
+# slots of six in 445 s, 1.35 and 1.43 s per request: 5.3 and 5.6 ms per output token.
+ACCELERATOR_PACE = {
+    "H200": AcceleratorPace(
+        100.0,
+        0.0054,
+        "measured on an H200 with SmolLM2-135M and vLLM 0.26.0: starts of 50-151 s, a "
+        "request of 256 tokens 1.35-1.43 s",
+    ),
+}
+
+
+def accelerator_pace(accelerator: Accelerator | None) -> AcceleratorPace | None:
+    """The kind of accelerator's pace (a GPU by its model's name), or None where not known."""
+    if accelerator is None or accelerator.kind != "gpu":
+        return None
+    name = accelerator.model.upper()
+    return next((pace for kind, pace in ACCELERATOR_PACE.items() if kind in name), None)
+
+
+def default_start_s(accelerator: Accelerator | None, target_start_s: float) -> float:
+    """A start's time where this machine stored none: its kind of accelerator's, at least the
+    target's typical start (a production unit's model may take longer than the one measured)."""
+    pace = accelerator_pace(accelerator)
+    return max(pace.start_s, target_start_s) if pace else target_start_s
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long things took before: per server start and per output token (None: unknown)."""
+
+    start_s: float
+    s_per_token: float | None
+    source: str  # where these numbers come from
+    # this host's own pace: a stored run's wall time over its plan's estimate (what the plain
+    # estimate leaves out: warm-up, token ids, waits, stops), where it recorded both
+    pace: float = 1.0
+
+
+def accelerator_timing(accelerator: Accelerator | None, start_s: float) -> Timing | None:
+    """Where this machine stored no pace of its own: its kind of accelerator's (schedule.py
+    ACCELERATOR_PACE), a start taking `start_s`, named as such; None for a kind not known."""
+    pace = accelerator_pace(accelerator)
+    if pace is None or accelerator is None:
+        return None
+    return Timing(
+        start_s,
+        pace.s_per_token,
+        f"assumed for {accelerator.describe()}, {pace.measured}; this machine stored no run "
+        "of its own",
+    )
