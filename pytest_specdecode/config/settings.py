@@ -102,6 +102,7 @@ class RunConfig:
     # "together": two servers at once; "auto": together where the host has room (run/arms.py)
     arms: Literal["auto", "one-at-a-time", "together"] = "auto"
     beside: int = 1  # together: the most candidates served beside one baseline start at once
+    sequential: bool = True  # side by side: a cell stops once decided (analysis/verdict/)
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json

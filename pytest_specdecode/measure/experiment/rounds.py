@@ -89,13 +89,19 @@ class Rounds:
             f"{order.seed}): a request at c1, a burst of N requests at cN"
         )
         slot = rounds = 0
-        while keys := [k for k in lead.cells if any(self._wants(s.cells[k]) for s in starts)]:
+        stopped: set[str] = set()  # side by side: cells decided (analysis/verdict/sequential)
+        while keys := [
+            k
+            for k in lead.cells
+            if k not in stopped and any(self._wants(s.cells[k]) for s in starts)
+        ]:
             if run.order == "blocked":
                 keys = keys[:1]
             rounds += 1
             sequence = order.round(keys)
             self._send_round(starts, sequence, slot, order, rounds)
             slot += len(sequence)
+            stopped |= self._decided(starts, sequence)
             if rounds % ROUNDS_PER_LINE == 0:
                 ctx.progress(
                     f"{names}: {rounds} rounds, {slot} slots sent; {len(keys)} of "
@@ -124,6 +130,23 @@ class Rounds:
                     window.m.key, tuple(indices), least, most, slot_size(window.m.level, least)
                 )
                 start.cells[window.m.key] = Cell(window, cell, start.service)
+
+    def _decided(self, starts: list[Start], keys: Sequence[str]) -> set[str]:
+        """Side by side: the cells the stop rule finds decided at this round's look."""
+        if len(starts) < 2:
+            return set()
+        out = set()
+        for key in keys:
+            lead = starts[0].cells[key]
+            if self._sender.decided(
+                lead.window,
+                [s.cells[key].window for s in starts[1:]],
+                slots=len(lead.kept),
+                planned=-(-lead.plan.most // lead.plan.step),
+                cells=len(starts[0].cells),
+            ):
+                out.add(key)
+        return out
 
     def _wants(self, cell: Cell) -> bool:
         sent, plan = len(cell.window.m.samples), cell.plan
