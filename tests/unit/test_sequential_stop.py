@@ -5,6 +5,7 @@ rule wired into the rounds of a pair served side by side (measure/experiment/rou
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -21,10 +22,16 @@ from pytest_specdecode.analysis.variance.spending import (
     spent,
 )
 from pytest_specdecode.analysis.verdict.sequential import Simulated, expected_slots, simulate_cell
-from pytest_specdecode.analysis.verdict.stats import Question, Verdict, nested_interval
+from pytest_specdecode.analysis.verdict.stats import (
+    Question,
+    RestartNoise,
+    Verdict,
+    nested_interval,
+)
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.schema import Measurement, SequentialLooks
 from pytest_specdecode.record.store import load_run
+from pytest_specdecode.report.plan import Timing, design_lines
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed
 from ..support.synthetic import settings
@@ -166,3 +173,34 @@ def test_the_looks_read_back_from_json() -> None:
     assert back.sequential is not None and back.sequential.schedule(24) == [12, 24]
     assert SequentialLooks(48, [12, 24, 36]).schedule(40) == [12, 24, 36, 40]
     assert Measurement.from_json(Measurement("math").to_json()).sequential is None
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+def plan_lines(tmp_path: Path, run_extra: str) -> list[str]:
+    s = settings(tmp_path, prompt_types=("coding", "math", "structured", "explanatory"),
+                 samples=48, run_extra=run_extra)  # fmt: skip
+    prior = RestartNoise(0.036, 3.0, "a prior", measured=False, residual=0.08**2)
+    return design_lines(
+        s, {"throughput": prior, "tpot": prior}, detect=None,
+        timing=Timing(60.0, 0.01, "stored runs"), baseline=True, aba=False,
+        adopts_original=False,
+    )  # fmt: skip
+
+
+def test_the_plan_gives_the_expected_and_the_largest_slots(tmp_path: Path) -> None:
+    lines = [x for x in plan_lines(tmp_path, 'arms = "together"') if x.startswith("stops")]
+    assert len(lines) == 1
+    found = re.search(
+        r"looks at 12, 24, 36, 48 slots\): expected (\d+) slots at a change of (-\d+)% "
+        r"\(about (.+?) in all\), (\d+) at none \((.+?)\); at most 48 \((.+?)\)",
+        lines[0],
+    )
+    assert found, lines[0]
+    at, none = int(found[1]), int(found[4])
+    assert at < none <= 48  # a change the design can call stops early; none does not
+    assert found[3] != found[6]  # and takes less time
+    assert not any(x.startswith("stops") for x in plan_lines(tmp_path, ""))  # one at a time
+    off = plan_lines(tmp_path, 'arms = "together"\nsequential = false')
+    assert not any(x.startswith("stops") for x in off)

@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...config.settings import RunConfig
 from ..variance.spending import look_slots
 from .compare import worst
 from .stats import Question, RestartNoise, Verdict, _rank_p, decide, nested_interval
 
-__all__ = ["DECIDED", "Simulated", "decided", "expected_slots", "simulate_cell"]
+__all__ = ["DECIDED", "Simulated", "decided", "expected_slots", "simulate_cell", "stop_plan"]
 
 DECIDED = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.EQUIVALENT)
 
@@ -145,3 +146,33 @@ def expected_slots(
         for _ in range(draws)
     ]
     return float(np.mean(sent))
+
+
+def stop_plan(
+    run: RunConfig,
+    *,
+    cells: int,
+    prompts: int,
+    noise: RestartNoise,
+    residual_sd: float,
+    change: float,
+    draws: int = 20,
+) -> tuple[tuple[int, ...], float, float]:
+    """What the plan says of the stop rule: the looks (slots of a cell), and the slots a cell
+    is expected to send at this relative change and at none, on simulated pairs of this
+    host's noise (`noise`: one start's effect; `residual_sd`: one request's own, log)."""
+    least, most = run.requests_at(run.levels[0])
+    level = run.levels[0]  # a slot: a burst of its concurrency, or an open loop's least
+    step = max(1, least) if level.open_loop else level.concurrency or 1
+    planned = max(1, -(-most // step))
+    model = Simulated(
+        offset_sd=noise.sd,
+        slot_sd=residual_sd / math.sqrt(step),
+        speedup_sd=0.0,
+        prompts=max(1, min(prompts, planned)),
+        planned=planned,
+        noise_df=noise.df,
+    )
+    how = {"alpha": run.alpha, "min_effect": run.min_effect, "family": 2 * cells, "draws": draws}
+    at = expected_slots(replace(model, change=math.log1p(max(change, -0.99))), **how)
+    return look_slots(planned), at, expected_slots(model, **how)
