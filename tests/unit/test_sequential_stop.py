@@ -29,12 +29,14 @@ from pytest_specdecode.analysis.verdict.stats import (
     nested_interval,
 )
 from pytest_specdecode.config.arms import BASELINE
+from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.schema import Measurement, SequentialLooks
-from pytest_specdecode.record.store import load_run
+from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.report.plan import Timing, design_lines
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed
-from ..support.synthetic import settings
+from ..support.synthetic import record, settings
+from .test_beside_many import ManyBoard
 from .test_interleaved_order import together_experiment
 
 # -- the boundaries, pure ---------------------------------------------------------------------
@@ -204,3 +206,39 @@ def test_the_plan_gives_the_expected_and_the_largest_slots(tmp_path: Path) -> No
     assert not any(x.startswith("stops") for x in plan_lines(tmp_path, ""))  # one at a time
     off = plan_lines(tmp_path, 'arms = "together"\nsequential = false')
     assert not any(x.startswith("stops") for x in off)
+
+
+def beside_two(tmp_path: Path, eagle_gap: float):
+    """ngram half as fast as the baseline, and eagle at `eagle_gap`, both beside one start."""
+    (tmp_path / "run").mkdir(parents=True)
+    s = settings(tmp_path, candidates=("ngram", "eagle"), samples=16,
+                 run_extra='arms = "together"\nbeside = 2')  # fmt: skip
+    prompts = ("the coding prompt", "the math prompt")
+    scripts = {"ngram": Script({p: Speed(gap_s=0.02) for p in prompts}),
+               "eagle": Script({p: Speed(gap_s=eagle_gap) for p in prompts})}  # fmt: skip
+    target = ScriptedTarget(Script(), scripts)
+    store = RunStore(tmp_path / "run", record(s))
+    board = ManyBoard(
+        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
+        transport=target.transports().sync, clock=target.time.clock,
+    )  # fmt: skip
+    exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    for name in ("ngram", "eagle"):
+        exp.arm(name)
+    board.restore()
+    return store.record
+
+
+def test_beside_several_a_cell_stops_once_every_candidate_is_decided(tmp_path: Path) -> None:
+    rec = beside_two(tmp_path / "a", 0.02)  # both decided at the second look
+    for name in (BASELINE, "ngram", "eagle"):
+        assert len(rec.phases[name].measurements["coding"].samples) == 8
+    assert rec.phases["eagle"].measurements["coding"].sequential == SequentialLooks(
+        16, [4, 8], True
+    )
+    # eagle as fast as the baseline: never decided (no futility stop), so all three send all
+    rec = beside_two(tmp_path / "b", 0.01)
+    for name in (BASELINE, "ngram", "eagle"):
+        assert len(rec.phases[name].measurements["coding"].samples) == 16
+    looks = rec.phases["ngram"].measurements["coding"].sequential
+    assert looks == SequentialLooks(16, [4, 8, 12, 16], stopped=False)
