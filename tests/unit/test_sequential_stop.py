@@ -160,6 +160,7 @@ def test_a_decided_pair_stops_sending_and_records_its_looks(tmp_path: Path) -> N
         assert verdict.verdict is Verdict.REGRESSED
         # the analysis takes the stopping look's boundary: a wider level than the fixed 1-2a/m
         assert verdict.throughput.interval.confidence > 1 - 2 * 0.05 / 4
+        assert "looked at 4, 8 of 16 slots" in verdict.throughput.reason
 
 
 def test_without_the_rule_every_slot_is_sent(tmp_path: Path) -> None:

@@ -520,6 +520,11 @@ def compare_family(
             starts=(len(q.baseline), len(q.candidate)),
             same_configuration=q.same_configuration,
         )
+        if q.looks and interval.confidence != confidence:
+            reason += (
+                f"; looked at {', '.join(map(str, q.looks))} of {q.planned_slots} slots, the "
+                f"interval at the last look's sequential boundary"
+            )
         out.append(
             Comparison(
                 key=q.key,
