@@ -491,7 +491,7 @@ def design_lines(
             trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
         )[0]
 
-    if run.arms == "together" and run.sequential and not settings.aa_only:
+    if run.arms == "together" and run.sequential and run.repeats == 1 and not settings.aa_only:
         lines.append(stop_line(settings, first, seconds))
 
     if drift is not None:

@@ -207,6 +207,8 @@ def test_the_plan_gives_the_expected_and_the_largest_slots(tmp_path: Path) -> No
     assert not any(x.startswith("stops") for x in plan_lines(tmp_path, ""))  # one at a time
     off = plan_lines(tmp_path, 'arms = "together"\nsequential = false')
     assert not any(x.startswith("stops") for x in off)
+    pairs = plan_lines(tmp_path, 'arms = "together"\nrepeats = 2')  # several pairs: not watched
+    assert not any(x.startswith("stops") for x in pairs)
 
 
 def beside_two(tmp_path: Path, eagle_gap: float):
