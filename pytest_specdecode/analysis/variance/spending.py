@@ -55,11 +55,12 @@ def spent(t: float, alpha: float) -> float:
 
 def fractions_of(variances: Sequence[float], final: float) -> tuple[float, ...]:
     """Information fractions from the estimate's variance at each look and with all planned
-    slots; rounded to 0.01 (the boundary is cached on them), increasing, the last at most 1."""
+    slots; rounded down to 0.01 (the boundary is cached on them; lower fractions assume less
+    correlated looks, which errs on the safe side), increasing, the last at most 1."""
     out: list[float] = []
     for v in variances:
         t = min(1.0, final / v) if v > 0 and math.isfinite(v) else 1.0
-        t = max(0.01, round(t, 2))
+        t = max(0.01, math.floor(t * 100 + 1e-9) / 100)
         out.append(max(t, out[-1]) if out else t)
     return tuple(out)
 
