@@ -107,6 +107,7 @@ class RunConfig:
     # baseline beside all of them may run before the run says so (analysis/regime.py)
     regime_slots: int = 4
     regime_tolerance: float = 0.05
+    sequential: bool = True  # side by side: a cell stops once decided (analysis/verdict/)
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json

@@ -55,6 +55,32 @@ def metric_value(sample: RequestSample, values: str) -> float | None:
 
 
 @dataclass
+class SequentialLooks:
+    """Side by side: where the stop rule looked at a cell (analysis/verdict/sequential.py).
+
+    `planned`: the cell's most slots; `looks`: the slot counts at which it looked, in order;
+    `stopped`: whether it stopped at the last of them, decided. The analysis takes the
+    boundary of the last look as the interval's level, so an early stop keeps its alpha."""
+
+    planned: int
+    looks: list[int] = field(default_factory=list)
+    stopped: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"planned": self.planned, "looks": list(self.looks), "stopped": self.stopped}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SequentialLooks:
+        return cls(int(data["planned"]), [int(n) for n in data.get("looks", ())],
+                   bool(data.get("stopped", False)))  # fmt: skip
+
+    def schedule(self, slots: int) -> list[int]:
+        """The looks the analysis counts for a cell of `slots` slots: those before, and the
+        last (the stopping look, or wherever the cell ended)."""
+        return [n for n in self.looks if n < slots] + [slots]
+
+
+@dataclass
 class Measurement:
     """One prompt type in one phase: its requests, and the server's acceptance over them."""
 
@@ -72,6 +98,7 @@ class Measurement:
     slo: SLO = field(default_factory=SLO)  # the level's, as configured when it was measured
     client: ClientLoad = field(default_factory=lambda: ClientLoad())
     environment: WindowEnvironment | None = None  # the serving host's, through the window
+    sequential: SequentialLooks | None = None  # side by side: where the stop rule looked
 
     def __post_init__(self) -> None:
         self.key = self.key or self.prompt_type
@@ -193,6 +220,7 @@ class Measurement:
             "discarded": [s.to_json() for s in self.discarded],
             "token_ids": self.token_ids.to_json() if self.token_ids is not None else None,
             "environment": self.environment.to_json() if self.environment else None,
+            "sequential": self.sequential.to_json() if self.sequential else None,
         }
 
     @classmethod
@@ -215,6 +243,9 @@ class Measurement:
                 WindowEnvironment.from_json(data["environment"])
                 if data.get("environment")
                 else None
+            ),
+            sequential=(
+                SequentialLooks.from_json(data["sequential"]) if data.get("sequential") else None
             ),
         )
 

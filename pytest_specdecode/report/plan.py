@@ -13,11 +13,13 @@ from ..analysis.variance.time_drift import TimeDrift, drift_text
 from ..analysis.verdict.design import (
     DECIDE_AT,
     Lever,
+    Reach,
     design_to_detect,
     drift_reach,
     levers,
     reach,
 )
+from ..analysis.verdict.sequential import stop_plan
 from ..analysis.verdict.side_changes import (
     control_name,
     foreseen,
@@ -494,6 +496,9 @@ def design_lines(
             adopts_original=adopts_original,
         )
 
+    if run.arms == "together" and run.sequential and run.repeats == 1 and not settings.aa_only:
+        lines.append(stop_line(settings, first, seconds))
+
     if drift is not None:
         lines += lever_lines(settings, outside, drift, detect or DECIDE_AT, seconds, timing)
     if detect is None:
@@ -519,6 +524,27 @@ def design_lines(
             )
         )
     return lines
+
+
+def stop_line(settings: Settings, found: Reach, seconds) -> str:
+    """Side by side: where the stop rule looks (analysis/verdict/sequential.py), the slots a
+    prompt type is expected to send at the design's reach and at no change, and the most."""
+    run = settings.run
+    change = -min(found.detectable, 0.9) if math.isfinite(found.detectable) else -0.5
+    prompts = min(len(t.prompts) or 1 for t in settings.prompt_types.values())
+    cells = len(settings.prompt_types) * len(run.levels)
+    looks, at, none = stop_plan(run, cells=cells, prompts=prompts, noise=found.noise,
+                                residual_sd=found.residual_sd, change=change)  # fmt: skip
+    per = run.requests_at(run.levels[0])[1] / looks[-1]  # requests a slot
+
+    def took(slots: float) -> str:
+        return fmt_duration(seconds(run.repeats, max(1, round(slots * per))))
+
+    return (
+        f"stops a prompt type once decided (looks at {', '.join(map(str, looks))} slots): "
+        f"expected {at:.0f} slots at a change of {change:+.0%} (about {took(at)} in all), "
+        f"{none:.0f} at none ({took(none)}); at most {looks[-1]} ({took(looks[-1])})"
+    )
 
 
 def lever_lines(

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...config.arms import AA_ARM, BASELINE, ORIGINAL_ARMS
 from ...record.counters import Acceptance, combine
-from ...record.schema import Measurement, Phase, RunRecord
+from ...record.schema import Measurement, Phase, RunRecord, SequentialLooks
 from .checks import acceptance_cross_check
 from .stats import (
     Comparison,
@@ -262,6 +262,7 @@ def _question(
 ) -> Question:
     values, higher = METRICS[metric]
     slots = pair_slots(baseline, candidate, name, values)
+    watched = _watched(candidate, name) if len(slots) == 1 else None
     return Question(
         name,
         metric,
@@ -275,7 +276,28 @@ def _question(
         same_configuration=same_configuration,
         pairs=[[d for d, _ in pair] for pair in slots] or None,
         pair_prompts=[[prompt for _, prompt in pair] for pair in slots] or None,
+        looks=watched.schedule(len(slots[0])) if watched else None,
+        planned_slots=watched.planned if watched else 0,
     )
+
+
+def questions_of(baseline: Phase, candidate: Phase, name: str) -> list[Question]:
+    """The questions of one cell of a pair served side by side, as `compare_arms` asks them:
+    what the stop rule (sequential.py) decides on while the cell is measured."""
+    return [
+        _question([baseline], [candidate], name, metric, (), False)
+        for metric, (values, _) in METRICS.items()
+        if starts([baseline], name, values) and starts([candidate], name, values)
+    ]
+
+
+def _watched(candidate: Sequence[Phase], name: str) -> SequentialLooks | None:
+    """Where the stop rule looked at a candidate's cell served side by side (its one pair)."""
+    for phase in candidate:
+        m = phase.measurements.get(name)
+        if phase.together_with is not None and m is not None and m.sequential is not None:
+            return m.sequential
+    return None
 
 
 def original_kin(record: RunRecord, compared: Sequence[str]) -> list[Phase]:

@@ -39,6 +39,7 @@ from ..variance.restarts import (
     interval_variance,
     t_quantile,
 )
+from ..variance.spending import fractions_of, nominal_level
 
 __all__ = [
     "Comparison",
@@ -108,6 +109,10 @@ class Question:
     # Side by side: per pair of starts served together, each shared slot's log(c) - log(b)
     pairs: Sequence[Sequence[float]] | None = None
     pair_prompts: Sequence[Sequence[object]] | None = None  # each slot's prompt(s), aligned
+    # One pair watched by the stop rule (sequential.py): the slot counts it looked at, the last
+    # the one analysed, and the cell's planned slots; the interval takes that look's boundary
+    looks: Sequence[int] | None = None
+    planned_slots: int = 0
 
     @property
     def sides(
@@ -267,11 +272,42 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    adjusted = sequential_confidence(question, noise=noise, confidence=confidence)
+    if adjusted != confidence:  # the stop rule's boundary holds for the pairs' interval
+        found = paired_interval(question, noise=noise, confidence=adjusted)
+        if found is not None:
+            return found
     by_starts = _starts_interval(question, noise=noise, confidence=confidence)
     by_pairs = paired_interval(question, noise=noise, confidence=confidence)
     if by_pairs is None or _width(by_pairs) > _width(by_starts):
         return by_starts  # never wider than the same data analysed one arm at a time
     return by_pairs
+
+
+def sequential_confidence(question: Question, *, noise: RestartNoise, confidence: float) -> float:
+    """Where the stop rule looked at the question's one pair: the confidence of its last
+    look's group-sequential boundary (variance/spending.py), spending the same one-sided
+    `(1 - confidence) / 2` over the looks; else `confidence` unchanged.
+
+    The looks' information fractions come from this pair's variance at each look, `omega^2 +
+    sigma_d^2 / n` (the pair's offset, pooled with the outside knowledge, and the slot noise)."""
+    looks, planned = list(question.looks or ()), question.planned_slots
+    fit = fit_pairs(
+        [np.asarray(d, dtype=float) for d in question.pairs or ()], question.pair_prompts
+    )
+    if not looks or planned < 1 or fit is None or fit.pairs != 1:
+        return confidence
+    tau2, df, _ = pair_variance(fit, outside=noise)
+    if not df or not math.isfinite(tau2):
+        return confidence
+    slot_var = fit.slot_var if fit.slot_df and math.isfinite(fit.slot_var) else math.nan
+    offsets = max(0.0, tau2 - fit.within)
+
+    def variance(n: int) -> float:  # with no slot noise known, as if the slots were all
+        return offsets + slot_var / n if math.isfinite(slot_var) else 1.0 / n
+
+    fractions = fractions_of([variance(n) for n in looks], variance(max(planned, looks[-1])))
+    return 1.0 - 2.0 * nominal_level(fractions, (1.0 - confidence) / 2.0)
 
 
 def _width(interval: Interval) -> float:
@@ -484,6 +520,11 @@ def compare_family(
             starts=(len(q.baseline), len(q.candidate)),
             same_configuration=q.same_configuration,
         )
+        if q.looks and interval.confidence != confidence:
+            reason += (
+                f"; looked at {', '.join(map(str, q.looks))} of {q.planned_slots} slots, the "
+                f"interval at the last look's sequential boundary"
+            )
         out.append(
             Comparison(
                 key=q.key,

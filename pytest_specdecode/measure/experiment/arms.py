@@ -70,6 +70,7 @@ class Experiment:
             self.quiet,
             target=target_se(noise_sd, settings.run.min_effect),
             residual={metric: n.residual for metric, n in known.items()},
+            noise=known,
         )
         self._ids = TokenIdRecorder(self._ctx)
         self._rounds = Rounds(self._ctx, self._sender, self.quiet, self._ids)

@@ -92,13 +92,19 @@ class Rounds:
         )
         self._planned = sum(-(-c.plan.most // c.plan.step) for c in lead.cells.values())
         slot = rounds = 0
-        while keys := [k for k in lead.cells if any(self._wants(s.cells[k]) for s in starts)]:
+        stopped: set[str] = set()  # side by side: cells decided (analysis/verdict/sequential)
+        while keys := [
+            k
+            for k in lead.cells
+            if k not in stopped and any(self._wants(s.cells[k]) for s in starts)
+        ]:
             if run.order == "blocked":
                 keys = keys[:1]
             rounds += 1
             sequence = order.round(keys)
             self._send_round(starts, sequence, slot, order, rounds)
             slot += len(sequence)
+            stopped |= self._decided(starts, sequence)
             if rounds % ROUNDS_PER_LINE == 0:
                 ctx.progress(
                     f"{names}: {rounds} rounds, {slot} slots sent; {len(keys)} of "
@@ -129,6 +135,23 @@ class Rounds:
                     least = most = min(slots * step, len(indices))
                 cell = CellPlan(window.m.key, tuple(indices), least, most, step)
                 start.cells[window.m.key] = Cell(window, cell, start.service)
+
+    def _decided(self, starts: list[Start], keys: Sequence[str]) -> set[str]:
+        """Side by side: the cells the stop rule finds decided at this round's look."""
+        if len(starts) < 2:
+            return set()
+        out = set()
+        for key in keys:
+            lead = starts[0].cells[key]
+            if self._sender.decided(
+                lead.window,
+                [s.cells[key].window for s in starts[1:]],
+                slots=len(lead.kept),
+                planned=-(-lead.plan.most // lead.plan.step),
+                cells=len(starts[0].cells),
+            ):
+                out.add(key)
+        return out
 
     def _wants(self, cell: Cell) -> bool:
         sent, plan = len(cell.window.m.samples), cell.plan

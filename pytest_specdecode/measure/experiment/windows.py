@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ...analysis.variance.restarts import RestartNoise
+from ...analysis.variance.spending import look_slots
 from ...analysis.verdict.adaptive import pinned
+from ...analysis.verdict.compare import METRICS, questions_of
+from ...analysis.verdict.sequential import decided
 from ...config.arms import cell_key
 from ...config.prompts import RequestPlan, request_plan
 from ...config.settings import PromptType
 from ...record.counters import Acceptance
 from ...record.requests.samples import RequestSample
-from ...record.schema import ClientLoad, Measurement, Phase
+from ...record.schema import ClientLoad, Measurement, Phase, SequentialLooks
 from ...targets.base import Service
 from ..requests.loadgen import LevelResult, RequestSpec, planned_specs, run_level
 from ..server_metrics import acceptance_between, traffic_between
@@ -49,11 +53,15 @@ class WindowSender:
         *,
         target: float,
         residual: Mapping[str, float | None],
+        noise: Mapping[str, RestartNoise] | None = None,
     ) -> None:
         self._ctx = ctx
         self._quiet = quiet
         self._target = target  # the standard error the adaptive stop rule aims at
         self._residual = dict(residual)  # a request's own spread, per metric, where known
+        assumed = RestartNoise.assumed(ctx.settings.run.assumed_restart_noise)
+        # the restart noise the stop rule (sequential.py) knows, per metric
+        self._noise = {metric: (noise or {}).get(metric) or assumed for metric in METRICS}
 
     def plan(self, prompt_type: PromptType) -> RequestPlan:
         """Which prompt each request of a start sends, over its warm-up and load levels."""
@@ -141,6 +149,45 @@ class WindowSender:
             if p is not window.phase and window.m.key in p.measurements
         ]
         return pinned(earlier, window.m, target=self._target, residual=self._residual)
+
+    def decided(self, base: Window, beside: Sequence[Window], *, slots: int, planned: int,
+                cells: int) -> bool:  # fmt: skip
+        """Side by side, one pair: whether every candidate's cell beside the baseline's is
+        decided at this look (analysis/verdict/sequential.py), recorded on each candidate's
+        measurement; `slots` the cell's kept slots, `planned` its most, `cells` the run's."""
+        settings = self._ctx.settings
+        run = settings.run
+        if not run.sequential or settings.aa_only or run.repeats != 1 or not beside:
+            return False
+        looks = look_slots(planned)
+        if slots not in looks:
+            return False
+        found = []
+        for window in beside:
+            m = window.m
+            m.sequential = m.sequential or SequentialLooks(planned)
+            if slots not in m.sequential.looks:
+                m.sequential.looks.append(slots)
+            found.append(
+                decided(
+                    questions_of(base.phase, window.phase, base.m.key),
+                    alpha=run.alpha,
+                    min_effect=run.min_effect,
+                    noise=self._noise,
+                    family=cells * len(METRICS),
+                )
+            )
+        if any(v is None for v in found):
+            return False
+        for window in beside:
+            if window.m.sequential is not None:
+                window.m.sequential.stopped = True
+        verdicts = ", ".join(f"{w.phase.name} {v}" for w, v in zip(beside, found, strict=True))
+        self._ctx.progress(
+            f"{base.where}: decided at look {looks.index(slots) + 1} of {len(looks)} "
+            f"({slots} of {planned} slots: {verdicts}); the cell stops"
+        )
+        return True
 
     def summary(self, window: Window) -> None:
         """A measured window's lines: its median, its acceptance, its warnings."""
