@@ -39,7 +39,7 @@ def test_terminal_summary_and_html_show_predicted_beside_measured(tmp_path: Path
     text = "\n".join(terminal.lines(rec, analysis, files={}))
     assert "Predicted against measured: the n-gram replay of the baseline's token ids" in text
     assert re.search(
-        r"^  math +ngram \(k=5 n=4\.\.4\) +4\.36 / 4\.36 +67\.3% / 67\.3% +1\.60 +"
+        r"^  math +ngram \(k=5 n=4\.\.4\) +4\.36 / 4\.36 +67\.3% / 67\.3% +1\.61 +"
         r"[\d.]+ \[[\d.]+, [\d.]+\] +[\d.]+  exact$",
         text,
         re.M,
@@ -146,8 +146,9 @@ def test_dry_run_predicts_the_planned_candidates_from_a_stored_baseline(tmp_path
         "model fitted from its measured n-gram candidates: t_step = t0 * (1 + "
     )
     assert re.fullmatch(
-        r"  ngram \(effective k=5 n=4\.\.4\): coding 1\.07 tokens/step, acceptance length 2\.50, "
-        r"predicted [+-][\d.]+% \[[+-][\d.]+%, [+-][\d.]+%\]; math 1\.60 tokens/step, .*",
+        r"  ngram \(effective k=5 n=4\.\.4\): coding 1\.07 tokens per step, 2\.50 accepted per "
+        r"draft, "
+        r"predicted [+-][\d.]+% \[[+-][\d.]+%, [+-][\d.]+%\]; math 1\.61 tokens per step, .*",
         lines[1],
     ), lines[1]
     assert lines[2].startswith("  eagle: method 'eagle' drafts with a model")
@@ -176,7 +177,7 @@ def test_dry_run_through_pytest_shows_the_prediction(pytester: pytest.Pytester) 
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert "prediction from the stored baseline of 20260101T000000Z-ngram" in out
-    assert "  ngram (effective k=5 n=4..4): coding 1.07 tokens/step" in out
+    assert "  ngram (effective k=5 n=4..4): coding 1.07 tokens per step" in out
 
 
 def test_a_search_run_names_no_best_of_its_own_in_the_prediction_section(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from ...analysis.prediction.ngram_types import NGRAM_GRID_K, NgramSettings
 from ...analysis.prediction.predict import RunPrediction, predict_run
 from ...analysis.run import Figures, RunAnalysis
 from ...config.settings import Settings
+from ...record.counters import ACCEPTED_PER_DRAFT_MEANS, TOKENS_PER_STEP_MEANS
 from ...record.schema import RunRecord
 from ..text import fmt_num, fmt_pct
 
@@ -32,7 +33,7 @@ HEATMAP_CAPTION = (
 HEADER = (
     "Prompt",
     "Candidate (effective)",
-    "Acceptance length pred / meas",
+    "Accepted per draft pred / meas",
     "Draft acceptance pred / meas",
     "Tokens per step",
     "tok/s predicted [band]",
@@ -97,7 +98,7 @@ def prediction_rows(
                     measured_length=counts.mean_acceptance_length if counts else None,
                     predicted_rate=stats.draft_acceptance_rate if stats else None,
                     measured_rate=counts.draft_acceptance_rate if counts else None,
-                    tokens_per_step=stats.tokens_per_step if stats else None,
+                    tokens_per_step=stats.decode_tokens_per_step if stats else None,
                     predicted_tps=pred.tokens_per_s if pred else None,
                     band=pred.tokens_per_s_band if pred else None,
                     measured_tps=measured,
@@ -118,7 +119,7 @@ def notes(prediction: RunPrediction, *, searched: bool = False) -> list[str]:
         out.append(prediction.suffix_note)
     out += [
         f"{name} on {w}: {r.settings.label}, the baseline's {r.requests} requests replayed in "
-        f"order: {r.tokens_per_step:.2f} tokens a step ({r.drafts} drafts of {r.draft_tokens} "
+        f"order: {r.tokens_per_step:.2f} tokens per step ({r.drafts} drafts of {r.draft_tokens} "
         f"tokens, {r.accepted} accepted)"
         for name, per in prediction.suffix.items()
         for w, r in per.items()
@@ -154,15 +155,17 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     found = prediction_rows(record, prediction, analysis.figures)
     if found:
         out.append(
-            f"  {'prompt':<12} {'candidate (effective)':<28} {'accept len':>11} "
-            f"{'draft acc':>13} {'tok/step':>8} {'tok/s pred [band]':>24} {'meas':>6}  replay"
+            f"  {'prompt':<12} {'candidate (effective)':<28} {'accepted per draft':>18} "
+            f"{'draft acc':>13} {'tokens per step':>15} {'tok/s pred [band]':>24} {'meas':>6}"
+            "  replay"
         )
         for r in found:
             cells = r.cells()
             out.append(
-                f"  {cells[0]:<12} {cells[1]:<28} {cells[2]:>11} {cells[3]:>13} {cells[4]:>8} "
+                f"  {cells[0]:<12} {cells[1]:<28} {cells[2]:>18} {cells[3]:>13} {cells[4]:>15} "
                 f"{cells[5]:>24} {cells[6]:>6}  {cells[7]}"
             )
+        out += [f"  {ACCEPTED_PER_DRAFT_MEANS}", f"  {TOKENS_PER_STEP_MEANS}"]
     out += [f"  {line}" for line in notes(prediction, searched=record.search is not None)]
     return out
 
@@ -195,7 +198,13 @@ _FOOTNOTE = (
     "look-ahead covered the last step; otherwise within the last step's bound (at most k-1 "
     "tokens per request). tok/s predicted: the cost model fitted from the measured n-gram "
     "candidates, its band a 95% prediction interval widened by the baseline's TPOT noise and "
-    "the restart noise (a new server start)."
+    "the restart noise (a new server start). "
+    + ACCEPTED_PER_DRAFT_MEANS[0].upper()
+    + ACCEPTED_PER_DRAFT_MEANS[1:]
+    + ". "
+    + TOKENS_PER_STEP_MEANS[0].upper()
+    + TOKENS_PER_STEP_MEANS[1:]
+    + "."
 )
 
 
@@ -280,8 +289,9 @@ def grid_lines(prediction: RunPrediction, *, top: int = 5) -> list[str]:
                 else f"ceiling {p.ceiling_speedup:.2f}"
             )
             out.append(
-                f"    {p.settings.label:<12} {figure}; {r.tokens_per_step:.2f} tokens per step, "
-                f"acceptance length {fmt_num(r.mean_acceptance_length, '.2f')}, drafts on "
+                f"    {p.settings.label:<12} {figure}; {r.decode_tokens_per_step:.2f} tokens per "
+                "step, "
+                f"{fmt_num(r.mean_acceptance_length, '.2f')} accepted per draft, drafts on "
                 f"{fmt_pct(r.drafts_per_step, sign=False)} of steps"
             )
     return out
@@ -407,8 +417,8 @@ def dry_run_lines(settings: Settings, record: RunRecord, source: str) -> list[st
                 else f"ceiling {p.ceiling_speedup - 1:+.1%}"
             )
             parts.append(
-                f"{name} {r.tokens_per_step:.2f} tokens/step, acceptance length "
-                f"{fmt_num(r.mean_acceptance_length, '.2f')}, {speed}"
+                f"{name} {r.decode_tokens_per_step:.2f} tokens per step, "
+                f"{fmt_num(r.mean_acceptance_length, '.2f')} accepted per draft, {speed}"
             )
         lines.append(
             f"  {note.name} (effective {note.settings.label}): "
