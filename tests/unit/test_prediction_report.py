@@ -103,9 +103,16 @@ def test_specdecode_predict_prints_the_grid_without_vllm(tmp_path: Path) -> None
     header = next(line for line in out.splitlines() if line.strip().startswith("k=1"))
     assert header.split() == [f"k={k}" for k in range(1, 9)]
     rows = [line for line in out.splitlines() if re.match(r"  n=\d\.\.\d ", line)]
-    assert len(rows) == 4 * 21 and all(len(r.split()) == 9 for r in rows)
+    assert len(rows) == 4 * 21
+    # A cell is blank where the prediction's band does not bound, and the grid says how many.
+    cells = [[r[10 + 7 * i : 17 + 7 * i].strip() for i in range(8)] for r in rows]
+    blank = [sum(c == "" for row in cells[i * 21 : (i + 1) * 21] for c in row) for i in range(4)]
+    said = [int(n) for n in re.findall(r"^  no prediction for (\d+) of 168 configs", out, re.M)]
+    assert said == [n for n in blank if n], (said, blank)
     assert re.search(
-        r"^  math +ngram \(k=5 n=4\.\.4\) +length 4\.36 / 4\.36, .*: exact$", out, re.M
+        r"^  math +ngram \(k=5 n=4\.\.4\) +accepted per draft 4\.36 / 4\.36, .*: exact$",
+        out,
+        re.M,
     )
     assert "Cost model: t_step" in out and "Next: " in out
     as_json = subprocess.run(
