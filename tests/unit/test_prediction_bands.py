@@ -174,3 +174,23 @@ def test_results_json_carries_the_reason_in_the_grid(recorded) -> None:  # type:
     ]
     assert all(w is None or w.startswith("no prediction: the band [") for w in said)
     assert any(said) and not all(said)
+
+
+def test_the_search_plan_prints_a_wide_band_as_its_reason() -> None:
+    from pytest_specdecode.analysis.prediction.coverage import Coverage
+    from pytest_specdecode.analysis.search.policy import Reload, SearchPlan
+    from pytest_specdecode.record.search import PredictedBand
+    from pytest_specdecode.report.sections.search import plan_lines
+
+    bands = {
+        "coding": PredictedBand(300.0, 280.0, 330.0, 1.05, 0.98, 1.15),
+        "math": PredictedBand(250.0, 88.3, 7561.1, 0.9, 0.3, 27.0),
+    }
+    step = Reload({"method": "ngram"}, "k=3 n=1..2", "teach", "a reason", bands, K3)
+    out = "\n".join(plan_lines(SearchPlan(Coverage(), {}, step, 0.05)))
+    assert "  predicted on coding: 300.0 tok/s [280.0, 330.0], +5.0% [-2.0%, +15.0%]" in out
+    assert (
+        "  on math: no prediction: the band [88, 7561] tok/s is wider than the measurements can "
+        "support (a factor of 85.63 from end to end, above 2)"
+    ) in out
+    assert "7561.1" not in out

@@ -317,25 +317,25 @@ def support_of(
 
 def withheld_reason(
     band: tuple[float, float],
-    tokens_per_step: float,
+    tokens_per_step: float | None,
     support: Support | None,
     *,
     max_ratio: float = MAX_BAND_RATIO,
 ) -> str | None:
     """Why a tok/s band at this many tokens per step is no prediction; None where it bounds:
-    at most `max_ratio` from end to end, and within what the observations measured."""
+    at most `max_ratio` from end to end, and within what the observations measured (where
+    both the support and the config's tokens per step are known)."""
     low, high = band
     ratio = high / low if low > 0 else math.inf
     wide = ratio > max_ratio
-    outside = support is not None and not support.holds(tokens_per_step)
+    place, outside = None, False
+    if support is not None and tokens_per_step is not None:
+        place, outside = support.text(tokens_per_step), not support.holds(tokens_per_step)
     if not wide and not outside:
         return None
     whose = support.name if support is not None else "the measurements"
-    reasons = []
-    if wide:
-        reasons.append(f"a factor of {ratio:.2f} from end to end, above {max_ratio:g}")
-    if support is not None:
-        reasons.append(support.text(tokens_per_step))
+    reasons = [f"a factor of {ratio:.2f} from end to end, above {max_ratio:g}"] if wide else []
+    reasons += [place] if place else []
     return (
         f"no prediction: the band [{low:.0f}, {high:.0f}] tok/s is wider than {whose} can support "
         f"({'; '.join(reasons)})"
