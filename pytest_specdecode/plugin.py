@@ -70,9 +70,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="auto|K[,K...]",
         default=None,
         help="the break-even map: for each k (auto: the candidate's and one other), servers "
-        "whose drafts vLLM accepts at a synthetic mean length from 1 to k+1 "
-        "([run] break_even_points, 2), measured against the baseline: the acceptance at which "
-        "speculation pays, and its ceiling, on this engine and load",
+        "whose drafts vLLM accepts at a stated accepted per draft from 1 to k+1 "
+        "([run] break_even_points, 2), measured against the baseline: the tokens per step at "
+        "which speculation pays, and its ceiling, on this engine and load",
     )
     add(
         "--spec-max-reloads",

@@ -4,10 +4,12 @@ A map point is a server whose drafter proposes as usual while vLLM accepts its d
 stated rate (`rejection_sample_method: "synthetic"`, `synthetic_acceptance_length` L). Against
 the baseline it gives the throughput ratio at that L, for its k and load, with the verdict's
 own interval. A speculative step costs the same whatever is accepted, so at one k and load the
-ratio is a line in L: r(L) = a + b*L (vLLM emits L tokens a step, at a fixed step cost). The
-map fits that line per k, load and prompt type, and reads off:
+ratio is a line in the tokens per step x it emits: r(x) = a + b*x (at a fixed step cost). A
+point lies at the tokens per step its counters measured (output tokens over decode steps,
+drafting or not), which runs below the asked L, an accepted per draft, where some steps drafted
+nothing. The map fits that line per k, load and prompt type, and reads off:
 
-- the break-even acceptance length, where r(L) = 1;
+- the break-even tokens per step, where r(x) = 1;
 - the ceiling, r(k + 1): every draft accepted.
 
 The band at any L comes from redrawing every point within its interval (a t on the log scale,
@@ -54,19 +56,19 @@ class MapPoint:
 
     candidate: str
     k: int
-    length: float  # the asked mean acceptance length
+    length: float  # the asked accepted per draft (synthetic_acceptance_length)
     level: str
     prompt_type: str
     log_ratio: float  # candidate over baseline, throughput, log scale
     se: float
     df: float
-    measured_length: float | None = None  # 1 + accepted / drafts, from vLLM's counters
+    measured_length: float | None = None  # accepted per draft, 1 + accepted / drafts, counted
     drafts_per_step: float | None = None  # draft tokens per decode step: k where it drafts always
     tokens_per_step: float | None = None  # counted; the map's x where known (else `length`)
 
     @property
     def x(self) -> float:
-        """Where the point lies on the map: the tokens a step counted, else the asked length
+        """Where the point lies on the map: the tokens per step counted, else the asked length
         (a step that drafts nothing emits one token, so the counted value runs below it)."""
         return self.tokens_per_step if self.tokens_per_step is not None else self.length
 
@@ -83,14 +85,14 @@ class MapPoint:
         return {
             "candidate": self.candidate,
             "k": self.k,
-            "length": self.length,
+            "asked_accepted_per_draft": self.length,
             "level": self.level,
             "prompt_type": self.prompt_type,
             "ratio": self.ratio,
             "log_ratio": self.log_ratio,
             "se": self.se,
             "df": self.df,
-            "measured_length": self.measured_length,
+            "accepted_per_draft": self.measured_length,
             "drafts_per_step": self.drafts_per_step,
             "tokens_per_step": self.tokens_per_step,
         }
@@ -110,14 +112,14 @@ class MapLine:
     draws: tuple[tuple[float, float], ...]  # (intercept, slope) redrawn, for the bands
 
     def at(self, length: float) -> tuple[float, float, float]:
-        """The ratio at acceptance length `length`, and its band."""
+        """The ratio at `length` tokens per step, and its band."""
         values = [a + b * length for a, b in self.draws]
         low, high = _central(values, self.confidence)
         return self.intercept + self.slope * length, low, high
 
     @property
     def break_even(self) -> tuple[float, float, float]:
-        """The acceptance length where r(L) = 1 (inf: never, at this k and load), with its
+        """The tokens per step where r(x) = 1 (inf: never, at this k and load), with its
         band: from the redrawn lines, a line that never reaches 1 counting as inf."""
         values = [_crossing(a, b) for a, b in self.draws]
         low, high = _central(values, self.confidence)
@@ -132,9 +134,10 @@ class MapLine:
         be, low, high = self.break_even
         top, top_low, top_high = self.ceiling
         where = (
-            f"breaks even at acceptance length {_length(be)} [{_length(low)}, {_length(high)}]"
+            f"breaks even at {_length(be)} tokens per step [{_length(low)}, {_length(high)}]"
             if be <= self.k + 1
-            else f"never breaks even up to L = {self.k + 1} (the line reaches 1 at {_length(be)})"
+            else f"never breaks even up to {self.k + 1} tokens per step (the line reaches 1 at "
+            f"{_length(be)})"
         )
         return (
             f"k={self.k} at {self.level}: {where}; every draft accepted: {top:.2f}x "
@@ -282,7 +285,7 @@ def _pooled(points: Sequence[MapPoint]) -> MapPoint:
 class Steps:
     """What vLLM's counters say of some cells' decode steps."""
 
-    length: float | None  # 1 + accepted / drafts: the acceptance length of a step that drafted
+    length: float | None  # accepted per draft: 1 + accepted / drafts, over steps that drafted
     drafts_per_step: float | None  # draft tokens over decode steps: k where every step drafts
     tokens_per_step: float | None  # output tokens (after the first) over decode steps
 
@@ -370,7 +373,7 @@ class MapCheck:
     level: str
     k: int
     map_k: int
-    length: float
+    tokens_per_step: float
     source: str  # "replayed" or "counted"
     measured: float  # the candidate's throughput ratio
     measured_low: float
@@ -387,9 +390,10 @@ class MapCheck:
         where = "inside" if self.inside else "outside"
         k = f"k={self.k}" + (f" (read at the map's k={self.map_k})" if self.map_k != self.k else "")
         return (
-            f"{self.candidate}/{self.prompt_type} at {self.level}, {k}, {self.length:.2f} tokens "
-            f"a step ({self.source}): measured {self.measured:.2f}x [{self.measured_low:.2f}, "
-            f"{self.measured_high:.2f}], the map says {self.predicted:.2f}x [{self.low:.2f}, "
+            f"{self.candidate}/{self.prompt_type} at {self.level}, {k}, "
+            f"{self.tokens_per_step:.2f} tokens per step ({self.source}): measured "
+            f"{self.measured:.2f}x [{self.measured_low:.2f}, {self.measured_high:.2f}], the map "
+            f"says {self.predicted:.2f}x [{self.low:.2f}, "
             f"{self.high:.2f}]: {where} its band"
         )
 
@@ -404,15 +408,17 @@ def check_against_map(
     prompt_type: str,
     level: str,
     k: int,
-    length: float,
+    tokens_per_step: float,
     source: str,
     measured: tuple[float, float, float],
 ) -> MapCheck | None:
-    """The candidate's measured ratio beside the map's band at `length`; None off the map."""
+    """The candidate's measured ratio beside the map's band at its tokens per step; None off
+    the map."""
     line = found.near(k, level, prompt_type)
     if line is None:
         return None
-    predicted, low, high = line.at(length)
+    predicted, low, high = line.at(tokens_per_step)
     return MapCheck(
-        candidate, prompt_type, level, k, line.k, length, source, *measured, predicted, low, high
-    )
+        candidate, prompt_type, level, k, line.k, tokens_per_step, source, *measured,
+        predicted, low, high,
+    )  # fmt: skip

@@ -14,7 +14,7 @@ from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.break_even import point_of
 from ..config.vllm_argv import option_value
 from ..record.schema import RunRecord
-from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run
+from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
@@ -265,7 +265,8 @@ def map_checks(
 ) -> list[MapCheck]:
     """Each measured candidate with a k, per prompt type and level, against the map's band at
     its tokens per step: the baseline's ids replayed for its config where the prediction has
-    them (the first level), else vLLM's counted acceptance length."""
+    them (the first level), else counted by vLLM's counters (output tokens over decode steps;
+    never the accepted per draft, which leaves out the steps that drafted nothing)."""
     out = []
     levels = record.run.levels
     for candidate, per in verdicts.items():
@@ -274,10 +275,14 @@ def map_checks(
             continue
         for name in record.prompt_types:
             for i, level in enumerate(levels):
-                v = per.get(cell_key(name, level, several=len(levels) > 1))
+                key = cell_key(name, level, several=len(levels) > 1)
+                v = per.get(key)
                 if v is None:
                     continue
-                length, source = _tokens_per_step(prediction, candidate, name, v, first=i == 0)
+                cells = [m for p in record.arm_phases(candidate) if (m := p.measurements.get(key))]
+                length, source = _tokens_per_step(
+                    prediction, candidate, name, measured_steps(cells).tokens_per_step, first=i == 0
+                )
                 if length is None:
                     continue
                 low, high = v.throughput.ratio_ci
@@ -287,7 +292,7 @@ def map_checks(
                     prompt_type=name,
                     level=level.label,
                     k=k,
-                    length=length,
+                    tokens_per_step=length,
                     source=source,
                     measured=(v.throughput.ratio, low, high),
                 )
@@ -300,7 +305,7 @@ def _tokens_per_step(
     prediction: RunPrediction | None,
     candidate: str,
     prompt_type: str,
-    verdict: PromptTypeVerdict,
+    counted: float | None,
     *,
     first: bool,
 ) -> tuple[float | None, str]:
@@ -312,7 +317,7 @@ def _tokens_per_step(
     replay = (compared.own or compared.predicted) if compared and first else None
     if replay is not None:
         return replay.decode_tokens_per_step, "replayed"
-    return verdict.acceptance.mean_acceptance_length, "counted"
+    return counted, "counted"
 
 
 def run_figures(

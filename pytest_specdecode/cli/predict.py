@@ -42,8 +42,9 @@ def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) 
         for r in found:
             cells = r.cells()
             lines.append(
-                f"  {cells[0]:<12} {cells[1]:<26} length {cells[2]}, draft acceptance "
-                f"{cells[3]}, {cells[4]} tokens/step, tok/s {cells[5]} / {cells[6]}: {cells[7]}"
+                f"  {cells[0]:<12} {cells[1]:<26} accepted per draft {cells[2]}, draft "
+                f"acceptance {cells[3]}, {cells[4]} tokens per step, tok/s {cells[5]} / "
+                f"{cells[6]}: {cells[7]}"
             )
             if r.status not in ("exact", "within bound"):
                 lines.append(f"    {r.detail}")
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="specdecode-predict",
         description="Replay vLLM's n-gram proposer over a stored run's baseline token ids: "
-        "acceptance and tokens per step for every config of the grid (k 1..8, "
+        "accepted per draft and tokens per step for every config of the grid (k 1..8, "
         "prompt_lookup_min/max 1..6), checked against the measured candidates, with predicted "
         "tok/s from a cost model fitted to them. Needs no vLLM.",
     )

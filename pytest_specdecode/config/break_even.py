@@ -1,8 +1,9 @@
 """`--spec-break-even`: the map's servers, each a synthetic-acceptance config.
 
-vLLM's `rejection_sample_method: "synthetic"` accepts the drafter's proposals at a stated mean
-acceptance length L, whatever the target model says. One server per (k, L) then measures what a
-step of k drafts costs on this engine, hardware and load: no drafter has to be good for it.
+vLLM's `rejection_sample_method: "synthetic"` accepts the drafter's proposals at a stated
+accepted per draft L (vLLM's mean acceptance length, 1 + accepted tokens / drafting steps),
+whatever the target model says. One server per (k, L) then measures what a step of k drafts
+costs on this engine, hardware and load: no drafter has to be good for it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def map_spec(method: str, k: int, length: float, lookup_max: int) -> dict[str, A
 
 
 def point_of(spec: Mapping[str, Any]) -> tuple[int, float] | None:
-    """(k, asked acceptance length) of a map server's config; None for any other config."""
+    """(k, asked accepted per draft) of a map server's config; None for any other config."""
     if spec.get("rejection_sample_method") != "synthetic":
         return None
     k = spec.get("num_speculative_tokens")
@@ -73,7 +74,7 @@ def map_ks(text: str, candidates: Sequence[SpecConfig]) -> tuple[int, ...]:
 
 
 def map_lengths(k: int, points: int) -> tuple[float, ...]:
-    """`points` acceptance lengths from 1 (nothing accepted) to k + 1 (everything), evenly."""
+    """`points` accepted per draft from 1 (nothing accepted) to k + 1 (everything), evenly."""
     if points < 2:
         raise ConfigError(f"[run] break_even_points must be 2 or more (a line), got {points}")
     return tuple(round(1.0 + k * i / (points - 1), 3) for i in range(points))

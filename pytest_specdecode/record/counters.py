@@ -8,6 +8,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+# Two quantities, one name each, in every report, plot and doc (issue 41):
+ACCEPTED_PER_DRAFT = "accepted per draft"
+ACCEPTED_PER_DRAFT_MEANS = (
+    "accepted per draft: vLLM's mean acceptance length, 1 + accepted tokens / drafting steps "
+    "(steps that drafted nothing are not counted)"
+)
+TOKENS_PER_STEP = "tokens per step"
+TOKENS_PER_STEP_MEANS = (
+    "tokens per step: output tokens / decode steps, drafting or not (the break-even map's axis)"
+)
+
 
 @dataclass(frozen=True)
 class Traffic:
@@ -59,6 +70,7 @@ class Acceptance:
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
+    # ACCEPTED_PER_DRAFT; results.json keeps vLLM's own name for it
     mean_acceptance_length: float | None = None  # 1 + accepted / drafts
     draft_acceptance_rate: float | None = None  # accepted / draft tokens
     per_position_rates: list[float] = field(default_factory=list)

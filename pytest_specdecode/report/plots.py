@@ -13,9 +13,11 @@ import numpy as np
 from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE, BASELINE_AFTER
+from ..record.counters import ACCEPTED_PER_DRAFT
 from ..record.schema import RunRecord
 from .rows import Row, rows
 from .sections.acceptance import PLOT_CAPTION
+from .sections.break_even import MAP_X_LABEL
 from .sections.break_even import PLOT_CAPTION as MAP_CAPTION
 from .sections.prediction import HEATMAP_CAPTION
 from .text import finite, fmt_num
@@ -302,8 +304,8 @@ def _acceptance(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
             lw=2.4,
             color=color,
             zorder=3,
-            label=f"{phase.name}, all prompts (mean length "
-            f"{fmt_num(acc.mean_acceptance_length, '.2f')})",
+            label=f"{phase.name}, all prompts ({fmt_num(acc.mean_acceptance_length, '.2f')} "
+            f"{ACCEPTED_PER_DRAFT})",
         )
         if len(phase.measurements) > 1:
             for k, (name, m) in enumerate(phase.measurements.items()):
@@ -430,7 +432,7 @@ def speedup_vs_load(
 
 
 def break_even_map(analysis: RunAnalysis, path: Path) -> Path:
-    """The map: ratio against acceptance length, a line per k with its band, a panel per load;
+    """The map: ratio against tokens per step, a line per k with its band, a panel per load;
     the map's servers as circles, the measured candidates as diamonds; break-even dashed."""
     found = analysis.break_even
     assert found is not None
@@ -454,15 +456,15 @@ def break_even_map(analysis: RunAnalysis, path: Path) -> Path:
         for j, check in enumerate(c for c in analysis.map_checks if c.level == level):
             below, above = check.measured - check.measured_low, check.measured_high - check.measured
             ax.errorbar(
-                [check.length], [check.measured], yerr=[[below], [above]],
+                [check.tokens_per_step], [check.measured], yerr=[[below], [above]],
                 color="#111", marker="D", ms=6, capsize=3, lw=1.0, zorder=5, mfc="white",
             )  # fmt: skip
             ax.annotate(
-                f"{check.candidate}/{check.prompt_type}", (check.length, check.measured),
+                f"{check.candidate}/{check.prompt_type}", (check.tokens_per_step, check.measured),
                 textcoords="offset points", xytext=(6, 4 - 9 * j), fontsize=7,
             )  # fmt: skip
         ax.set_title(f"load {level}")
-        ax.set_xlabel("acceptance length (tokens a step)")
+        ax.set_xlabel(MAP_X_LABEL)
         ax.set_ylabel("throughput / baseline's")
     _legend(axes[-1])
     fig.savefig(path)

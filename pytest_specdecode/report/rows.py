@@ -13,6 +13,7 @@ from ..analysis.variance.time_drift import drift_text
 from ..analysis.verdict.compare import PromptTypeVerdict, start_prompts
 from ..analysis.verdict.stats import Verdict
 from ..config.arms import BASELINE
+from ..record.counters import ACCEPTED_PER_DRAFT
 from ..record.schema import RunRecord
 from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text
 
@@ -44,7 +45,7 @@ class Row:
     tpot_candidate: float | None
     tpot_change: float | None
     tpot_p: float | None
-    acceptance_length: float | None
+    accepted_per_draft: float | None  # vLLM's mean acceptance length (ACCEPTED_PER_DRAFT)
     draft_acceptance: float | None
     per_position: tuple[float, ...]
     note: str | None  # the acceptance cross-check's disagreement
@@ -67,7 +68,7 @@ class Row:
             tpot_candidate=p.candidate_center if p else None,
             tpot_change=p.change if p else None,
             tpot_p=p.p_adjusted if p else None,
-            acceptance_length=acc.mean_acceptance_length if acc.present else None,
+            accepted_per_draft=acc.mean_acceptance_length if acc.present else None,
             draft_acceptance=acc.draft_acceptance_rate if acc.present else None,
             per_position=tuple(acc.per_position_rates),
             note=v.acceptance_note,
@@ -104,7 +105,7 @@ class Row:
         return (
             f"{self.prompt_type}: {fmt_num(self.baseline_tps)} -> {fmt_num(self.candidate_tps)} "
             f"tok/s ({self.change_text}, p_adj={fmt_p(self.p)}); TPOT {self.tpot_text}; "
-            f"acceptance length {fmt_num(self.acceptance_length, '.2f')}; "
+            f"{ACCEPTED_PER_DRAFT} {fmt_num(self.accepted_per_draft, '.2f')}; "
             f"verdict: {self.verdict_text or self.verdict}"
         )
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE
+from ..record.counters import ACCEPTED_PER_DRAFT, ACCEPTED_PER_DRAFT_MEANS
 from ..record.schema import RunRecord
 from .rows import checks, headline, rows, undecided
 from .sections import acceptance, break_even, cut, levels, prediction, regime, search, side_changes
@@ -18,7 +19,7 @@ def header(prompt_width: int = 12, candidate_width: int = 14) -> str:
     return (
         f"{'prompt':<{prompt_width}} {'candidate':<{candidate_width}} {'base tok/s':>10} "
         f"{'cand tok/s':>10} {'change':>8} {'TPOT base→cand ms':>19} {'p_adj':>7} "
-        f"{'accept len':>10}  verdict"
+        f"{ACCEPTED_PER_DRAFT:>18}  verdict"
     )
 
 
@@ -51,7 +52,7 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
             out.append(
                 f"{r.prompt_type:<{wide}} {candidate:<{cand}} {fmt_num(r.baseline_tps):>10} "
                 f"{fmt_num(r.candidate_tps):>10} {fmt_pct(r.change):>8} {tpot} "
-                f"{fmt_p(r.p):>7} {fmt_num(r.acceptance_length, '.2f'):>10}  {r.verdict_text}"
+                f"{fmt_p(r.p):>7} {fmt_num(r.accepted_per_draft, '.2f'):>18}  {r.verdict_text}"
             )
         acc = record.arm_phases(candidate)[0].acceptance
         if acc.present and acc.per_position_rates:
@@ -63,6 +64,8 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
         out += side_changes.terminal_lines(analysis, candidate)
         if found := regime.mark(analysis, candidate):
             out.append(f"  {candidate}: {found}")
+    if any(r.accepted_per_draft is not None for r in found):
+        out.append(f"  {ACCEPTED_PER_DRAFT_MEANS}")
     if analysis.verdicts:
         out += [f"{cut.result_label(record)}: {headline(analysis)}", *undecided(analysis, record)]
     out += regime.terminal_lines(analysis)

@@ -10,7 +10,7 @@ from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.stats import Comparison, RestartNoise
 from ..config.break_even import MAP_PREFIX
 from ..config.settings import RunConfig
-from ..record.counters import Acceptance
+from ..record.counters import ACCEPTED_PER_DRAFT, Acceptance
 
 
 def finite(x: Any) -> bool:
@@ -80,7 +80,8 @@ def acceptance_text(acc: Acceptance) -> str:
         return "Acceptance: no spec-decode counters in /metrics."
     rates = ", ".join(f"{r:.2f}" for r in acc.per_position_rates)
     return (
-        f"Acceptance: mean length {fmt_num(acc.mean_acceptance_length, '.2f')}, draft "
+        f"Acceptance: {fmt_num(acc.mean_acceptance_length, '.2f')} {ACCEPTED_PER_DRAFT} "
+        "(vLLM's mean acceptance length: 1 + accepted tokens / drafting steps), draft "
         f"acceptance {fmt_pct(acc.draft_acceptance_rate, sign=False)} ({acc.accepted:.0f} of "
         f"{acc.draft_tokens:.0f} draft tokens, {acc.drafts:.0f} drafts), per position [{rates}]"
     )

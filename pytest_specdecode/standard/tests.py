@@ -92,7 +92,7 @@ def test_break_even_map(
     if found is None:
         pytest.fail("no break-even map: none of its servers was measured", pytrace=False)
     off = [
-        f"{p.candidate} at {p.level}: asked L = {p.length:g}, measured "
+        f"{p.candidate} at {p.level}: asked {p.length:g} accepted per draft, measured "
         + ("nothing (no counters)" if p.measured_length is None else f"{p.measured_length:.2f}")
         for line in found.overall
         for p in line.points

@@ -240,7 +240,7 @@ def test_the_reports_show_predicted_beside_measured_and_the_heat_map(run: Run) -
     assert "Predicted against measured: the n-gram replay" in run.stdout
     assert "ngram-min2 (k=3 n=2..3)" in run.stdout
     summary = (run.folder / "summary.md").read_text()
-    assert "| Prompt | Candidate (effective) | Acceptance length pred / meas |" in summary
+    assert "| Prompt | Candidate (effective) | Accepted per draft pred / meas |" in summary
     assert (run.folder / "prediction.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     page = (run.folder / "report.html").read_text()
     assert "specdecode-plot-prediction" in page and "specdecode-prediction" in page

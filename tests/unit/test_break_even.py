@@ -64,7 +64,7 @@ def test_a_line_through_two_points_reads_off_break_even_and_ceiling() -> None:
     assert top == pytest.approx(3.2) and top_low < 3.2 < top_high
     ratio, lo, hi = line.at(2.0)
     assert ratio == pytest.approx(1.6) and lo < 1.6 < hi
-    assert "breaks even at acceptance length 1.25" in line.describe()
+    assert "breaks even at 1.25 tokens per step" in line.describe()
 
 
 def test_a_line_that_stays_below_one_never_breaks_even() -> None:
@@ -74,7 +74,7 @@ def test_a_line_that_stays_below_one_never_breaks_even() -> None:
     a, b, draws = fit_line(points, confidence=0.95)
     line = MapLine(3, "c1", ALL_PROMPTS, points, a, b, 0.95, draws)
     assert line.break_even[0] > 4.0
-    assert "never breaks even up to L = 4" in line.describe()
+    assert "never breaks even up to 4 tokens per step" in line.describe()
 
 
 def test_wider_points_give_a_wider_band() -> None:
@@ -127,7 +127,7 @@ def test_the_reports_show_the_map_and_each_candidate_against_its_band(tmp_path) 
         ratio = length / cost
         synthetic.add_phase(rec, name, {w: r * ratio for w, r in rates.items()}, seed=k + length,
                             acceptance=counted(k, length))  # fmt: skip
-    # n-gram k5 at 2.1 tokens a step: the map says 2.1 / 1.4 = 1.5x
+    # n-gram k5 at 2.1 tokens per step: the map says 2.1 / 1.4 = 1.5x
     synthetic.add_phase(rec, "ngram", {w: r * 1.5 for w, r in rates.items()}, seed=9,
                         acceptance=counted(5, 2.1))  # fmt: skip
     found = analyze(rec)
@@ -145,7 +145,7 @@ def test_the_reports_show_the_map_and_each_candidate_against_its_band(tmp_path) 
     text = (run_dir / "summary.md").read_text()
     assert "### The break-even map" in text
     assert "| 5 | c1 | 1.00: 0.72x [" in text
-    assert "ngram/coding at c1, k=5, 2.10 tokens a step (counted): measured 1.49x" in text
+    assert "ngram/coding at c1, k=5, 2.10 tokens per step (counted): measured 1.49x" in text
     assert (run_dir / "break-even.png").stat().st_size > 10_000
     assert "break-even" in written.plots
     assert any(line.startswith("break-even map: k=3 at c1: breaks even") for line in

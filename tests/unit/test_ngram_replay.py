@@ -353,7 +353,9 @@ def test_to_dict_carries_effective_settings_and_figures():
     d = replay([10, 11, 12, 13, 14, 99], [10, 11, 12, 13, 14, 7], S(3, 2, 2)).to_dict()
     assert d["settings"] == {"method": "ngram", "num_speculative_tokens": 3,
                              "prompt_lookup_min": 2, "prompt_lookup_max": 2}  # fmt: skip
-    assert d["label"] == "k=3 n=2..2" and d["tokens_per_step"] == 2.0
+    r = replay([10, 11, 12, 13, 14, 99], [10, 11, 12, 13, 14, 7], S(3, 2, 2))
+    assert d["label"] == "k=3 n=2..2" and d["tokens_per_forward_pass"] == r.tokens_per_step == 2.0
+    assert d["tokens_per_step"] == r.decode_tokens_per_step  # the map's axis, decode steps only
     assert np.isclose(d["mean_acceptance_length"], 4.0)
 
 

@@ -58,7 +58,7 @@ def test_recorded_real_counters_are_predicted_exactly_from_the_record(tmp_path: 
     assert "outputs differ from the baseline's (a timed output differs from character 73)" in (
         differs.detail
     )
-    assert "acceptance length 1.56 vs measured 1.62 (+0.07)" in differs.detail
+    assert "accepted per draft 1.56 vs measured 1.62 (+0.07)" in differs.detail
     assert "own token ids were not recorded" in differs.detail
     # Every config of the grid, plus the candidates, per prompt type; effective labels.
     assert set(prediction.replays["coding"]) == set(grid_settings())  # both candidates on it

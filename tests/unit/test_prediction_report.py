@@ -39,7 +39,7 @@ def test_terminal_summary_and_html_show_predicted_beside_measured(tmp_path: Path
     text = "\n".join(terminal.lines(rec, analysis, files={}))
     assert "Predicted against measured: the n-gram replay of the baseline's token ids" in text
     assert re.search(
-        r"^  math +ngram \(k=5 n=4\.\.4\) +4\.36 / 4\.36 +67\.3% / 67\.3% +1\.60 +"
+        r"^  math +ngram \(k=5 n=4\.\.4\) +4\.36 / 4\.36 +67\.3% / 67\.3% +1\.61 +"
         r"[\d.]+ \[[\d.]+, [\d.]+\] +[\d.]+  exact$",
         text,
         re.M,
@@ -103,9 +103,16 @@ def test_specdecode_predict_prints_the_grid_without_vllm(tmp_path: Path) -> None
     header = next(line for line in out.splitlines() if line.strip().startswith("k=1"))
     assert header.split() == [f"k={k}" for k in range(1, 9)]
     rows = [line for line in out.splitlines() if re.match(r"  n=\d\.\.\d ", line)]
-    assert len(rows) == 4 * 21 and all(len(r.split()) == 9 for r in rows)
+    assert len(rows) == 4 * 21
+    # A cell is blank where the prediction's band does not bound, and the grid says how many.
+    cells = [[r[10 + 7 * i : 17 + 7 * i].strip() for i in range(8)] for r in rows]
+    blank = [sum(c == "" for row in cells[i * 21 : (i + 1) * 21] for c in row) for i in range(4)]
+    said = [int(n) for n in re.findall(r"^  no prediction for (\d+) of 168 configs", out, re.M)]
+    assert said == [n for n in blank if n], (said, blank)
     assert re.search(
-        r"^  math +ngram \(k=5 n=4\.\.4\) +length 4\.36 / 4\.36, .*: exact$", out, re.M
+        r"^  math +ngram \(k=5 n=4\.\.4\) +accepted per draft 4\.36 / 4\.36, .*: exact$",
+        out,
+        re.M,
     )
     assert "Cost model: t_step" in out and "Next: " in out
     as_json = subprocess.run(
@@ -146,8 +153,9 @@ def test_dry_run_predicts_the_planned_candidates_from_a_stored_baseline(tmp_path
         "model fitted from its measured n-gram candidates: t_step = t0 * (1 + "
     )
     assert re.fullmatch(
-        r"  ngram \(effective k=5 n=4\.\.4\): coding 1\.07 tokens/step, acceptance length 2\.50, "
-        r"predicted [+-][\d.]+% \[[+-][\d.]+%, [+-][\d.]+%\]; math 1\.60 tokens/step, .*",
+        r"  ngram \(effective k=5 n=4\.\.4\): coding 1\.07 tokens per step, 2\.50 accepted per "
+        r"draft, "
+        r"predicted [+-][\d.]+% \[[+-][\d.]+%, [+-][\d.]+%\]; math 1\.61 tokens per step, .*",
         lines[1],
     ), lines[1]
     assert lines[2].startswith("  eagle: method 'eagle' drafts with a model")
@@ -176,7 +184,7 @@ def test_dry_run_through_pytest_shows_the_prediction(pytester: pytest.Pytester) 
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert "prediction from the stored baseline of 20260101T000000Z-ngram" in out
-    assert "  ngram (effective k=5 n=4..4): coding 1.07 tokens/step" in out
+    assert "  ngram (effective k=5 n=4..4): coding 1.07 tokens per step" in out
 
 
 def test_a_search_run_names_no_best_of_its_own_in_the_prediction_section(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def test_table_rows_are_the_seed_table(run) -> None:
     assert coding.baseline_tps == pytest.approx(20.0, rel=0.05)
     assert coding.candidate_tps == pytest.approx(30.0, rel=0.05)
     assert coding.change == pytest.approx(0.5, abs=0.06)
-    assert coding.acceptance_length == 2.5
+    assert coding.accepted_per_draft == 2.5
     assert coding.per_position == (0.55, 0.35, 0.3, 0.2, 0.1)
     cells = coding.cells()
     assert len(cells) == len(TABLE_HEADER) == 7
@@ -73,7 +73,10 @@ def test_summary_markdown_is_a_pr_comment(run) -> None:
     assert table[2].endswith("])** |") and table[3].endswith("])** |")
     assert "**Result: Regression." in md
     assert "**Failed tests (1):** `test_x[ngram-math]`" in md
-    assert "Acceptance: mean length 2.50, draft acceptance 30.0%" in md
+    assert (
+        "Acceptance: 2.50 accepted per draft (vLLM's mean acceptance length: 1 + accepted "
+        "tokens / drafting steps), draft acceptance 30.0%" in md
+    )
     assert "per position [0.55, 0.35, 0.30, 0.20, 0.10]" in md
     assert "- Output, ngram/coding: identical to the baseline (6/6 outputs)" in md
     assert "vLLM 0.32.0" in md and "suite `0123456789ab`" in md
@@ -203,7 +206,7 @@ def test_extra_html_per_test(run) -> None:
     candidate = html.extra(run, analysis, "ngram", "math")
     assert "<td>math</td>" in candidate and "<td>coding</td>" not in candidate
     assert "regressed" in candidate
-    assert "mean length 2.50" in candidate and "<th>draft position</th>" in candidate
+    assert "2.50 accepted per draft" in candidate and "<th>draft position</th>" in candidate
     assert "Output: identical to the baseline (6/6 outputs)" in candidate
     baseline = html.extra(run, analysis, "baseline", "coding")
     assert "Median tok/s" in baseline and "<td>coding</td>" in baseline

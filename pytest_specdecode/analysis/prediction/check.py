@@ -192,7 +192,7 @@ def _apart(predicted: ReplayStats, measured: Counts) -> str:
     p_len, m_len = predicted.mean_acceptance_length, measured.mean_acceptance_length
     p_rate, m_rate = predicted.draft_acceptance_rate, measured.draft_acceptance_rate
     length = (
-        f"acceptance length {p_len:.2f} vs measured {m_len:.2f} ({m_len - p_len:+.2f})"
+        f"accepted per draft {p_len:.2f} vs measured {m_len:.2f} ({m_len - p_len:+.2f})"
         if p_len is not None and m_len is not None
         else f"{predicted.drafts} drafts vs measured {measured.drafts}"
     )

@@ -12,7 +12,7 @@ requests carry none:
   prediction replays), and of the request's own outputs (whether the proposer drafted as the replay
   says);
 - the prediction at that level: the replay of the baseline's own outputs at the level, with its
-  error against the measured acceptance length.
+  error against the measured accepted per draft.
 
 `batch_rule` then says what the step checks above the first level show, and so what the
 prediction there rests on (or that it cannot be made).
@@ -87,7 +87,7 @@ class LevelAcceptance:
 
     @property
     def predicted_range(self) -> tuple[float, float] | None:
-        """The predicted acceptance length; a range where last steps verified draft tokens past
+        """The predicted accepted per draft; a range where last steps verified draft tokens past
         the known tokens (no look-ahead), which the server may have accepted."""
         p = self.predicted
         if p is None or not p.drafts:
@@ -96,7 +96,7 @@ class LevelAcceptance:
 
     @property
     def error(self) -> float | None:
-        """Measured minus predicted acceptance length: 0 inside the predicted range, else the
+        """Measured minus predicted accepted per draft: 0 inside the predicted range, else the
         distance to its nearer end."""
         found = self.predicted_range
         m = self.measured.mean_acceptance_length if self.measured else None

@@ -258,8 +258,9 @@ class ReplayStats(DraftRatios):
             "mean_acceptance_length": self.mean_acceptance_length,
             "draft_acceptance_rate": self.draft_acceptance_rate,
             "per_position_rates": self.per_position_rates,
-            "tokens_per_step": self.tokens_per_step,
-            "decode_tokens_per_step": self.decode_tokens_per_step,
+            # tokens per step, one name for one quantity in every report (issue 41):
+            "tokens_per_forward_pass": self.tokens_per_step,  # prefill included
+            "tokens_per_step": self.decode_tokens_per_step,  # decode steps: the map's axis
             "draft_tokens_per_step": self.draft_tokens_per_step,
         }
 

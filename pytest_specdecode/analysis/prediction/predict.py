@@ -37,10 +37,13 @@ from .cost_model import (
     CostFit,
     Prediction,
     Recommendation,
+    Support,
+    bounded,
     fit_cost,
     predict,
     recommend,
     relative_noise,
+    support_of,
 )
 from .inputs import (
     baseline_ids,
@@ -101,6 +104,7 @@ class RunPrediction:
     # suffix candidates: candidate -> prompt type -> the baseline's requests replayed; or why not
     suffix: dict[str, dict[str, SuffixReplay]] = field(default_factory=dict)
     suffix_note: str | None = None
+    support: Support | None = None  # the tokens per step the cost fit's observations measured
 
     @property
     def available(self) -> bool:
@@ -138,6 +142,7 @@ class RunPrediction:
             },
             "suffix_note": self.suffix_note,
             "fit": _fit_json(self.fit),
+            "support": self.support.to_json() if self.support else None,
             "recommendation": _recommendation_json(self.recommendation),
             "grid": {
                 name: _grid_json(replays, self.predictions.get(name, {}))
@@ -189,7 +194,13 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
     observations = mapped or observations  # the map measured the step's cost: no guess
     fit = fit_cost(bases, observations) if observations else None
     restart = noise.best_estimate(record)["throughput"]  # measured, or the stated assumption
+    support = (
+        support_of(mapped, name="the map", points="its points")
+        if mapped
+        else support_of(observations, name="the measured candidates", points="they")
+    )
     predictions = predict(bases, replays, fit, restart_sd=restart.sd) if replays else {}
+    predictions = bounded(predictions, support)  # a band that does not bound is no prediction
     advice = (
         recommend(predictions, measured=[n.settings for n in measured.values() if n.settings])
         if predictions and not noise.is_aa_run(record)
@@ -215,6 +226,7 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         recommendation=advice,
         comparisons=comparisons,
         warnings=warnings,
+        support=support,
     )
 
 
@@ -328,8 +340,8 @@ GRID_COLUMNS = (
     "drafts_per_step",
     "mean_acceptance_length",
     "draft_acceptance_rate",
-    "tokens_per_step",
-    "decode_tokens_per_step",
+    "tokens_per_forward_pass",  # output tokens / forward passes, prefill included
+    "tokens_per_step",  # output tokens after the first / decode steps: the map's axis
     "exact",
     "ceiling_speedup",
     "tokens_per_s",
@@ -339,6 +351,7 @@ GRID_COLUMNS = (
     "speedup_low",
     "speedup_high",
     "p_faster",
+    "withheld",  # why the band is no prediction (cost_model.withheld_reason), or null
 )
 
 
@@ -368,6 +381,7 @@ def _grid_json(
             p.speedup if p else None,
             *speed_band,
             p.p_faster if p else None,
+            p.withheld if p else None,
         ]
         rows.append([round(x, 4) if isinstance(x, float) else x for x in row])
     return {"columns": list(GRID_COLUMNS), "rows": rows}

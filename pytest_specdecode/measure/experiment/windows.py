@@ -295,6 +295,6 @@ def acceptance_text(acc: Acceptance) -> str:
         return ""
     rates = ", ".join(f"{r:.2f}" for r in acc.per_position_rates)
     return (
-        f"; acceptance length {acc.mean_acceptance_length:.2f}, draft acceptance "
+        f"; {acc.mean_acceptance_length:.2f} accepted per draft, draft acceptance "
         f"{acc.draft_acceptance_rate:.1%}, per position [{rates}]"
     )

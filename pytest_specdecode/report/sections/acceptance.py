@@ -10,14 +10,16 @@ from pathlib import Path
 
 from ...analysis.prediction.level_acceptance import AcceptanceByLevel, LevelAcceptance
 from ...analysis.run import RunAnalysis
+from ...record.counters import ACCEPTED_PER_DRAFT
 from ...record.schema import RunRecord
 from ..text import fmt_num
 
 TITLE = "Acceptance per level: each request's own figures, and the replay step by step"
 PLOT_NAME = "prompt-acceptance"
 PLOT_CAPTION = (
-    "Acceptance length per prompt at each load level, per candidate and prompt type: 1 + the "
-    "accepted draft tokens over the verify steps that drafted, from the requests' own "
+    "Accepted per draft, per prompt at each load level, per candidate and prompt type: vLLM's "
+    "mean acceptance length, 1 + the accepted draft tokens over the verify steps that drafted "
+    "(steps that drafted nothing are not counted), from the requests' own "
     "speculative metrics (vLLM's --per-request-spec-decode-metrics). A missing bar: the prompt "
     "drafted nothing there."
 )
@@ -25,7 +27,7 @@ HEADER = (
     "Candidate",
     "Prompt @ level",
     "n",
-    "Acceptance length (source)",
+    "Accepted per draft (source)",
     "Predicted (basis)",
     "Error",
     "Step check vs the prediction",
@@ -88,7 +90,8 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     for e in found:
         c = cells(e)
         out.append(
-            f"  {c[1]:<22} {c[0]:<24} n={c[2]:<3} length {c[3]}; predicted {c[4]}, error {c[5]}"
+            f"  {c[1]:<22} {c[0]:<24} n={c[2]:<3} accepted per draft {c[3]}; predicted {c[4]}, "
+            f"error {c[5]}"
         )
         if e.steps or e.own_steps:
             out.append(f"    step check: {c[6]}; on its own tokens: {c[7]}")
@@ -164,7 +167,7 @@ def _bars(ax, entries: Sequence[LevelAcceptance], colors: Sequence[str]) -> None
         ax.bar(xs, ys, width, color=colors[j % len(colors)],
                label=f"{entry.level} (all: {fmt_num(mean, '.2f')})")  # fmt: skip
     ax.set_xticks(range(len(indices)), [f"#{i}" for i in indices], fontsize=8)
-    ax.set_ylabel("acceptance length", fontsize=8)
+    ax.set_ylabel(ACCEPTED_PER_DRAFT, fontsize=8)
     ax.axhline(1.0, color="#888", lw=0.8)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)

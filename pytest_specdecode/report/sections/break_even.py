@@ -8,20 +8,22 @@ import math
 
 from ...analysis.break_even import MapLine
 from ...analysis.run import RunAnalysis
+from ...record.counters import TOKENS_PER_STEP_MEANS
 
 HEADER = (
     "k",
     "load",
-    "measured points (tokens a step: ratio [band])",
-    "breaks even at L",
+    "measured points (tokens per step: ratio [band])",
+    "breaks even at tokens per step",
     "every draft accepted",
-    "draft tokens a step",
+    "draft tokens per step",
 )
+MAP_X_LABEL = "tokens per step (output tokens / decode steps)"
 PLOT_CAPTION = (
-    "The break-even map: throughput over the baseline's against the acceptance length (tokens "
-    "a step), a line per k with its band, a panel per load; the dashed line is break-even. "
-    "Circles are the map's servers (vLLM's synthetic acceptance), diamonds the measured "
-    "candidates at their replayed tokens a step."
+    "The break-even map: throughput over the baseline's against tokens per step (output tokens "
+    "over decode steps, drafting or not), a line per k with its band, a panel per load; the "
+    "dashed line is break-even. Circles are the map's servers (vLLM's synthetic acceptance), "
+    "diamonds the measured candidates at their replayed tokens per step."
 )
 
 
@@ -50,8 +52,10 @@ def _cells(line: MapLine) -> tuple[str, ...]:
 
 
 def _x(counted: float, asked: float) -> str:
-    """A point's tokens a step, and the length asked where drafting left it short."""
-    return f"{counted:.2f}" + (f" (asked {asked:g})" if abs(counted - asked) > 0.05 else "")
+    """A point's tokens per step, and the accepted per draft asked where drafting left it
+    short (a step that drafts nothing emits one token)."""
+    short = abs(counted - asked) > 0.05
+    return f"{counted:.2f}" + (f" (asked {asked:g} accepted per draft)" if short else "")
 
 
 def _length(value: float, k: int) -> str:
@@ -70,6 +74,7 @@ def lines(analysis: RunAnalysis) -> list[str]:
     if regime is not None and regime.marks():  # analysis/regime.py: beside N slowed it
         out.insert(0, f"The map was measured in a slowed regime: {regime.text()}.")
     out.append(f"Drafting: {found.drafting}.")
+    out.append(f"{TOKENS_PER_STEP_MEANS[0].upper()}{TOKENS_PER_STEP_MEANS[1:]}.")
     out += [c.text() for c in analysis.map_checks]
     return out
 

@@ -15,6 +15,7 @@ from ...analysis.prediction.ngram_types import NGRAM_GRID_K, NgramSettings
 from ...analysis.prediction.predict import RunPrediction, predict_run
 from ...analysis.run import Figures, RunAnalysis
 from ...config.settings import Settings
+from ...record.counters import ACCEPTED_PER_DRAFT_MEANS, TOKENS_PER_STEP_MEANS
 from ...record.schema import RunRecord
 from ..text import fmt_num, fmt_pct
 
@@ -27,12 +28,13 @@ HEATMAP_CAPTION = (
     "(rows: prompt_lookup_min..max, columns: num_speculative_tokens), from the replay of the "
     "baseline's token ids and the fitted cost model; without a measured n-gram candidate, the "
     "ceiling (a speculative step costing no more than a plain one). Colours saturate at x0.5 "
-    "and x2. Boxes: measured candidates; star: the recommendation."
+    "and x2. Blank: no prediction, its band wider than the measurements support. Boxes: "
+    "measured candidates; star: the recommendation."
 )
 HEADER = (
     "Prompt",
     "Candidate (effective)",
-    "Acceptance length pred / meas",
+    "Accepted per draft pred / meas",
     "Draft acceptance pred / meas",
     "Tokens per step",
     "tok/s predicted [band]",
@@ -58,9 +60,11 @@ class PredictionRow:
     predicted_tps: float | None
     band: tuple[float, float] | None
     measured_tps: float | None
+    withheld: str | None = None  # why the band is no prediction (the notes say it whole)
 
     def cells(self) -> tuple[str, ...]:
         band = f" [{self.band[0]:.1f}, {self.band[1]:.1f}]" if self.band else ""
+        predicted = "no prediction" if self.withheld else fmt_num(self.predicted_tps) + band
         return (
             self.prompt_type,
             f"{self.candidate} ({self.label})",
@@ -68,7 +72,7 @@ class PredictionRow:
             f"{fmt_pct(self.predicted_rate, sign=False)} / "
             f"{fmt_pct(self.measured_rate, sign=False)}",
             fmt_num(self.tokens_per_step, ".2f"),
-            fmt_num(self.predicted_tps) + band,
+            predicted,
             fmt_num(self.measured_tps),
             self.status,
         )
@@ -97,10 +101,11 @@ def prediction_rows(
                     measured_length=counts.mean_acceptance_length if counts else None,
                     predicted_rate=stats.draft_acceptance_rate if stats else None,
                     measured_rate=counts.draft_acceptance_rate if counts else None,
-                    tokens_per_step=stats.tokens_per_step if stats else None,
+                    tokens_per_step=stats.decode_tokens_per_step if stats else None,
                     predicted_tps=pred.tokens_per_s if pred else None,
                     band=pred.tokens_per_s_band if pred else None,
                     measured_tps=measured,
+                    withheld=pred.withheld if pred else None,
                 )
             )
     return out
@@ -117,8 +122,14 @@ def notes(prediction: RunPrediction, *, searched: bool = False) -> list[str]:
     if prediction.suffix_note:
         out.append(prediction.suffix_note)
     out += [
+        f"{candidate}/{name} ({c.settings.label}): {p.withheld}"
+        for candidate, per in prediction.comparisons.items()
+        for name, c in per.items()
+        if (p := prediction.predictions.get(name, {}).get(c.settings)) and p.withheld
+    ]
+    out += [
         f"{name} on {w}: {r.settings.label}, the baseline's {r.requests} requests replayed in "
-        f"order: {r.tokens_per_step:.2f} tokens a step ({r.drafts} drafts of {r.draft_tokens} "
+        f"order: {r.tokens_per_step:.2f} tokens per step ({r.drafts} drafts of {r.draft_tokens} "
         f"tokens, {r.accepted} accepted)"
         for name, per in prediction.suffix.items()
         for w, r in per.items()
@@ -154,15 +165,17 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     found = prediction_rows(record, prediction, analysis.figures)
     if found:
         out.append(
-            f"  {'prompt':<12} {'candidate (effective)':<28} {'accept len':>11} "
-            f"{'draft acc':>13} {'tok/step':>8} {'tok/s pred [band]':>24} {'meas':>6}  replay"
+            f"  {'prompt':<12} {'candidate (effective)':<28} {'accepted per draft':>18} "
+            f"{'draft acc':>13} {'tokens per step':>15} {'tok/s pred [band]':>24} {'meas':>6}"
+            "  replay"
         )
         for r in found:
             cells = r.cells()
             out.append(
-                f"  {cells[0]:<12} {cells[1]:<28} {cells[2]:>11} {cells[3]:>13} {cells[4]:>8} "
+                f"  {cells[0]:<12} {cells[1]:<28} {cells[2]:>18} {cells[3]:>13} {cells[4]:>15} "
                 f"{cells[5]:>24} {cells[6]:>6}  {cells[7]}"
             )
+        out += [f"  {ACCEPTED_PER_DRAFT_MEANS}", f"  {TOKENS_PER_STEP_MEANS}"]
     out += [f"  {line}" for line in notes(prediction, searched=record.search is not None)]
     return out
 
@@ -195,7 +208,15 @@ _FOOTNOTE = (
     "look-ahead covered the last step; otherwise within the last step's bound (at most k-1 "
     "tokens per request). tok/s predicted: the cost model fitted from the measured n-gram "
     "candidates, its band a 95% prediction interval widened by the baseline's TPOT noise and "
-    "the restart noise (a new server start)."
+    "the restart noise (a new server start). A band spanning more than a factor of 2, or at "
+    "tokens per step outside those its observations measured, is no prediction: the notes say "
+    "what limits it, and no reload is recommended from it. "
+    + ACCEPTED_PER_DRAFT_MEANS[0].upper()
+    + ACCEPTED_PER_DRAFT_MEANS[1:]
+    + ". "
+    + TOKENS_PER_STEP_MEANS[0].upper()
+    + TOKENS_PER_STEP_MEANS[1:]
+    + "."
 )
 
 
@@ -238,7 +259,7 @@ def html_section(record: RunRecord, analysis: RunAnalysis) -> str:
 
 def _value(prediction: RunPrediction, name: str, s: NgramSettings) -> float | None:
     p = prediction.predictions.get(name, {}).get(s)
-    if p is None:
+    if p is None or p.withheld:
         return None
     return p.speedup if p.speedup is not None else p.ceiling_speedup
 
@@ -263,10 +284,17 @@ def grid_lines(prediction: RunPrediction, *, top: int = 5) -> list[str]:
                 value = _value(prediction, name, NgramSettings(k, lo, hi))
                 cells.append(f"{value:>7.2f}" if value is not None else f"{'':>7}")
             out.append(f"  {f'n={lo}..{hi}':<8}" + "".join(cells))
+        found = prediction.predictions.get(name, {}).values()
+        withheld = [p for p in found if p.withheld]
         ranked = sorted(
-            prediction.predictions.get(name, {}).values(),
+            (p for p in found if not p.withheld),
             key=lambda p: -(p.speedup if p.speedup is not None else p.ceiling_speedup),
         )[:top]
+        if withheld:
+            out.append(
+                f"  no prediction for {len(withheld)} of {len(found)} configs (blank above), "
+                f"e.g. {withheld[0].settings.label}: {withheld[0].withheld}"
+            )
         out.append(f"  best {len(ranked)}:")
         for p in ranked:
             r = prediction.replays[name][p.settings]
@@ -280,8 +308,9 @@ def grid_lines(prediction: RunPrediction, *, top: int = 5) -> list[str]:
                 else f"ceiling {p.ceiling_speedup:.2f}"
             )
             out.append(
-                f"    {p.settings.label:<12} {figure}; {r.tokens_per_step:.2f} tokens per step, "
-                f"acceptance length {fmt_num(r.mean_acceptance_length, '.2f')}, drafts on "
+                f"    {p.settings.label:<12} {figure}; {r.decode_tokens_per_step:.2f} tokens per "
+                "step, "
+                f"{fmt_num(r.mean_acceptance_length, '.2f')} accepted per draft, drafts on "
                 f"{fmt_pct(r.drafts_per_step, sign=False)} of steps"
             )
     return out
@@ -401,14 +430,16 @@ def dry_run_lines(settings: Settings, record: RunRecord, source: str) -> list[st
             if p is None or r is None:
                 continue
             speed = (
-                f"predicted {p.speedup - 1:+.1%} [{p.speedup_band[0] - 1:+.1%}, "
+                p.withheld
+                if p.withheld
+                else f"predicted {p.speedup - 1:+.1%} [{p.speedup_band[0] - 1:+.1%}, "
                 f"{p.speedup_band[1] - 1:+.1%}]"
                 if p.speedup is not None and p.speedup_band
                 else f"ceiling {p.ceiling_speedup - 1:+.1%}"
             )
             parts.append(
-                f"{name} {r.tokens_per_step:.2f} tokens/step, acceptance length "
-                f"{fmt_num(r.mean_acceptance_length, '.2f')}, {speed}"
+                f"{name} {r.decode_tokens_per_step:.2f} tokens per step, "
+                f"{fmt_num(r.mean_acceptance_length, '.2f')} accepted per draft, {speed}"
             )
         lines.append(
             f"  {note.name} (effective {note.settings.label}): "

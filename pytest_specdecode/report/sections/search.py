@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 
+from ...analysis.prediction.cost_model import withheld_reason
 from ...analysis.search.answer import SearchAnswer
 from ...analysis.search.policy import Reload, SearchPlan
 from ...record.schema import RunRecord
@@ -122,11 +123,16 @@ def plan_lines(plan: SearchPlan, *, budget: int | None = None) -> list[str]:
     if isinstance(step, Reload):
         out.append(f"{head}: next reload: {step.label} [{step.kind}]")
         out.append(f"  why: {step.why}")
-        out += [
-            f"  predicted on {key}: {b.tokens_per_s:.1f} tok/s [{b.low:.1f}, {b.high:.1f}], "
-            f"{b.speedup - 1:+.1%} [{b.speedup_low - 1:+.1%}, {b.speedup_high - 1:+.1%}]"
-            for key, b in step.predicted.items()
-        ]
+        for key, b in step.predicted.items():
+            # A band wider than a factor of 2 is no prediction: its reason, not its figures.
+            why = withheld_reason((b.low, b.high), None, None)
+            out.append(
+                f"  on {key}: {why}"
+                if why
+                else f"  predicted on {key}: {b.tokens_per_s:.1f} tok/s [{b.low:.1f}, "
+                f"{b.high:.1f}], {b.speedup - 1:+.1%} [{b.speedup_low - 1:+.1%}, "
+                f"{b.speedup_high - 1:+.1%}]"
+            )
     else:
         out.append(f"{head}: no reload: {step.why}")
     return out
