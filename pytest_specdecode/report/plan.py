@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ..analysis.drafter import Drafter
 from ..analysis.search.policy import plan_search
 from ..analysis.variance.power import MAX_STARTS
 from ..analysis.variance.restarts import PRIOR, RestartNoise
@@ -335,6 +336,15 @@ def arms_plan(settings: Settings, target: Target) -> list[str]:
             f"arms side by side for {spec.name}: {where}; started one after the other, each "
             "ready before the next; requests alternate between them"
         )
+    return lines
+
+
+def drafter_plan(drafters: Sequence[Drafter]) -> list[str]:
+    """Each drafter named (path, architecture, layers, size, vocabulary), with its warnings."""
+    lines = []
+    for drafter in drafters:
+        lines.append(f"candidate {drafter.check.candidate}: {drafter.description}")
+        lines += [f"  warning: {w}" for w in drafter.check.warnings]
     return lines
 
 

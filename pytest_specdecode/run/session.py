@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .. import __version__
+from ..analysis.drafter import Drafter
 from ..analysis.run import RunAnalysis, analyze, max_num_seqs
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design
@@ -43,6 +44,7 @@ from ..report import Written, write_reports
 from ..report import terminal as terminal_report
 from ..report.plan import (
     RUN_LOG,
+    drafter_plan,
     dry_run_lines,
     plain_seconds,
     search_text,
@@ -61,6 +63,7 @@ from ..targets.facts.vllm import (
 from ..targets.host_env import HostProbe, busiest
 from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms
+from .drafters import check_drafters
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
 
@@ -90,6 +93,7 @@ class SpecDecodeSession:
         self.search: SearchRun | None = None  # --spec-search: its slots, resolved on demand
         self.written: Written | None = None
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
+        self.drafters: list[Drafter] = []  # each drafter's config, checked where it is loaded
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
         self.progress = ProgressLog(config)
         self._finished = False
@@ -132,9 +136,11 @@ class SpecDecodeSession:
         """The candidates checked against the target's own vLLM (read-only); its facts."""
         target = self._open_target(self.settings.reports_dir)
         try:
-            return validated_against_target(
+            facts = validated_against_target(
                 target, self.settings.candidates, progress=self.progress
             )
+            self.drafters = check_drafters(target, self.settings.candidates, progress=self.progress)
+            return facts
         except HostError as exc:  # the host cannot be reached: nothing was touched
             raise ConfigError(str(exc)) from None
         finally:
@@ -159,11 +165,16 @@ class SpecDecodeSession:
                 )
                 self._use_facts(facts)
                 settings = self.settings
+                self.drafters = check_drafters(target, settings.candidates, progress=self.progress)
                 checked = [
                     f"validated the candidates against {facts.describe()}"
                     + (f" ({facts.note})" if facts.note else ""),
                     request_metrics_plan(facts),
                 ]
+                if self.drafters:
+                    checked.append(
+                        "\n".join(["checked the drafters:", *drafter_plan(self.drafters)])
+                    )
             arms = self._choose_arms(target)
             settings = self.settings
             steps = [*checked, *service_plan(settings, target)]
@@ -250,6 +261,8 @@ class SpecDecodeSession:
                 self.progress(f"plan: {line}")
             for line in side_change_plan(settings, self._target_version()):
                 self.progress(f"plan: {line}")
+            for line in drafter_plan(self.drafters):
+                self.progress(f"plan: drafter: {line}")
             target.preflight()
         except SpecDecodeError as exc:
             target.close()
