@@ -67,6 +67,16 @@ EAGLE_ARCHITECTURES = frozenset(
     }
 )
 MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def drafter_kind(method: str) -> str | None:
+    """The check that applies: `mtp` for every model's own MTP name (`deepseek_mtp`, …, which
+    vLLM serves as mtp); None for a method without a model (n-gram, suffix)."""
+    if method == "mtp" or method.endswith("_mtp"):
+        return "mtp"
+    return method if method in DRAFTER_METHODS else None
+
+
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
@@ -166,8 +176,8 @@ def check_drafter(
     d, t = text_config(drafter), text_config(target)
     refusals: list[str] = []
     warnings: list[str] = []
-    if method == "mtp":
-        _check_mtp(t, refusals)
+    if drafter_kind(method) == "mtp":
+        _check_mtp(method, d, refusals)
     elif method in ("eagle", "eagle3"):
         _check_architecture(method, d, refusals)
         _check_head_vocab(d, t, refusals, warnings)
@@ -180,13 +190,13 @@ def check_drafter(
     return DrafterCheck(candidate, method, path, tuple(refusals), tuple(warnings))
 
 
-def _check_mtp(t: Mapping[str, Any], refusals: list[str]) -> None:
-    counts = {k: _int(t, k) for k in MTP_KEYS}
+def _check_mtp(method: str, d: Mapping[str, Any], refusals: list[str]) -> None:
+    counts = {k: _int(d, k) for k in MTP_KEYS}
     if not any(v for v in counts.values()):
         found = ", ".join(f"{k}={v}" for k, v in counts.items())
         refusals.append(
-            f"method mtp needs the target's own MTP layers, and its config has none ({found}): "
-            "vLLM would have no layers to draft with"
+            f"method {method} drafts with the model's own MTP layers, and its config has none "
+            f"({found}): vLLM would have no layers to draft with"
         )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..analysis.drafter import DRAFTER_METHODS, Drafter, check_drafter, describe_drafter
+from ..analysis.drafter import Drafter, check_drafter, describe_drafter, drafter_kind
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 from ..targets.base import Target
@@ -22,7 +22,7 @@ Progress = Callable[[str], None]
 
 def drafter_specs(specs: Sequence[SpecConfig]) -> list[SpecConfig]:
     """The candidates whose speculative method loads a model."""
-    return [s for s in specs if not s.is_original and s.method in DRAFTER_METHODS]
+    return [s for s in specs if not s.is_original and drafter_kind(s.method) is not None]
 
 
 def check_drafters(
@@ -68,7 +68,7 @@ def _one(spec: SpecConfig, site: ModelSite, target_files: ModelFiles | None) -> 
     method = spec.method
     path = spec.values.get("model")
     target_config: Mapping[str, Any] = target_files.config if target_files else {}
-    if path is None and method == "mtp" and target_files is not None:
+    if path is None and drafter_kind(method) == "mtp" and target_files is not None:
         files = target_files  # the target drafts with its own MTP layers
     elif path is None:
         raise ConfigError(
