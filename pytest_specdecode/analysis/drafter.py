@@ -328,7 +328,7 @@ def describe_drafter(
     parts = [
         f"{method} drafter {path}",
         "/".join(archs) if archs else "architecture unknown",
-        f"{d.get('num_hidden_layers', '?')} layers",
+        _layers(d.get("num_hidden_layers")),
         f"hidden {d.get('hidden_size', '?')}",
     ]
     vocab = d.get("vocab_size", "?")
@@ -340,6 +340,10 @@ def describe_drafter(
     if size_bytes is not None:
         parts.append(_size(size_bytes))
     return ", ".join(parts)
+
+
+def _layers(n: Any) -> str:
+    return "1 layer" if n == 1 else f"{n if n is not None else '?'} layers"
 
 
 def _size(n: int) -> str:

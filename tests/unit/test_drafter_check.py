@@ -271,3 +271,93 @@ def test_a_hub_id_is_found_in_the_hosts_hugging_face_cache(tmp_path: Path):
     assert found.check.ok and found.check.path == "org/head"
     with pytest.raises(ConfigError, match="org/gone is not on localhost \\(nor in its Hugging"):
         check_drafters(target, [spec("eagle3", "org/gone")])
+
+
+# -- through the plugin: refused at configure, before the run; named in the dry run -----------
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_CONFIG = """
+reports_dir = "{reports}"
+[target]
+api_base = "http://scripted.invalid:8000"
+model = "smollm2-135m-instruct"
+command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{target}"]
+startup_timeout_s = 5
+[run]
+samples = 5
+warmup = 1
+max_tokens = 8
+[presets]
+e3 = {{ method = "eagle3", model = "{head}", num_speculative_tokens = 3 }}
+[prompt_types.coding]
+prompt = "coding"
+"""
+RUN_CONFTEST = """
+import json
+from pathlib import Path
+from pytest_specdecode.targets.facts.model_config import ModelSite
+from pytest_specdecode.targets.hosts.base import LocalHost
+from tests.support.scripted_target import Script, ScriptedTarget
+
+class Target(ScriptedTarget):
+    def model_site(self):
+        return ModelSite(LocalHost(), "the scripted server on scripted-host", {target!r})
+
+    def close(self):
+        super().close()
+        with open({events!r}, "a") as f:
+            f.write(json.dumps(self.events) + "\\n")
+
+def pytest_specdecode_open_target(config, settings, log_dir):
+    return Target(Script())
+"""
+
+
+def run_suite(pytester: pytest.Pytester, head: dict[str, Any], *args: str) -> pytest.RunResult:
+    target = model_dir(pytester.path, "target", TARGET)
+    path = model_dir(pytester.path, "head", head)
+    events = pytester.path / "events.jsonl"
+    suite = pytester.path / "suites"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(RUN_CONFTEST.format(target=str(target), events=str(events)))
+    config = pytester.path / "experiment.toml"
+    config.write_text(
+        RUN_CONFIG.format(reports=pytester.path / "reports", target=target, head=path)
+    )
+    return pytester.runpytest_subprocess(
+        str(suite),
+        "--spec-file",
+        str(config),
+        "--spec-config",
+        "e3",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    )
+
+
+def test_a_run_with_a_drafter_that_does_not_fit_is_refused_before_it_starts(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    result = run_suite(pytester, {**HEAD, "vocab_size": 32000})
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    assert "candidate e3: the drafter" in out and "vocab_size 32000 in the drafter" in out
+    # opened to read, closed: no start, no stop of anything
+    events = (pytester.path / "events.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in events] == [["close"]]
+    assert not (pytester.path / "reports").exists()
+
+
+def test_the_dry_run_names_the_drafter_and_its_warning(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    head = {k: v for k, v in HEAD.items() if k != "eagle_config"}
+    result = run_suite(pytester, head, "--spec-dry-run")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
+    assert "checked the drafters:" in out
+    assert "candidate e3: eagle3 drafter " in out and "LlamaForCausalLMEagle3, 1 layer," in out
+    assert "warning: eagle_aux_hidden_state_layer_ids is missing" in out
