@@ -450,6 +450,9 @@ class SpecDecodeSession:
                     besides=(self.host_noise.profiles,),
                 ),
                 "vllm": self.vllm_facts.record() if self.vllm_facts else None,
+                "drafters": {  # each drafter named, with its warnings (docs/drafters.md)
+                    d.check.candidate: [d.description, *d.check.warnings] for d in self.drafters
+                },
             },
         )
         reuse = self.config.getoption("spec_baseline_from")

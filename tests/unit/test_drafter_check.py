@@ -17,6 +17,7 @@ from pytest_specdecode.analysis.drafter import check_drafter, describe_drafter
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.vllm_argv import parse_server_command
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.report.markdown import drafter_lines
 from pytest_specdecode.report.plan import drafter_plan
 from pytest_specdecode.run.drafters import check_drafters
 from pytest_specdecode.targets.facts.model_config import ModelSite, served_model
@@ -361,3 +362,13 @@ def test_the_dry_run_names_the_drafter_and_its_warning(
     assert "checked the drafters:" in out
     assert "candidate e3: eagle3 drafter " in out and "LlamaForCausalLMEagle3, 1 layer," in out
     assert "warning: eagle_aux_hidden_state_layer_ids is missing" in out
+
+
+def test_summary_names_the_drafter_the_run_checked():
+    environment = {"drafters": {"e3": ["eagle3 drafter /h, 1 layer", "aux ids missing"]}}
+    assert drafter_lines(environment, "e3") == [
+        "Drafter: eagle3 drafter /h, 1 layer",
+        "- ⚠ aux ids missing",
+        "",
+    ]
+    assert drafter_lines(environment, "ngram") == [] == drafter_lines({}, "e3")
