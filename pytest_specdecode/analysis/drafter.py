@@ -16,7 +16,8 @@ what vLLM would do. What vLLM 0.32 does with each key (paths under the installed
 - the head's input (`fc`): `llama_eagle3.py` → `LlamaModel` builds
   `fc` with `target_hidden_size` (absent: the head's `hidden_size`) x `num_aux_hidden_states`
   inputs; that count, when absent, is the length of `eagle_config.eagle_aux_hidden_state_layer_ids`
-  or 3 (the top-level key is not counted there).
+  or 3 (the top-level key is not counted there). Where the head's model.safetensors is read, its
+  `fc.weight` gives the input it really takes, and the presence of `d2t`.
 - the aux layer ids: `v1/worker/gpu_model_runner.py` → `_get_eagle3_aux_layers_from_config`
   reads `eagle_aux_hidden_state_layer_ids`, then `eagle_config`'s; missing, the target's
   `get_eagle3_default_aux_hidden_state_layers` (`model_executor/models/interfaces.py`) guesses
@@ -171,8 +172,10 @@ def check_drafter(
     *,
     candidate: str = "",
     path: str = "",
+    tensors: Mapping[str, Sequence[int]] | None = None,
 ) -> DrafterCheck:
-    """Check a drafter's config.json (`drafter`) against the target's for `method`."""
+    """Check a drafter's config.json (`drafter`) against the target's for `method`; `tensors`:
+    the head's weights' names and shapes (its safetensors header), where they were read."""
     d, t = text_config(drafter), text_config(target)
     refusals: list[str] = []
     warnings: list[str] = []
@@ -180,9 +183,10 @@ def check_drafter(
         _check_mtp(method, d, refusals)
     elif method in ("eagle", "eagle3"):
         _check_architecture(method, d, refusals)
-        _check_head_vocab(d, t, refusals, warnings)
+        _check_head_vocab(d, t, refusals, warnings, tensors)
         if method == "eagle3":
             _check_aux(d, t, refusals, warnings)
+            _check_fc_weight(d, t, refusals, tensors)
         _check_positions(method, d, t, warnings)
     elif method == "draft_model":
         _check_draft_model(d, t, refusals)
@@ -216,7 +220,11 @@ def _check_architecture(method: str, d: Mapping[str, Any], refusals: list[str]) 
 
 
 def _check_head_vocab(
-    d: Mapping[str, Any], t: Mapping[str, Any], refusals: list[str], warnings: list[str]
+    d: Mapping[str, Any],
+    t: Mapping[str, Any],
+    refusals: list[str],
+    warnings: list[str],
+    tensors: Mapping[str, Sequence[int]] | None,
 ) -> None:
     dv, tv = _int(d, "vocab_size"), _int(t, "vocab_size")
     if dv is not None and tv is not None and dv != tv:
@@ -232,7 +240,13 @@ def _check_head_vocab(
             f"draft_vocab_size {draft} in the drafter is larger than the target's vocab_size {tv}: "
             "vLLM maps draft ids into the target's vocabulary"
         )
-    elif draft < tv:
+    elif draft < tv and tensors is not None and not any(n.endswith("d2t") for n in tensors):
+        refusals.append(
+            f"draft_vocab_size {draft} is smaller than the target's vocab_size {tv}, and the "
+            "head's weights have no `d2t` to map its draft ids to the target's: vLLM would keep "
+            "a map of zeros and draft the wrong tokens (acceptance near zero)"
+        )
+    elif draft < tv and tensors is None:
         warnings.append(
             f"draft_vocab_size {draft} is smaller than the target's vocab_size {tv}: vLLM maps "
             "each draft id to the target's through `d2t` in the head's weights; a checkpoint "
@@ -284,6 +298,34 @@ def _check_aux(
             f"the head's fc takes {count} aux states (num_aux_hidden_states or "
             f"eagle_config.{AUX_KEY}: {size * count} inputs), and vLLM captures {used} "
             f"({AUX_KEY} {ids}: {size * used}): the shapes do not meet"
+        )
+
+
+def _check_fc_weight(
+    d: Mapping[str, Any],
+    t: Mapping[str, Any],
+    refusals: list[str],
+    tensors: Mapping[str, Sequence[int]] | None,
+) -> None:
+    """The fc's real input, from the weights: what the config builds, and what the target gives."""
+    fc = next((n for n in sorted(tensors or {}) if n.endswith("fc.weight")), None)
+    if fc is None or tensors is None or len(tensors[fc]) != 2:
+        return
+    taken = int(tensors[fc][1])
+    head_in = _int(d, "target_hidden_size") or _int(d, "hidden_size")
+    built = head_in * fc_aux_count(d) if head_in else None
+    hidden, ids = _int(t, "hidden_size"), aux_layer_ids(d)
+    used = len(ids) if ids is not None else 3
+    given = hidden * used if hidden else None
+    why = []
+    if built is not None and built != taken:
+        why.append(f"its config builds an fc of {built} (vLLM would not load the weights)")
+    if given is not None and given != taken:
+        why.append(f"the target gives {given} (hidden_size {hidden} x {used} aux states)")
+    if why:
+        refusals.append(
+            f"{fc} in the head's weights is {list(tensors[fc])}: it takes {taken} inputs; "
+            + "; ".join(why)
         )
 
 

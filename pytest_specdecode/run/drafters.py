@@ -78,7 +78,17 @@ def _one(spec: SpecConfig, site: ModelSite, target_files: ModelFiles | None) -> 
     else:
         where = f"candidate {spec.name} on {site.where}"
         checked = check_path(path, where=where, what="the drafter's `model`")
-        files = read_model_config(site.host, site.on_host(checked), where=where, what="the drafter")
-    check = check_drafter(method, files.config, target_config, candidate=spec.name, path=files.path)
+        head = method in ("eagle", "eagle3")  # its fc and d2t: the weights' header
+        files = read_model_config(
+            site.host, site.on_host(checked), where=where, what="the drafter", weights=head
+        )
+    check = check_drafter(
+        method,
+        files.config,
+        target_config,
+        candidate=spec.name,
+        path=files.path,
+        tensors=files.tensors,
+    )
     line = describe_drafter(method, files.path, files.config, size_bytes=files.size_bytes)
     return Drafter(check, line)

@@ -8,6 +8,7 @@ target records every start and stop, so "nothing was touched" is what it saw.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,19 @@ HEAD = {
 CUT = {**TARGET, "num_hidden_layers": 6}  # a draft model cut from the target
 
 
-def model_dir(root: Path, name: str, config: dict[str, Any]) -> Path:
+def model_dir(
+    root: Path, name: str, config: dict[str, Any], tensors: dict[str, list[int]] | None = None
+) -> Path:
+    """A model folder: its config.json, and a model.safetensors whose header lists `tensors`
+    (the weights themselves are left out: only the header is read)."""
     path = root / name
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config))
-    (path / "model.safetensors").write_bytes(b"\0" * 4096)
+    header = {
+        n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]} for n, s in (tensors or {}).items()
+    }
+    raw = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
     return path
 
 
@@ -70,10 +79,15 @@ def spec(method: str, model: Path | str, name: str = "drafter") -> SpecConfig:
     return SpecConfig(name, {"method": method, "model": str(model), "num_speculative_tokens": 3})
 
 
-def refused(tmp_path: Path, method: str, drafter: dict[str, Any]) -> tuple[str, DrafterTarget]:
+def refused(
+    tmp_path: Path,
+    method: str,
+    drafter: dict[str, Any],
+    tensors: dict[str, list[int]] | None = None,
+) -> tuple[str, DrafterTarget]:
     """The refusal of `drafter` against TARGET, and the target, which must be untouched."""
     target = DrafterTarget(model_dir(tmp_path, "target", TARGET))
-    path = model_dir(tmp_path, "head", drafter)
+    path = model_dir(tmp_path, "head", drafter, tensors)
     with pytest.raises(ConfigError) as caught:
         check_drafters(target, [spec(method, path)])
     assert_untouched(target)
@@ -195,8 +209,8 @@ def test_a_units_drafter_is_read_on_its_host_and_refused_there(tmp_path: Path):
         for argv in host.seen
         if argv[0] == "systemctl"
     )
-    readers = [argv[-1] for argv in host.seen if argv[0] == "sh"]
-    assert readers == [str(tmp_path / "target"), str(odd)]
+    readers = [argv[4:] for argv in host.seen if argv[0] == "sh"]
+    assert readers == [(str(tmp_path / "target"), ""), (str(odd), "weights")]
 
 
 def test_a_units_drafter_that_fits_is_named_with_its_size(tmp_path: Path):
@@ -295,6 +309,7 @@ prompt = "coding"
 """
 RUN_CONFTEST = """
 import json
+import struct
 from pathlib import Path
 from pytest_specdecode.targets.facts.model_config import ModelSite
 from pytest_specdecode.targets.hosts.base import LocalHost
@@ -372,3 +387,36 @@ def test_summary_names_the_drafter_the_run_checked():
         "",
     ]
     assert drafter_lines(environment, "ngram") == [] == drafter_lines({}, "e3")
+
+
+# -- the head's weights: its fc's real input, its draft vocabulary's map ----------------------
+
+FC = {"midlayer.self_attn.q_proj.weight": [576, 1152], "fc.weight": [576, 1728]}
+
+
+def test_a_head_whose_weights_fit_passes(tmp_path: Path):
+    target = DrafterTarget(model_dir(tmp_path, "target", TARGET))
+    path = model_dir(tmp_path, "head", HEAD, FC)
+    (found,) = check_drafters(target, [spec("eagle3", path)])
+    assert found.check.ok and found.check.warnings == ()
+
+
+def test_a_head_whose_fc_weight_takes_another_input_is_refused(tmp_path: Path):
+    # the config says 576 x 3, the weights were trained on a 4096-wide target
+    message, _ = refused(tmp_path, "eagle3", HEAD, {"fc.weight": [576, 3 * 4096]})
+    assert "fc.weight in the head's weights is [576, 12288]: it takes 12288 inputs" in message
+    assert "its config builds an fc of 1728" in message
+    assert "the target gives 1728 (hidden_size 576 x 3 aux states)" in message
+
+
+def test_a_smaller_draft_vocabulary_without_its_map_is_refused(tmp_path: Path):
+    head = {**HEAD, "draft_vocab_size": 32000}
+    message, _ = refused(tmp_path, "eagle3", head, FC)
+    assert (
+        "draft_vocab_size 32000 is smaller than the target's vocab_size 49152, and the " in message
+    )
+    assert "no `d2t`" in message
+    target = DrafterTarget(model_dir(tmp_path / "b", "target", TARGET))
+    path = model_dir(tmp_path / "b", "head", head, {**FC, "d2t": [32000]})
+    (found,) = check_drafters(target, [spec("eagle3", path)])
+    assert found.check.ok and found.check.warnings == ()

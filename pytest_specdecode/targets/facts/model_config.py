@@ -20,10 +20,14 @@ from ...errors import ConfigError, HostError
 from ..hosts.base import Host
 
 CONFIG_LIMIT = 1 << 20  # a config.json larger than this is not a config
+HEADER_LIMIT = 1 << 24  # a head's safetensors header is a few KiB; a target shard's, some MiB
 MISSING, NO_CONFIG, CONFIG_MARK = "specdecode-missing", "specdecode-no-config", "specdecode-config"
+HEADER_MARK = "specdecode-safetensors-header"
 
-# $1: the path or hub id. Prints the resolved path, the size in KiB (or nothing), the mark, and
-# the config; exits 3 where nothing is there, 4 where there is no config.json.
+# $1: the path or hub id; $2: "weights" to add model.safetensors' header (the tensors' names and
+# shapes, not the weights: the first 8 bytes give its length). Prints the resolved path, the size
+# in KiB (or nothing), the mark, the config, then the header's mark and the header where asked;
+# exits 3 where nothing is there, 4 where there is no config.json.
 _READ = rf"""
 p=$1
 if [ ! -e "$p" ]; then
@@ -42,6 +46,14 @@ printf '%s\n' "$p"
 du -skL -- "$p" 2>/dev/null | cut -f1
 echo {CONFIG_MARK}
 head -c {CONFIG_LIMIT} -- "$c"
+w="$p/model.safetensors"
+if [ "$2" = weights ] && [ -d "$p" ] && [ -r "$w" ]; then
+  n=$(head -c 8 -- "$w" | od -An -tu8 | tr -d ' ')
+  case "$n" in ''|*[!0-9]*) exit 0 ;; esac
+  [ "$n" -le {HEADER_LIMIT} ] || exit 0
+  printf '\n%s\n' {HEADER_MARK}
+  head -c $((8 + n)) -- "$w" | tail -c "$n"
+fi
 """
 
 
@@ -71,6 +83,8 @@ class ModelFiles:
     resolved: str  # on the host: the path, or the hub cache's snapshot
     config: Mapping[str, Any]
     size_bytes: int | None
+    # model.safetensors' tensors: name -> shape, where asked for and found (one file, not shards)
+    tensors: Mapping[str, tuple[int, ...]] | None = None
 
 
 def served_model(argv: Sequence[str], server: ServerCommand) -> str | None:
@@ -94,12 +108,15 @@ def check_path(path: Any, *, where: str, what: str) -> str:
     return path
 
 
-def read_model_config(host: Host, path: str, *, where: str, what: str) -> ModelFiles:
-    """`path`'s config.json on `host`. A path that is not there is a ConfigError naming the
-    host; nothing is changed on it."""
+def read_model_config(
+    host: Host, path: str, *, where: str, what: str, weights: bool = False
+) -> ModelFiles:
+    """`path`'s config.json on `host` (and, with `weights`, its tensors' shapes). A path that is
+    not there is a ConfigError naming the host; nothing is changed on it."""
     check_path(path, where=where, what=what)
+    argv = ["sh", "-c", _READ, "sh", path, "weights" if weights else ""]
     try:
-        result = host.run(["sh", "-c", _READ, "sh", path], timeout=60, privileged=False)
+        result = host.run(argv, timeout=60, privileged=False)
     except HostError as exc:
         raise ConfigError(f"{where}: {what} {path} could not be read: {exc}") from None
     out = result.stdout
@@ -116,6 +133,7 @@ def read_model_config(host: Host, path: str, *, where: str, what: str) -> ModelF
     if not result.ok or not mark:
         raise ConfigError(f"{where}: {what} {path} could not be read: {result.describe()}")
     resolved, _, size = head.partition("\n")
+    text, _, header = text.partition(f"\n{HEADER_MARK}\n")
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -125,4 +143,20 @@ def read_model_config(host: Host, path: str, *, where: str, what: str) -> ModelF
     if not isinstance(config, dict):
         raise ConfigError(f"{where}: {what} {path} on {host.name}: config.json is not an object")
     kib = size.strip()
-    return ModelFiles(path, resolved, config, int(kib) * 1024 if kib.isdigit() else None)
+    size_bytes = int(kib) * 1024 if kib.isdigit() else None
+    return ModelFiles(path, resolved, config, size_bytes, tensor_shapes(header) if header else None)
+
+
+def tensor_shapes(header: str) -> dict[str, tuple[int, ...]] | None:
+    """A safetensors header's tensors and their shapes; None where it cannot be read."""
+    try:
+        found = json.loads(header)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {
+        name: tuple(int(n) for n in entry["shape"])
+        for name, entry in found.items()
+        if isinstance(entry, dict) and isinstance(entry.get("shape"), list)
+    }
