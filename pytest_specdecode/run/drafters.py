@@ -59,9 +59,17 @@ def _target_files(site: ModelSite, say: Progress) -> ModelFiles | None:
     if site.model is None:
         say(f"{site.where}: the server command names no model path; drafters checked alone")
         return None
-    return read_model_config(
-        site.host, site.on_host(site.model), where=site.where, what="the target's model"
-    )
+    try:
+        return read_model_config(
+            site.host,
+            site.on_host(site.model),
+            where=site.where,
+            what="the target's model",
+            hub_cache=site.hub_cache,
+        )
+    except ConfigError as exc:  # it serves: where it is read from is what this cannot tell
+        say(f"the target's config could not be read ({exc}); drafters checked alone")
+        return None
 
 
 def _one(spec: SpecConfig, site: ModelSite, target_files: ModelFiles | None) -> Drafter:
@@ -80,7 +88,12 @@ def _one(spec: SpecConfig, site: ModelSite, target_files: ModelFiles | None) -> 
         checked = check_path(path, where=where, what="the drafter's `model`")
         head = method in ("eagle", "eagle3")  # its fc and d2t: the weights' header
         files = read_model_config(
-            site.host, site.on_host(checked), where=where, what="the drafter", weights=head
+            site.host,
+            site.on_host(checked),
+            where=where,
+            what="the drafter",
+            weights=head,
+            hub_cache=site.hub_cache,
         )
     check = check_drafter(
         method,

@@ -166,8 +166,9 @@ class SshHost:
 
     name = "root@gpu:22"
 
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: Path | str, shown: str = "Environment=\n") -> None:
         self.unit = UNIT.format(model=model)
+        self.shown = shown  # what `systemctl show` says of the unit's environment
         self.seen: list[tuple[str, ...]] = []
 
     def run(self, argv, *, timeout=60.0, stdin=None, privileged=True):
@@ -178,7 +179,7 @@ class SshHost:
         if argv[:2] == ("systemctl", "show-environment"):
             return CommandResult(self.name, argv, 0, "PATH=/usr/bin:/bin\n", "")
         if argv[:2] == ("systemctl", "show"):
-            return CommandResult(self.name, argv, 0, "Environment=\n", "")
+            return CommandResult(self.name, argv, 0, self.shown, "")
         if argv[0] == "busctl":
             return CommandResult(self.name, argv, 127, "", "busctl: not found")
         if argv[:2] == ("sh", "-c"):
@@ -209,7 +210,7 @@ def test_a_units_drafter_is_read_on_its_host_and_refused_there(tmp_path: Path):
         for argv in host.seen
         if argv[0] == "systemctl"
     )
-    readers = [argv[4:] for argv in host.seen if argv[0] == "sh"]
+    readers = [argv[4:6] for argv in host.seen if argv[0] == "sh"]
     assert readers == [(str(tmp_path / "target"), ""), (str(odd), "weights")]
 
 
@@ -420,3 +421,15 @@ def test_a_smaller_draft_vocabulary_without_its_map_is_refused(tmp_path: Path):
     path = model_dir(tmp_path / "b", "head", head, {**FC, "d2t": [32000]})
     (found,) = check_drafters(target, [spec("eagle3", path)])
     assert found.check.ok and found.check.warnings == ()
+
+
+def test_a_units_hub_ids_are_looked_for_in_the_cache_its_environment_names(tmp_path: Path):
+    hf_home = tmp_path / "srv-hf"  # the unit's HF_HOME, not the SSH user's
+    for name, config in (("org--smol", TARGET), ("org--head", HEAD)):
+        model_dir(hf_home / "hub" / f"models--{name}" / "snapshots", "rev1", config, FC)
+    host = SshHost("org/smol", shown=f"Environment=HF_HOME={hf_home}\n")
+    unit = SystemdTarget(host, "vllm.service", api_base="", model="smol")  # type: ignore[arg-type]
+    said: list[str] = []
+    (found,) = check_drafters(unit, [spec("eagle3", "org/head", "e3")], progress=said.append)
+    assert found.check.ok and found.check.warnings == () and said == []
+    assert [argv[-1] for argv in host.seen if argv[0] == "sh"] == [str(hf_home / "hub")] * 2

@@ -24,7 +24,8 @@ HEADER_LIMIT = 1 << 24  # a head's safetensors header is a few KiB; a target sha
 MISSING, NO_CONFIG, CONFIG_MARK = "specdecode-missing", "specdecode-no-config", "specdecode-config"
 HEADER_MARK = "specdecode-safetensors-header"
 
-# $1: the path or hub id; $2: "weights" to add model.safetensors' header (the tensors' names and
+# $1: the path or hub id; $3: the hub cache where the server's environment names one; $2: "weights"
+# to add model.safetensors' header (the tensors' names and
 # shapes, not the weights: the first 8 bytes give its length). Prints the resolved path, the size
 # in KiB (or nothing), the mark, the config, then the header's mark and the header where asked;
 # exits 3 where nothing is there, 4 where there is no config.json.
@@ -34,7 +35,7 @@ if [ ! -e "$p" ]; then
   case "$p" in
     /*|./*|../*|~*) ;;
     */*)
-      hub=${{HF_HUB_CACHE:-${{HF_HOME:-$HOME/.cache/huggingface}}/hub}}
+      hub=${{3:-${{HF_HUB_CACHE:-${{HF_HOME:-$HOME/.cache/huggingface}}/hub}}}}
       dir="$hub/models--$(printf '%s' "$p" | sed 's#/#--#g')/snapshots"
       for s in "$dir"/*/; do [ -e "$s/config.json" ] && p=${{s%/}}; done ;;
   esac
@@ -66,6 +67,7 @@ class ModelSite:
     where: str
     model: str | None
     workdir: str | None = None  # the local server's working directory: relative paths start there
+    hub_cache: str | None = None  # the Hugging Face cache the server's own environment names
 
     def on_host(self, path: str) -> str:
         """`path` as the server would open it: a relative one from the local server's folder."""
@@ -99,6 +101,15 @@ def served_model(argv: Sequence[str], server: ServerCommand) -> str | None:
     return None
 
 
+def hub_cache_of(env: Mapping[str, str]) -> str | None:
+    """The Hugging Face cache a server with this environment reads (huggingface_hub's order)."""
+    if env.get("HF_HUB_CACHE"):
+        return env["HF_HUB_CACHE"]
+    if env.get("HF_HOME"):
+        return posixpath.join(env["HF_HOME"], "hub")
+    return None
+
+
 def check_path(path: Any, *, where: str, what: str) -> str:
     """A path this tool will hand to the host: a non-empty string, one line, no NUL."""
     if not isinstance(path, str) or not path.strip():
@@ -109,12 +120,18 @@ def check_path(path: Any, *, where: str, what: str) -> str:
 
 
 def read_model_config(
-    host: Host, path: str, *, where: str, what: str, weights: bool = False
+    host: Host,
+    path: str,
+    *,
+    where: str,
+    what: str,
+    weights: bool = False,
+    hub_cache: str | None = None,
 ) -> ModelFiles:
     """`path`'s config.json on `host` (and, with `weights`, its tensors' shapes). A path that is
     not there is a ConfigError naming the host; nothing is changed on it."""
     check_path(path, where=where, what=what)
-    argv = ["sh", "-c", _READ, "sh", path, "weights" if weights else ""]
+    argv = ["sh", "-c", _READ, "sh", path, "weights" if weights else "", hub_cache or ""]
     try:
         result = host.run(argv, timeout=60, privileged=False)
     except HostError as exc:

@@ -31,7 +31,7 @@ from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.target import check_unit_name
 from ...errors import ConfigError, HostError, ServiceError
 from ..base import Progress, Transports
-from ..facts.model_config import ModelSite, served_model
+from ..facts.model_config import ModelSite, hub_cache_of, served_model
 from ..facts.vllm import ask_in_container, ask_vllm
 from ..hosts.base import Host
 from ..hosts.container import container_host
@@ -167,7 +167,8 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
                     "so a drafter's path cannot be checked where it is loaded; give it a --name"
                 )
             host = box
-        return ModelSite(host, where, served_model(command.argv, command.server))
+        hub = None if host is not self.host else hub_cache_of(command.env.values)
+        return ModelSite(host, where, served_model(command.argv, command.server), hub_cache=hub)
 
     def original(self) -> SystemdUnit:
         if self._original is None:
