@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..analysis.drafter import Drafter, check_drafter, describe_drafter, drafter_kind
+from ..analysis.drafter import Drafter, DrafterCheck, check_drafter, describe_drafter, drafter_kind
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 from ..targets.base import Target
@@ -76,7 +76,9 @@ def _one(spec: SpecConfig, site: ModelSite, target_files: ModelFiles | None) -> 
     method = spec.method
     path = spec.values.get("model")
     target_config: Mapping[str, Any] = target_files.config if target_files else {}
-    if path is None and drafter_kind(method) == "mtp" and target_files is not None:
+    if path is None and drafter_kind(method) == "mtp":
+        if target_files is None:  # said already: the target's config could not be read
+            return Drafter(DrafterCheck(spec.name, method, "the target"), "mtp: not checked")
         files = target_files  # the target drafts with its own MTP layers
     elif path is None:
         raise ConfigError(

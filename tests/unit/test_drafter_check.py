@@ -433,3 +433,18 @@ def test_a_units_hub_ids_are_looked_for_in_the_cache_its_environment_names(tmp_p
     (found,) = check_drafters(unit, [spec("eagle3", "org/head", "e3")], progress=said.append)
     assert found.check.ok and found.check.warnings == () and said == []
     assert [argv[-1] for argv in host.seen if argv[0] == "sh"] == [str(hf_home / "hub")] * 2
+
+
+def test_an_mtp_candidate_is_checked_against_the_targets_own_layers(tmp_path: Path):
+    mtp = SpecConfig("mtp", {"method": "mtp", "num_speculative_tokens": 1})
+    target = DrafterTarget(model_dir(tmp_path, "target", TARGET))
+    with pytest.raises(ConfigError, match="method mtp drafts with the model's own MTP layers"):
+        check_drafters(target, [mtp])
+    assert_untouched(target)
+    with_layers = DrafterTarget(
+        model_dir(tmp_path / "b", "target", {**TARGET, "num_nextn_predict_layers": 1})
+    )
+    (found,) = check_drafters(with_layers, [mtp])
+    assert found.check.ok and found.description.startswith(
+        f"mtp drafter {tmp_path / 'b' / 'target'}"
+    )
