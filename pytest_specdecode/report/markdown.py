@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..analysis.run import RunAnalysis
 from ..analysis.verdict.stats import Verdict
@@ -53,6 +54,7 @@ def summary(
             + (f" · `{json.dumps(spec, sort_keys=True)}`" if spec else "")
             + (f" · ⚠ {found}" if (found := regime.mark(analysis, name)) else ""),
             "",
+            *drafter_lines(record.environment, name),
             "| " + " | ".join(TABLE_HEADER) + " |",
             "|:--|--:|--:|--:|:--|--:|:--|",
         ]
@@ -79,3 +81,13 @@ def summary(
         "",
     ]
     return redact_text("\n".join(lines))
+
+
+def drafter_lines(environment: Mapping[str, Any], name: str) -> list[str]:
+    """The candidate's drafter as the run checked it: path, architecture, layers, vocabulary,
+    size; then each warning of the check."""
+    found = (environment.get("drafters") or {}).get(name)
+    if not found:
+        return []
+    description, *warnings = found
+    return [f"Drafter: {description}", *(f"- ⚠ {w}" for w in warnings), ""]

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from ..analysis.drafter import Drafter
 from ..analysis.search.policy import plan_search
 from ..analysis.variance.power import MAX_STARTS
 from ..analysis.variance.restarts import PRIOR, RestartNoise
@@ -339,6 +340,15 @@ def arms_plan(settings: Settings, target: Target) -> list[str]:
         if why:
             raise ConfigError(f"--spec-arms together refused on {target.host_name}: {why}")
     return lines + server_lines(settings, target)
+
+
+def drafter_plan(drafters: Sequence[Drafter]) -> list[str]:
+    """Each drafter named (path, architecture, layers, size, vocabulary), with its warnings."""
+    lines = []
+    for drafter in drafters:
+        lines.append(f"candidate {drafter.check.candidate}: {drafter.description}")
+        lines += [f"  warning: {w}" for w in drafter.check.warnings]
+    return lines
 
 
 def candidate_text(spec: SpecConfig) -> str:

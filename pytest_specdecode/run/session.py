@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from .. import __version__
+from ..analysis.drafter import Drafter
 from ..analysis.run import RunAnalysis, analyze, max_num_seqs
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design
@@ -45,6 +46,7 @@ from ..report import Written, write_reports
 from ..report import terminal as terminal_report
 from ..report.plan import (
     RUN_LOG,
+    drafter_plan,
     dry_run_lines,
     plain_seconds,
     search_text,
@@ -63,6 +65,7 @@ from ..targets.facts.vllm import (
 from ..targets.host_env import HostProbe, busiest
 from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms, with_regime
+from .drafters import check_drafters
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
 from .outcome import CATEGORY as UNDECIDED
@@ -94,6 +97,7 @@ class SpecDecodeSession:
         self.search: SearchRun | None = None  # --spec-search: its slots, resolved on demand
         self.written: Written | None = None
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
+        self.drafters: list[Drafter] = []  # each drafter's config, checked where it is loaded
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
         self.progress = ProgressLog(config)
         self._finished = False
@@ -137,9 +141,11 @@ class SpecDecodeSession:
         """The candidates checked against the target's own vLLM (read-only); its facts."""
         target = self._open_target(self.settings.reports_dir)
         try:
-            return validated_against_target(
+            facts = validated_against_target(
                 target, self.settings.candidates, progress=self.progress
             )
+            self.drafters = check_drafters(target, self.settings.candidates, progress=self.progress)
+            return facts
         except HostError as exc:  # the host cannot be reached: nothing was touched
             raise ConfigError(str(exc)) from None
         finally:
@@ -164,11 +170,16 @@ class SpecDecodeSession:
                 )
                 self._use_facts(facts)
                 settings = self.settings
+                self.drafters = check_drafters(target, settings.candidates, progress=self.progress)
                 checked = [
                     f"validated the candidates against {facts.describe()}"
                     + (f" ({facts.note})" if facts.note else ""),
                     request_metrics_plan(facts),
                 ]
+                if self.drafters:
+                    checked.append(
+                        "\n".join(["checked the drafters:", *drafter_plan(self.drafters)])
+                    )
             arms = self._choose_arms(target)
             settings = self.settings
             steps = [*checked, *service_plan(settings, target)]
@@ -259,6 +270,8 @@ class SpecDecodeSession:
                 self.progress(f"plan: {line}")
             for line in side_change_plan(settings, self._target_version()):
                 self.progress(f"plan: {line}")
+            for line in drafter_plan(self.drafters):
+                self.progress(f"plan: drafter: {line}")
             target.preflight()
         except SpecDecodeError as exc:
             target.close()
@@ -450,6 +463,9 @@ class SpecDecodeSession:
                     besides=(self.host_noise.profiles,),
                 ),
                 "vllm": self.vllm_facts.record() if self.vllm_facts else None,
+                "drafters": {  # each drafter named, with its warnings (docs/drafters.md)
+                    d.check.candidate: [d.description, *d.check.warnings] for d in self.drafters
+                },
             },
         )
         reuse = self.config.getoption("spec_baseline_from")

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
-from ..config.vllm_argv import option_value, with_speculative_config
+from ..config.vllm_argv import option_value, parse_server_command, with_speculative_config
 from ..errors import ConfigError, HostError, ServiceError
 from ..redaction import redact_text
 from .base import Progress, Transports, port_answers
@@ -40,6 +40,7 @@ from .facts.gpu import (
     parse_compute_apps,
     parse_gpus,
 )
+from .facts.model_config import ModelSite, served_model
 from .facts.vllm import ask_vllm
 from .hosts.base import LocalHost
 
@@ -254,6 +255,14 @@ class LocalProcessTarget:
             argv[0] = str(self.workdir / argv[0])
         host = LocalHost(server_env(self.env))
         return ask_vllm(host, argv, where="the local server command", progress=progress)
+
+    def model_site(self) -> ModelSite:
+        """Where the server loads its models: this machine, from its working directory."""
+        where = "the local server command"
+        server = parse_server_command(self.command, where=where)
+        model = served_model(self.command, server)
+        host = LocalHost(server_env(self.env))
+        return ModelSite(host, f"{where} on {self.host_name}", model, workdir=str(self.workdir))
 
     def before_swap(self) -> None:
         return None  # the child processes die with this controller (PR_SET_PDEATHSIG)

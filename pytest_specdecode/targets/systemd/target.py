@@ -31,8 +31,10 @@ from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.target import check_unit_name
 from ...errors import ConfigError, HostError, ServiceError
 from ..base import Progress, Transports
+from ..facts.model_config import ModelSite, hub_cache_of, served_model
 from ..facts.vllm import ask_in_container, ask_vllm
 from ..hosts.base import Host
+from ..hosts.container import container_host
 from .beside import BesideHost, BesideLaunch, beside_unit_prefix
 from .inspection import UnitInspection
 from .unitfile import (
@@ -151,6 +153,22 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
         if command.server.image is not None:
             return ask_in_container(self.host, command.server, where=where, progress=progress)
         return ask_vllm(self.host, command.argv, where=where, progress=progress)
+
+    def model_site(self) -> ModelSite:
+        """Where the unit loads its models: the host, or its running container; read only."""
+        where = f"unit {self.unit} on {self.host_name}"
+        command = self.command()
+        host: Host = self.host
+        if command.server.image is not None:
+            box = container_host(self.host, command.server)
+            if box is None:
+                raise ConfigError(
+                    f"{where} runs vLLM in a container ({command.server.image}) without --name, "
+                    "so a drafter's path cannot be checked where it is loaded; give it a --name"
+                )
+            host = box
+        hub = None if host is not self.host else hub_cache_of(command.env.values)
+        return ModelSite(host, where, served_model(command.argv, command.server), hub_cache=hub)
 
     def original(self) -> SystemdUnit:
         if self._original is None:
