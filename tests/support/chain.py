@@ -313,6 +313,7 @@ class Rates:
     widest: float = 0.0  # the widest interval's half-width, as a ratio's (±)
     median_width: float = 0.0  # the median interval's half-width
     by_pairs: float = 0.0  # share of the comparisons analysed by pairs (side by side)
+    regressed_per_type: float = 0.0  # share of prompt-type verdicts called regressed
 
     def mc_error(self, p: float) -> float:
         """Two standard errors of a Monte Carlo share near p."""
@@ -322,6 +323,7 @@ class Rates:
 def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, tmp: Path) -> Rates:
     rng = np.random.default_rng(seed)
     regressed = improved = undecided = requests = missed = comparisons = pairs = 0
+    types = types_regressed = 0
     widths: list[float] = []
     truth = math.log1p(effect)
     for i in range(runs):
@@ -330,6 +332,8 @@ def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, t
         verdicts = simulate_route(host, route, effect=effect, rng=rng, reports=reports).values()
         shutil.rmtree(reports, ignore_errors=True)
         regressed += any(v.verdict is Verdict.REGRESSED for v in verdicts)
+        types += len(verdicts)
+        types_regressed += sum(v.verdict is Verdict.REGRESSED for v in verdicts)
         improved += any(v.verdict is Verdict.IMPROVED for v in verdicts)
         undecided += any(v.undecided for v in verdicts)
         requests += sum(v.throughput.n_candidate + v.throughput.n_baseline for v in verdicts)
@@ -345,4 +349,5 @@ def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, t
         runs, regressed / runs, improved / runs, undecided / runs, per_start,
         missed / max(comparisons, 1), max(widths, default=0.0),
         float(np.median(widths)) if widths else 0.0, pairs / max(comparisons, 1),
+        types_regressed / max(types, 1),
     )  # fmt: skip
