@@ -167,10 +167,11 @@ def sides_table(
     routes: Mapping[str, Route] = SIDE_ROUTES,
 ) -> list[SideRow]:
     """Side by side, analysed by pairs, against one at a time: 48 requests per prompt type.
-    Power per prompt type and per run, and the widest interval seen; printed as it goes."""
+    Power per prompt type and per run, and the widest interval seen; printed as it goes.
+    A half-width is half the interval's width on the log scale, shown as a ratio's (±)."""
     print("| host | route | false regressed | false improved | power per prompt type, "
           "true -10% | power per run, true -10% | half-width in A/A runs, median (widest) | "
-          "widest, any run | by pairs |")  # fmt: skip
+          "widest half-width, any run | by pairs |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for name, host in hosts.items():

@@ -310,8 +310,8 @@ class Rates:
     inconclusive: float  # share of runs with any prompt type undecided
     requests: float  # mean measured requests per prompt type and start of the run
     missed: float = 0.0  # share of the comparisons whose interval misses the true change
-    widest: float = 0.0  # the widest interval's half-width, as a ratio's (±)
-    median_width: float = 0.0  # the median interval's half-width
+    widest: float = 0.0  # the widest interval's half-width (log scale, as a ratio's ±)
+    median_width: float = 0.0  # the median interval's half-width, likewise
     by_pairs: float = 0.0  # share of the comparisons analysed by pairs (side by side)
     regressed_per_type: float = 0.0  # share of prompt-type verdicts called regressed
 
@@ -341,8 +341,8 @@ def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, t
             true = truth if c.higher_is_better else -truth  # TPOT moves the other way
             comparisons += 1
             missed += not c.interval.low <= true <= c.interval.high
-            low, high = c.ratio_ci
-            widths.append(max(high - 1, 1 - low))
+            # half the interval's width on the log scale, about its estimate, as a ratio's (±)
+            widths.append(math.expm1((c.interval.high - c.interval.low) / 2))
             pairs += c.interval.by == "pairs"
     per_start = requests / (runs * len(host.prompt_types) * 2 * route.repeats)
     return Rates(
