@@ -34,7 +34,7 @@ SHIFTS = (0.0, 0.01, 0.02, 0.046, 0.06, 0.08, 0.10)
 
 def routes_table(runs: int, seed: int, tmp: Path) -> None:
     print("| route | restart noise | false regressed | false improved | A/A undecided | "
-          "power, true -10% | requests per start |")  # fmt: skip
+          "power per run, true -10% | requests per start |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for name, route in ROUTES.items():
         for shift in SHIFTS:
@@ -106,7 +106,7 @@ DRIFT_HOSTS = {
 def drift_table(runs: int, seed: int, tmp: Path) -> None:
     """False calls and power for -20% by how a start sends its requests, under drift; the
     documented route (an A/A run of 8 starts in the same design, then 1 start per arm)."""
-    print("| host | design | false regressed | false improved | power, true -20% | "
+    print("| host | design | false regressed | false improved | power per run, true -20% | "
           "requests per start |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for name, host in DRIFT_HOSTS.items():
