@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_specdecode.config.settings import RunConfig
-from tests.support.chain import DESIGNS, Route, SimHost, rates
+from tests.support.chain import DESIGNS, Rates, Route, SimHost, rates
 
 ROUTES = {
     "A/A of 8 starts, then 1 start per arm": Route(aa_runs=1, aa_repeats=4, repeats=1),
@@ -33,7 +34,7 @@ SHIFTS = (0.0, 0.01, 0.02, 0.046, 0.06, 0.08, 0.10)
 
 def routes_table(runs: int, seed: int, tmp: Path) -> None:
     print("| route | restart noise | false regressed | false improved | A/A undecided | "
-          "power, true -10% | requests per start |")  # fmt: skip
+          "power per run, true -10% | requests per start |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for name, route in ROUTES.items():
         for shift in SHIFTS:
@@ -105,7 +106,7 @@ DRIFT_HOSTS = {
 def drift_table(runs: int, seed: int, tmp: Path) -> None:
     """False calls and power for -20% by how a start sends its requests, under drift; the
     documented route (an A/A run of 8 starts in the same design, then 1 start per arm)."""
-    print("| host | design | false regressed | false improved | power, true -20% | "
+    print("| host | design | false regressed | false improved | power per run, true -20% | "
           "requests per start |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for name, host in DRIFT_HOSTS.items():
@@ -133,18 +134,57 @@ SIDE_ROUTES = {
 }
 
 
-def sides_table(runs: int, seed: int, tmp: Path) -> None:
-    """Side by side, analysed by pairs, against one at a time: 48 requests per prompt type."""
-    print("| host | route | false regressed | false improved | power, true -10% | "
-          "half-width, median (widest) | by pairs |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for name, host in SIDE_HOSTS.items():
-        for route_name, route in SIDE_ROUTES.items():
+@dataclass(frozen=True)
+class SideRow:
+    """One row of the side-by-side table: a host, a route, its A/A runs and its -10% runs."""
+
+    host: str
+    route: str
+    aa: Rates  # no true change
+    power: Rates  # a true -10%
+
+    @property
+    def power_per_type(self) -> float:
+        """The share of prompt-type verdicts (every run's every prompt type) that call the -10%."""
+        return self.power.regressed_per_type
+
+    @property
+    def power_per_run(self) -> float:
+        """The share of runs that call the -10% on at least one prompt type."""
+        return self.power.regressed
+
+    @property
+    def widest(self) -> float:
+        """The widest interval's half-width seen in any run of the row, A/A or -10%."""
+        return max(self.aa.widest, self.power.widest)
+
+
+def sides_table(
+    runs: int,
+    seed: int,
+    tmp: Path,
+    hosts: Mapping[str, SimHost] = SIDE_HOSTS,
+    routes: Mapping[str, Route] = SIDE_ROUTES,
+) -> list[SideRow]:
+    """Side by side, analysed by pairs, against one at a time: 48 requests per prompt type.
+    Power per prompt type and per run, and the widest interval seen; printed as it goes.
+    A half-width is half the interval's width on the log scale, shown as a ratio's (±)."""
+    print("| host | route | false regressed | false improved | power per prompt type, "
+          "true -10% | power per run, true -10% | half-width in A/A runs, median (widest) | "
+          "widest half-width, any run | by pairs |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name, host in hosts.items():
+        for route_name, route in routes.items():
             aa = rates(host, route, effect=0.0, runs=runs, seed=seed, tmp=tmp / "s")
             power = rates(host, route, effect=-0.10, runs=runs, seed=seed + 1, tmp=tmp / "t")
+            row = SideRow(name, route_name, aa, power)
+            rows.append(row)
             print(f"| {name} | {route_name} | {aa.regressed:.1%} | {aa.improved:.1%} | "
-                  f"{power.regressed:.1%} | ±{aa.median_width:.1%} (±{aa.widest:.1%}) | "
+                  f"{row.power_per_type:.1%} | {row.power_per_run:.1%} | "
+                  f"±{aa.median_width:.1%} (±{aa.widest:.1%}) | ±{row.widest:.1%} | "
                   f"{aa.by_pairs:.0%} |", flush=True)  # fmt: skip
+    return rows
 
 
 def main() -> None:

@@ -310,9 +310,10 @@ class Rates:
     inconclusive: float  # share of runs with any prompt type undecided
     requests: float  # mean measured requests per prompt type and start of the run
     missed: float = 0.0  # share of the comparisons whose interval misses the true change
-    widest: float = 0.0  # the widest interval's half-width, as a ratio's (±)
-    median_width: float = 0.0  # the median interval's half-width
+    widest: float = 0.0  # the widest interval's half-width (log scale, as a ratio's ±)
+    median_width: float = 0.0  # the median interval's half-width, likewise
     by_pairs: float = 0.0  # share of the comparisons analysed by pairs (side by side)
+    regressed_per_type: float = 0.0  # share of prompt-type verdicts called regressed
 
     def mc_error(self, p: float) -> float:
         """Two standard errors of a Monte Carlo share near p."""
@@ -322,6 +323,7 @@ class Rates:
 def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, tmp: Path) -> Rates:
     rng = np.random.default_rng(seed)
     regressed = improved = undecided = requests = missed = comparisons = pairs = 0
+    types = types_regressed = 0
     widths: list[float] = []
     truth = math.log1p(effect)
     for i in range(runs):
@@ -330,6 +332,8 @@ def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, t
         verdicts = simulate_route(host, route, effect=effect, rng=rng, reports=reports).values()
         shutil.rmtree(reports, ignore_errors=True)
         regressed += any(v.verdict is Verdict.REGRESSED for v in verdicts)
+        types += len(verdicts)
+        types_regressed += sum(v.verdict is Verdict.REGRESSED for v in verdicts)
         improved += any(v.verdict is Verdict.IMPROVED for v in verdicts)
         undecided += any(v.undecided for v in verdicts)
         requests += sum(v.throughput.n_candidate + v.throughput.n_baseline for v in verdicts)
@@ -337,12 +341,13 @@ def rates(host: SimHost, route: Route, *, effect: float, runs: int, seed: int, t
             true = truth if c.higher_is_better else -truth  # TPOT moves the other way
             comparisons += 1
             missed += not c.interval.low <= true <= c.interval.high
-            low, high = c.ratio_ci
-            widths.append(max(high - 1, 1 - low))
+            # half the interval's width on the log scale, about its estimate, as a ratio's (±)
+            widths.append(math.expm1((c.interval.high - c.interval.low) / 2))
             pairs += c.interval.by == "pairs"
     per_start = requests / (runs * len(host.prompt_types) * 2 * route.repeats)
     return Rates(
         runs, regressed / runs, improved / runs, undecided / runs, per_start,
         missed / max(comparisons, 1), max(widths, default=0.0),
         float(np.median(widths)) if widths else 0.0, pairs / max(comparisons, 1),
+        types_regressed / max(types, 1),
     )  # fmt: skip

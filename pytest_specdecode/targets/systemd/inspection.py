@@ -275,8 +275,8 @@ class UnitInspection:
         return ConfigError(
             f"{result.describe()}. sudo would ask for a password (or its rule "
             f"does not allow this program): this tool needs passwordless sudo for "
-            f"{', '.join(HOST_PROGRAMS)} (see the README, 'A non-root user with sudo'). Nothing "
-            "on the host was touched"
+            f"{', '.join(HOST_PROGRAMS)} (see docs/remote-host.md, 'A non-root user with "
+            "sudo'). Nothing on the host was touched"
         )
 
 
