@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,7 @@ from ..measure.traffic import quiet, rate_text
 from ..options import settings_from_options
 from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
-from ..record.ending import RunCut, run_cut
+from ..record.ending import RunCut
 from ..record.profile import lookup
 from ..record.schema import Phase, RunRecord, TargetInfo
 from ..record.search import SEARCH_PREFIX
@@ -68,8 +67,7 @@ from .arms import choose_arms, with_arms, with_regime
 from .drafters import check_drafters
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
-from .outcome import CATEGORY as UNDECIDED
-from .outcomes import setup_error, tests_run
+from .tests_seen import cut_of, failed_tests
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -531,23 +529,14 @@ class SpecDecodeSession:
     def _cut(self, design_complete: bool, exit_code: int | None) -> RunCut | None:
         """Whether the run was cut short, and how to say so (record/ending.py → run_cut)."""
         assert self.experiment is not None
-        record = self.experiment.record
-        stopped = self._stopped or (None if design_complete else setup_error(self.config))
-        first = self.experiment.board.interrupts.first_at  # a signal's, on the machine's clock
-        if record.ending is not None and record.ending.signals and first is not None:
-            wall = time.time() - (time.monotonic() - first)
-        elif stopped is not None:
-            wall = stopped[2]
-        else:
-            wall = time.time()
-        return run_cut(
-            ending=record.ending,
-            stopped=stopped[:2] if stopped else None,
-            at_s=wall - (time.time() - (time.monotonic() - self._started)),
-            at=datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            step=self.progress.step_at(wall),
-            measured=record.measured(len(self.experiment.order)),
-            tests=tests_run(self.config),
+        return cut_of(
+            self.config,
+            self.experiment.record,
+            stopped=self._stopped,
+            first_signal_at=self.experiment.board.interrupts.first_at,
+            started=self._started,
+            step_at=self.progress.step_at,
+            starts_planned=len(self.experiment.order),
             design_complete=design_complete,
             exit_code=exit_code,
         )
@@ -589,7 +578,7 @@ class SpecDecodeSession:
                 store.record,
                 analysis,
                 self.run_dir,
-                failed=_failed_tests(self.config),
+                failed=failed_tests(self.config),
                 step_summary=os.environ.get("GITHUB_STEP_SUMMARY"),
             )
         except Exception:
@@ -606,17 +595,3 @@ class SpecDecodeSession:
         analysis = self._analysis if self._analysis is not None else analyze(record)
         lines = terminal_report.lines(record, analysis, files=files)
         return [redact_text(line) for line in lines]
-
-
-def _failed_tests(config: pytest.Config) -> list[str]:
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
-        return []
-    return [
-        r.nodeid.split("::")[-1]
-        + ("" if r.when == "call" else f" ({r.when})")
-        + (f" ({UNDECIDED})" if key == UNDECIDED else "")
-        for key in ("failed", UNDECIDED, "error")
-        for r in reporter.stats.get(key, [])
-        if getattr(r, "nodeid", None)
-    ]
