@@ -62,8 +62,8 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
                 f"{fmt_pct(acc.draft_acceptance_rate, sign=False)}"
             )
         out += side_changes.terminal_lines(analysis, candidate)
-        if found := regime.mark(analysis, candidate):
-            out.append(f"  {candidate}: {found}")
+        if slowed := regime.mark(analysis, candidate):
+            out.append(f"  {candidate}: {slowed}")
     if any(r.accepted_per_draft is not None for r in found):
         out.append(f"  {ACCEPTED_PER_DRAFT_MEANS}")
     if analysis.verdicts:

@@ -51,9 +51,8 @@ from ..report.plan import (
     search_text,
     service_plan,
     side_change_plan,
-    stored_prediction,
-    stored_search_plan,
 )
+from ..report.stored_plan import stored_prediction, stored_search_plan
 from ..targets.base import Service, Target
 from ..targets.facts.vllm import (
     request_metrics_args,

@@ -18,7 +18,7 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
-from pytest_specdecode.report import html, markdown, plan, terminal, write_reports
+from pytest_specdecode.report import html, markdown, stored_plan, terminal, write_reports
 from pytest_specdecode.report.sections.prediction import HEADER, notes
 
 from ..support.synthetic import RECORDED_TYPES, add_phase, record, recorded_run, settings
@@ -142,12 +142,12 @@ def test_dry_run_predicts_the_planned_candidates_from_a_stored_baseline(tmp_path
         prompt_types=("coding", "math", "other"),
         candidates=("ngram", "eagle", '{"method": "ngram", "num_speculative_tokens": 2}'),
     )
-    assert plan.stored_prediction(planned, host="localhost") == [
+    assert stored_plan.stored_prediction(planned, host="localhost") == [
         "prediction: no stored baseline with token ids of this model on this host in "
         f"{planned.reports_dir}"
     ]
     store(rec, planned.reports_dir / "20260101T000000Z-ngram")
-    lines = plan.stored_prediction(planned, host="localhost")
+    lines = stored_plan.stored_prediction(planned, host="localhost")
     assert lines[0].startswith(
         "prediction from the stored baseline of 20260101T000000Z-ngram (n-gram replay; cost "
         "model fitted from its measured n-gram candidates: t_step = t0 * (1 + "
@@ -163,7 +163,7 @@ def test_dry_run_predicts_the_planned_candidates_from_a_stored_baseline(tmp_path
     assert lines[4] == (
         "  not predicted (prompt or max_tokens differ from the stored run, or not in it): other"
     )
-    assert plan.stored_prediction(planned, host="gpu-host")[0].startswith(
+    assert stored_plan.stored_prediction(planned, host="gpu-host")[0].startswith(
         "prediction: no stored baseline"
     )
 
