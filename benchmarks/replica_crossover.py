@@ -88,9 +88,16 @@ def period_one(
         b = [s.values(metric)[1] for s in first]  # type: ignore[index]
         questions.append(
             Question(
-                "simulated", metric, metric == "throughput", [a], [b], prompts, prompts,
-                pairs=[np.log(np.array(b) / np.array(a)).tolist()], pair_prompts=prompts,
-            )  # fmt: skip
+                "simulated",
+                metric,
+                metric == "throughput",
+                [a],
+                [b],
+                prompts,
+                prompts,
+                pairs=[np.log(np.array(b) / np.array(a)).tolist()],
+                pair_prompts=prompts,
+            )
         )
     found = compare_family(questions, alpha=alpha, min_effect=margin, noise=noise)
     return {c.metric: c.verdict for c in found}
@@ -121,8 +128,10 @@ def rates(model: Replicas, runs: int, *, alpha: float, margin: float, seed: int 
         estimates.append((got.change.estimate, got.replicas[0].estimate, got.change.df))
     mean = np.mean(np.array(estimates), axis=0)
     return {
-        "calls": {k: {v: c[v] / runs for v in (Verdict.REGRESSED, Verdict.IMPROVED)}
-                  for k, c in calls.items()},  # fmt: skip
+        "calls": {
+            k: {v: c[v] / runs for v in (Verdict.REGRESSED, Verdict.IMPROVED)}
+            for k, c in calls.items()
+        },
         "coverage": {k: v / runs for k, v in covered.items()},
         "mean": {"change": float(mean[0]), "replica": float(mean[1]), "df": float(mean[2])},
     }
@@ -132,6 +141,7 @@ ROWS = {
     "B 10% faster, no change, starts 2%": Replicas(),
     "B 10% faster, no change, starts 3%": Replicas(restart_sd=0.03),
     "B 10% faster, no change, starts 1%": Replicas(restart_sd=0.01),
+    "B 10% faster, no change, starts 0.5%": Replicas(restart_sd=0.005),
     "B 10% faster, true -10%, starts 2%": Replicas(change=math.log(0.9)),
     "B 10% faster, true -10%, starts 3%": Replicas(change=math.log(0.9), restart_sd=0.03),
 }
@@ -143,10 +153,14 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--margin", type=float, default=0.03)
     args = parser.parse_args()
-    print(f"alpha {args.alpha} over throughput and TPOT, margin {args.margin:.0%}, "
-          f"12 prompts x 4 per period, {args.runs} runs a row, seed 43\n")  # fmt: skip
-    print("| host | analysis | regressed | improved | change, mean | replica, mean | "
-          "coverage (change, replica, period) | df, mean |")  # fmt: skip
+    print(
+        f"alpha {args.alpha} over throughput and TPOT, margin {args.margin:.0%}, "
+        f"12 prompts x 4 per period, {args.runs} runs a row, seed 43\n"
+    )
+    print(
+        "| host | analysis | regressed | improved | change, mean | replica, mean | "
+        "coverage (change, replica, period) | df, mean |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, model in ROWS.items():
         found = rates(model, args.runs, alpha=args.alpha, margin=args.margin)
@@ -159,8 +173,10 @@ def main() -> None:
                 if analysis == "crossover"
                 else "| | |"
             )
-            print(f"| {name} | {analysis} | {share[Verdict.REGRESSED]:.3f} | "
-                  f"{share[Verdict.IMPROVED]:.3f} | {extra} |")  # fmt: skip
+            print(
+                f"| {name} | {analysis} | {share[Verdict.REGRESSED]:.3f} | "
+                f"{share[Verdict.IMPROVED]:.3f} | {extra} |"
+            )
 
 
 if __name__ == "__main__":

@@ -279,8 +279,9 @@ def _periods(
     """Each period against the first, from the slots' means less their replicas' and arms'
     fitted effects, on period and prompt terms (between slots)."""
     k, arms = fit.design.replicas, fit.design.arms
-    effects = np.concatenate([[0.0], fit.beta[: k - 1]]), np.concatenate(
-        [[0.0], fit.beta[k - 1 : k - 1 + arms - 1]]
+    effects = (
+        np.concatenate([[0.0], fit.beta[: k - 1]]),
+        np.concatenate([[0.0], fit.beta[k - 1 : k - 1 + arms - 1]]),
     )
     labels = sorted({s.prompt for s in slots}, key=repr)
     prompt_of = {label: j for j, label in enumerate(labels)}
@@ -313,7 +314,9 @@ def _periods(
         a = c @ inverse
         g = float(np.sum((a @ x.T @ zz) ** 2))
         var, pdf = _variance(g, float(a @ c), resid_var, float(df), noise)
-        out.append(_effect(f"period {p} against period 0", float(beta[p - 1]), var, pdf, confidence))
+        out.append(
+            _effect(f"period {p} against period 0", float(beta[p - 1]), var, pdf, confidence)
+        )
     return tuple(out)
 
 
