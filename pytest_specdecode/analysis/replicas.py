@@ -253,6 +253,13 @@ class _Fit:
         var, df = _variance(g, h, self.resid_var, self.resid_df, noise)
         return float(c @ self.beta), var, df
 
+    def starts_share(self, c: np.ndarray, noise: RestartNoise) -> float:
+        """The starts' share of an estimate's variance (the rest: the slots')."""
+        a = c @ self.inverse
+        starts = float(np.sum((a @ self.design.x.T @ self.design.z) ** 2)) * _between(noise)
+        slots = float(a @ c) * self.resid_var
+        return max(0.0, starts) / (max(0.0, starts) + slots) if starts + slots > 0 else 0.0
+
 
 def _fit(design: _Design) -> _Fit:
     xtx = design.x.T @ design.x
@@ -335,6 +342,16 @@ def _koch_p(slots: Sequence[CrossoverSlot], metric: str) -> float:
     return p if math.isfinite(p) else 1.0
 
 
+def _what_it_needs(share: float) -> str:
+    """An undecided crossover: what would narrow it, from the starts' share of its variance."""
+    if share >= 0.5:
+        return (
+            f"the starts make {share:.0%} of its variance, which more slots cannot average out: "
+            "another crossover (two more periods, each replica restarted again) would narrow it"
+        )
+    return f"the slots make {1 - share:.0%} of its variance: more slots per period would narrow it"
+
+
 # --------------------------------------------------------------------------- the entry
 
 
@@ -384,10 +401,13 @@ def crossover_of(
                 p = _koch_p(slots, metric)
             else:
                 p = float(2.0 * _st.t.sf(abs(est) / se, df)) if se > 0 else 1.0
-            found.append((metric, arm, interval, tuple(rep), per, p, noise))
+            share = fit.starts_share(c, noise)
+            found.append((metric, arm, interval, tuple(rep), per, p, noise, share))
     adjusted = holm_adjust([f[5] for f in found])
     out = []
-    for (metric, arm, interval, rep, per, p, noise), p_adj in zip(found, adjusted, strict=True):
+    for (metric, arm, interval, rep, per, p, noise, share), p_adj in zip(
+        found, adjusted, strict=True
+    ):
         verdict, reason = decide(
             interval,
             higher_is_better=METRICS[metric],
@@ -399,6 +419,8 @@ def crossover_of(
             starts=(replicas, replicas),
         )
         reason = reason.replace("interval of the change", "interval of the change by crossover", 1)
+        if verdict is Verdict.INCONCLUSIVE and "straddles" in reason:
+            reason = reason.split("; ")[0] + "; " + _what_it_needs(share)
         out.append(
             CrossoverMetric(
                 metric, arm, METRICS[metric], interval, rep, per, p, p_adj, verdict, reason

@@ -137,3 +137,13 @@ def test_a_faster_replica_fools_period_one_alone_but_not_the_crossover() -> None
     power = rates(Replicas(change=math.log(0.9)), runs, alpha=alpha, margin=0.03, seed=seed)
     assert power["calls"]["crossover"][Verdict.REGRESSED] > 0.7
     assert power["calls"]["crossover"][Verdict.IMPROVED] == 0.0
+
+
+def test_an_undecided_crossover_says_whether_slots_or_starts_would_narrow_it() -> None:
+    slots = _two_by_two(np.random.default_rng(5), prompts=6, repeats=3)
+    few = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(0.001))
+    assert few.of("throughput").verdict is Verdict.INCONCLUSIVE
+    assert "more slots per period would narrow it" in few.of("throughput").reason
+    starts = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(1.0))
+    assert "another crossover" in starts.of("throughput").reason
+    assert "by crossover" in starts.of("throughput").reason
