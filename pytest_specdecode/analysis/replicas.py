@@ -13,6 +13,7 @@ The call (the orchestration builds the slots; nothing here touches a replica)::
     result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={"throughput": noise})
     result.metrics[0].change   # stats.Interval of log(candidate / baseline), by="crossover"
     result.metrics[0].verdict  # through stats.decide, as every verdict of the project
+    result.of("throughput").lines()  # the change, the replica and period effects, as printed
 
 Each `CrossoverSlot` holds its period (0-based), its prompt, the arm each replica served in that
 period (0: the baseline, 1.. the candidates) and per replica the request's throughput and TPOT.
@@ -64,6 +65,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as _st
@@ -119,6 +121,16 @@ class Effect:
             f"[{math.expm1(self.low):+.1%}, {math.expm1(self.high):+.1%}] ({self.df:.0f} df)"
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "se": self.se,
+            "df": self.df,
+        }
+
 
 @dataclass(frozen=True)
 class CrossoverMetric:
@@ -135,6 +147,32 @@ class CrossoverMetric:
     verdict: Verdict
     reason: str
 
+    def lines(self) -> list[str]:
+        """What a report prints: the change with its verdict, the replicas', the periods'."""
+        low, high = (math.expm1(x) for x in (self.change.low, self.change.high))
+        head = (
+            f"{self.metric}, arm {self.arm} against the baseline: "
+            f"{math.expm1(self.change.estimate):+.1%} [{low:+.1%}, {high:+.1%}] "
+            f"({self.change.confidence:.1%}, {self.change.df:.0f} df): {self.verdict.value}"
+        )
+        return [head, *(e.text() for e in self.replicas), *(e.text() for e in self.periods)]
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.change
+        return {
+            "metric": self.metric,
+            "arm": self.arm,
+            "higher_is_better": self.higher_is_better,
+            "change": {"estimate": c.estimate, "low": c.low, "high": c.high, "se": c.se,
+                       "df": c.df, "confidence": c.confidence},
+            "replicas": [e.to_dict() for e in self.replicas],
+            "periods": [e.to_dict() for e in self.periods],
+            "p_value": self.p_value,
+            "p_adjusted": self.p_adjusted,
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+        }  # fmt: skip
+
 
 @dataclass(frozen=True)
 class CrossoverResult:
@@ -148,6 +186,15 @@ class CrossoverResult:
 
     def of(self, metric: str, arm: int = 1) -> CrossoverMetric:
         return next(m for m in self.metrics if m.metric == metric and m.arm == arm)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replicas": self.replicas,
+            "arms": self.arms,
+            "periods": self.periods,
+            "slots": self.slots,
+            "metrics": [m.to_dict() for m in self.metrics],
+        }
 
 
 def rotation(replicas: int, arms: int) -> tuple[tuple[int, ...], ...]:
@@ -377,6 +424,13 @@ def crossover_of(
         m for m in METRICS if all((v := s.values(m)) is not None and len(v) == replicas
                                   for s in slots)
     ]  # fmt: skip
+    for i, s in enumerate(slots):
+        for m in metrics:
+            if not all(math.isfinite(v) and v > 0 for v in s.values(m) or ()):
+                raise ValueError(f"slot {i} (period {s.period}): {m} must be finite and > 0")
+    missing = [m for m in metrics if m not in restart_noise]
+    if missing:
+        raise ValueError(f"no restart noise given for {', '.join(missing)}")
     family = (arms - 1) * len(metrics)
     confidence = 1.0 - 2.0 * alpha / family
     found = []

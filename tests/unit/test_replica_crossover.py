@@ -4,6 +4,7 @@ false calls and power on simulated replicas (benchmarks/replica_crossover.py).""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -147,3 +148,24 @@ def test_an_undecided_crossover_says_whether_slots_or_starts_would_narrow_it() -
     starts = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(1.0))
     assert "another crossover" in starts.of("throughput").reason
     assert "by crossover" in starts.of("throughput").reason
+
+
+def test_the_result_prints_the_change_the_replica_and_the_period_and_serialises() -> None:
+    slots = _two_by_two(np.random.default_rng(5), prompts=6, repeats=3)
+    result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(0.02))
+    lines = result.of("throughput").lines()
+    assert lines[0].startswith("throughput, arm 1 against the baseline: ")
+    assert lines[1].startswith("replica 1 against replica 0: ")
+    assert lines[2].startswith("period 1 against period 0: ")
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["metrics"][0]["change"]["estimate"] == result.of("throughput").change.estimate
+    assert data["metrics"][0]["verdict"] == result.of("throughput").verdict.value
+
+
+def test_a_value_that_is_not_positive_or_a_missing_noise_is_named() -> None:
+    slots = _two_by_two(np.random.default_rng(5), prompts=6, repeats=3)
+    bad = [*slots[:-1], CrossoverSlot(1, 0, (1, 0), (1.0, 0.0))]
+    with pytest.raises(ValueError, match=r"slot 35 \(period 1\): throughput"):
+        crossover_of(bad, alpha=0.05, margin=0.03, restart_noise=_noise(0.02))
+    with pytest.raises(ValueError, match="no restart noise given for throughput"):
+        crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={})
