@@ -137,6 +137,48 @@ def rates(model: Replicas, runs: int, *, alpha: float, margin: float, seed: int 
     }
 
 
+def rotation_rates(runs: int, *, alpha: float, margin: float, seed: int = 5) -> dict:
+    """Three replicas (0, +10%, -5% their own speeds), three arms (two candidates, no true
+    change), a Latin square over three periods (shifts 0, -3%, +2%), starts of 2% measured on 8
+    df; throughput only. Per comparison: the shares called regressed and improved, and the
+    intervals' coverage of each effect."""
+    rng = np.random.default_rng(seed)
+    k, model = 3, Replicas()
+    own, shift = np.array([0.0, 0.1, -0.05]), np.array([0.0, -0.03, 0.02])
+    calls: Counter = Counter()
+    covered: Counter = Counter()
+    for _ in range(runs):
+        levels = rng.normal(0.0, model.prompt_sd, model.prompts)
+        starts = rng.normal(0.0, model.restart_sd, (k, k))
+        slots = []
+        for period, arms in enumerate(rotation(k, k)):
+            for j in rng.permutation(np.repeat(np.arange(model.prompts), model.repeats)):
+                moment = rng.normal(0.0, model.moment_sd)
+                values = tuple(
+                    math.exp(levels[j] + moment + shift[period] + own[r] + starts[r, period]
+                             + rng.normal(0.0, model.request_sd))
+                    for r in range(k)
+                )  # fmt: skip
+                slots.append(CrossoverSlot(period, int(j), arms, values))
+        measured = model.restart_sd * math.sqrt(rng.chisquare(model.noise_df) / model.noise_df)
+        noise = {"throughput": RestartNoise(measured, model.noise_df, "simulated A/A run", True)}
+        result = crossover_of(slots, alpha=alpha, margin=margin, restart_noise=noise)
+        for m in result.metrics:
+            calls[m.verdict] += 1
+            covered["change"] += m.change.low <= 0.0 <= m.change.high
+        first = result.metrics[0]
+        for e, truth in zip(first.replicas, own[1:], strict=True):
+            covered["replica"] += e.low <= truth <= e.high
+        for e, truth in zip(first.periods, shift[1:], strict=True):
+            covered["period"] += e.low <= truth <= e.high
+    n = 2 * runs  # comparisons; and two replica, two period effects a run
+    return {
+        "regressed": calls[Verdict.REGRESSED] / n,
+        "improved": calls[Verdict.IMPROVED] / n,
+        "coverage": {key: v / n for key, v in covered.items()},
+    }
+
+
 ROWS = {
     "B 10% faster, no change, starts 2%": Replicas(),
     "B 10% faster, no change, starts 3%": Replicas(restart_sd=0.03),
@@ -152,7 +194,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--margin", type=float, default=0.03)
+    parser.add_argument("--rotation", action="store_true", help="three replicas, three arms")
     args = parser.parse_args()
+    if args.rotation:
+        found = rotation_rates(args.runs, alpha=args.alpha, margin=args.margin)
+        cover = found["coverage"]
+        print(f"3 replicas x 3 arms, no true change, alpha {args.alpha} over two candidates, "
+              f"margin {args.margin:.0%}, {args.runs} runs, seed 5\n")  # fmt: skip
+        print("| regressed | improved | coverage: change | replica | period |")
+        print("|---|---|---|---|---|")
+        print(f"| {found['regressed']:.3f} | {found['improved']:.3f} | {cover['change']:.3f} | "
+              f"{cover['replica']:.3f} | {cover['period']:.3f} |")  # fmt: skip
+        return
     print(
         f"alpha {args.alpha} over throughput and TPOT, margin {args.margin:.0%}, "
         f"12 prompts x 4 per period, {args.runs} runs a row, seed 43\n"
