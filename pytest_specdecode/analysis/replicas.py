@@ -104,7 +104,7 @@ class CrossoverSlot:
 class Effect:
     """One effect on the log scale with its interval: a replica's or a period's."""
 
-    name: str  # e.g. "replica 1 against replica 0", "period 1 against period 0"
+    name: str  # e.g. "replica 2 against replica 1", "period 2 against period 1" (1-based)
     estimate: float
     low: float
     high: float
@@ -277,6 +277,8 @@ def _variance(
     value = starts + slots
     if value <= 0:
         return 0.0, resid_df
+    if starts > 0 and noise.df <= 0:  # a restart noise of no weight: one df, the least
+        return value, 1.0
     start_term = (part_starts * noise.start_variance) ** 2 / noise.df if noise.df > 0 else 0.0
     slot_term = slots**2 / resid_df if resid_df else math.inf
     found = value**2 / (start_term + slot_term) if start_term + slot_term else math.inf
@@ -369,14 +371,14 @@ def _periods(
         g = float(np.sum((a @ x.T @ zz) ** 2))
         var, pdf = _variance(g, float(a @ c), resid_var, float(df), noise)
         out.append(
-            _effect(f"period {p} against period 0", float(beta[p - 1]), var, pdf, confidence)
+            _effect(f"period {p + 1} against period 1", float(beta[p - 1]), var, pdf, confidence)
         )
     return tuple(out)
 
 
 def _koch_p(slots: Sequence[CrossoverSlot], metric: str) -> float:
-    """Two replicas: Mann-Whitney of the period-0 differences against period 1's, each prompt's
-    mean difference over both periods taken out (Koch's test for a 2x2 crossover)."""
+    """Two replicas: Mann-Whitney of the first period's differences against the second's, each
+    prompt's mean difference over both periods taken out (Koch's test for a 2x2 crossover)."""
     d = np.array([math.log(s.values(metric)[1] / s.values(metric)[0]) for s in slots])
     prompts = [s.prompt for s in slots]
     centre = {p: float(d[[q == p for q in prompts]].mean()) for p in set(prompts)}
@@ -442,7 +444,7 @@ def crossover_of(
             c = np.zeros(fit.beta.size)
             c[r - 1] = 1.0
             est, var, df = fit.contrast(c, noise)
-            rep.append(_effect(f"replica {r} against replica 0", est, var, df, confidence))
+            rep.append(_effect(f"replica {r + 1} against replica 1", est, var, df, confidence))
         per = _periods(slots, metric, fit, noise, periods, confidence)
         for arm in range(1, arms):
             c = np.zeros(fit.beta.size)

@@ -155,8 +155,8 @@ def test_the_result_prints_the_change_the_replica_and_the_period_and_serialises(
     result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(0.02))
     lines = result.of("throughput").lines()
     assert lines[0].startswith("throughput, arm 1 against the baseline: ")
-    assert lines[1].startswith("replica 1 against replica 0: ")
-    assert lines[2].startswith("period 1 against period 0: ")
+    assert lines[1].startswith("replica 2 against replica 1: ")
+    assert lines[2].startswith("period 2 against period 1: ")
     data = json.loads(json.dumps(result.to_dict()))
     assert data["metrics"][0]["change"]["estimate"] == result.of("throughput").change.estimate
     assert data["metrics"][0]["verdict"] == result.of("throughput").verdict.value
@@ -169,3 +169,11 @@ def test_a_value_that_is_not_positive_or_a_missing_noise_is_named() -> None:
         crossover_of(bad, alpha=0.05, margin=0.03, restart_noise=_noise(0.02))
     with pytest.raises(ValueError, match="no restart noise given for throughput"):
         crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={})
+
+
+def test_a_restart_noise_of_no_weight_leaves_one_degree_of_freedom() -> None:
+    slots = _two_by_two(np.random.default_rng(5), prompts=6, repeats=3)
+    weightless = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(0.02, 0.0))
+    weighted = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise=_noise(0.02, 8.0))
+    assert weightless.of("throughput").change.df == 1.0
+    assert weighted.of("throughput").change.df >= 8.0
