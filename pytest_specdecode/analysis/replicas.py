@@ -9,6 +9,9 @@ goes to every replica at once, so a slot costs one request's time and the moment
 
 The call (the orchestration builds the slots; nothing here touches a replica)::
 
+    crossover_of(slots: Sequence[CrossoverSlot], *, alpha: float, margin: float,
+                 restart_noise: Mapping[str, RestartNoise]) -> CrossoverResult
+
     schedule = rotation(replicas=2, arms=2)      # ((0, 1), (1, 0)): per period, per replica
     result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={"throughput": noise})
     result.metrics[0].change   # stats.Interval of log(candidate / baseline), by="crossover"
@@ -16,7 +19,9 @@ The call (the orchestration builds the slots; nothing here touches a replica)::
     result.of("throughput").lines()  # the change, the replica and period effects, as printed
 
 Each `CrossoverSlot` holds its period (0-based), its prompt, the arm each replica served in that
-period (0: the baseline, 1.. the candidates) and per replica the request's throughput and TPOT.
+period (`rotation(...)[period]`; 0: the baseline, 1.. the candidates) and per replica the
+request's throughput and TPOT. `restart_noise` is, per metric, one start's effect as the
+project knows it (verdict/noise.py chooses it; `RestartNoise.assumed` where nothing was measured).
 
 **The model (two replicas, two periods).** Per slot, `d = log(B) - log(A)`. With `rho` the
 replica effect (B's own speed against A's), `delta` the change and `o_p` period `p`'s offset
