@@ -26,6 +26,7 @@ from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design
 from ..analysis.verdict.reuse import stored_baseline
 from ..config.arms import BASELINE, BASELINE_AFTER
+from ..config.replicas import refuse_replica_run
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig, VllmFacts, validate_spec_values
 from ..errors import ConfigError, HostError, SpecDecodeError
@@ -70,6 +71,7 @@ from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
 from .outcome import CATEGORY as UNDECIDED
 from .outcomes import setup_error, tests_run
+from .replicas import replicas_dry_run
 
 PLUGIN_NAME = "specdecode-session"
 
@@ -120,6 +122,8 @@ class SpecDecodeSession:
     def check_before_start(self) -> None:
         """Refuse, before anything starts: a design that cannot reach a verdict, a reused
         baseline that cannot be, a reports folder that cannot be written."""
+        if self.writes_html:  # a run across replicas: planned, not yet built
+            refuse_replica_run(self.settings.replicas)
         check_design(self.settings)
         path = self.config.getoption("spec_baseline_from")
         if path:
@@ -161,6 +165,8 @@ class SpecDecodeSession:
     def dry_run(self) -> int:
         """Print the plan. Nothing is started, written or locked; only reads on a host."""
         settings = self.settings
+        if settings.replicas:  # a target of several replicas: its own plan
+            return replicas_dry_run(self.config, settings, self.progress)
         target = self._open_target(settings.reports_dir)
         try:
             checked = []
