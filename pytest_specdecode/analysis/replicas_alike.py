@@ -74,7 +74,7 @@ def alike(replicas: Sequence[ReplicaFacts]) -> Alike:
             for what, value in (
                 ("its vLLM version", replica.vllm_version),
                 ("its GPUs", replica.gpus),
-                ("its driver", replica.driver if replica.gpus != () else ""),
+                ("its driver", replica.driver if replica.gpus else ""),
             )
             if value is None
         ]

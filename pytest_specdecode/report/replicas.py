@@ -37,6 +37,11 @@ def replicas_plan(
             )
     lines.append("read on each replica:")
     lines += [f"  {f.describe()}" for f in facts]
+    if candidates:
+        lines.append(
+            f"validated the candidates ({', '.join(candidates)}) against each replica's vLLM "
+            "(the offline list where one could not be asked)"
+        )
     lines += alike_lines(found)
     lines += schedule_lines([r.name for r in replicas], baseline, candidates)
     lines.append(

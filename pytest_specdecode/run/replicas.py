@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -16,13 +16,14 @@ from ..analysis.replicas_alike import ReplicaFacts, alike
 from ..config.arms import BASELINE
 from ..config.replicas import ReplicaConfig
 from ..config.settings import Settings
+from ..config.specconfig import SpecConfig
 from ..errors import SpecDecodeError
 from ..progress import write_line
 from ..report.replicas import replicas_plan
 from ..targets.base import Target
 from ..targets.facts.gpu import gpus_and_driver, read_gpus
 from ..targets.facts.model_config import read_model_config
-from ..targets.facts.vllm import facts_or_offline
+from ..targets.facts.vllm import check_candidates, facts_or_offline
 
 Progress = Callable[[str], None]
 
@@ -40,7 +41,7 @@ def replicas_dry_run(config: pytest.Config, settings: Settings, progress: Progre
                 progress=progress,
             )
             try:
-                facts.append(replica_facts(replica, target, progress))
+                facts.append(replica_facts(replica, target, progress, settings.candidates))
             finally:
                 target.close()  # touches the host only to undo what this run did: nothing
         except SpecDecodeError as exc:
@@ -58,10 +59,17 @@ def replicas_dry_run(config: pytest.Config, settings: Settings, progress: Progre
     return pytest.ExitCode.USAGE_ERROR if found.refused else pytest.ExitCode.OK
 
 
-def replica_facts(replica: ReplicaConfig, target: Target, progress: Progress) -> ReplicaFacts:
+def replica_facts(
+    replica: ReplicaConfig,
+    target: Target,
+    progress: Progress,
+    candidates: Sequence[SpecConfig] = (),
+) -> ReplicaFacts:
     """What one replica runs, read through its target before anything is touched: its vLLM
-    (targets/facts/vllm.py), its model where the backend says where it loads it, its GPUs."""
+    (targets/facts/vllm.py), against which each candidate is checked, its model where the
+    backend says where it loads it, its GPUs."""
     vllm = facts_or_offline(target, progress=progress)
+    check_candidates(candidates, vllm)
     gpus = read_gpus(target.host)
     names, driver = gpus_and_driver(gpus) if gpus is not None else (None, None)
     path, fingerprint = _model(target, progress)

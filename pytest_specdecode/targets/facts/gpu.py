@@ -394,8 +394,8 @@ def poll_release(host: Host, pids: Iterable[int]) -> GpuPoll:
 IDENTITY_FIELDS = ("index", "name", "driver_version")
 _IDENTITY_QUERY = (
     "command -v nvidia-smi >/dev/null || exit 3; nvidia-smi "
-    f"--query-gpu={','.join(IDENTITY_FIELDS)} --format=csv,noheader"
-)
+    f"--query-gpu={','.join(IDENTITY_FIELDS)} --format=csv"
+)  # with its header: the columns are read by name
 
 
 def gpus_and_driver(gpus: Sequence[Gpu]) -> tuple[tuple[str, ...], str | None]:
