@@ -26,7 +26,6 @@ from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design
 from ..analysis.verdict.reuse import stored_baseline
 from ..config.arms import BASELINE, BASELINE_AFTER
-from ..config.replicas import refuse_replica_run
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig, VllmFacts, validate_spec_values
 from ..errors import ConfigError, HostError, SpecDecodeError
@@ -122,8 +121,6 @@ class SpecDecodeSession:
     def check_before_start(self) -> None:
         """Refuse, before anything starts: a design that cannot reach a verdict, a reused
         baseline that cannot be, a reports folder that cannot be written."""
-        if self.writes_html:  # a run across replicas: planned, not yet built
-            refuse_replica_run(self.settings.replicas)
         check_design(self.settings)
         path = self.config.getoption("spec_baseline_from")
         if path:
