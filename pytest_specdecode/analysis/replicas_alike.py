@@ -27,10 +27,16 @@ class ReplicaFacts:
 
     def describe(self) -> str:
         """One line for the plan: `a: model m, vLLM 0.11.0, 8 x NVIDIA H200, driver 580`."""
-        parts = [f"model {self.model}" + (f" ({self.model_path})" if self.model_path else "")]
+        loaded = [
+            x
+            for x in (self.model_path, self.model_config and f"config.json {self.model_config}")
+            if x
+        ]
+        parts = [f"model {self.model}" + (f" ({', '.join(loaded)})" if loaded else "")]
         parts.append(f"vLLM {self.vllm_version or 'unknown'}")
         parts.append(_gpus_text(self.gpus))
-        parts.append(f"driver {self.driver or 'unknown'}")
+        if self.gpus != ():  # no GPU, no driver to name
+            parts.append(f"driver {self.driver or 'unknown'}")
         if self.cuda:
             parts.append(f"CUDA {self.cuda}")
         return f"{self.name}: {', '.join(parts)}"

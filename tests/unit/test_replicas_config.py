@@ -411,3 +411,40 @@ def test_a_candidate_one_replicas_vllm_refuses_stops_the_plan_naming_that_replic
     err = result.stderr.str()
     assert "replica b: speculative config 'ngram'" in err and "unknown key(s)" in err
     assert "replica a:" not in err
+
+
+# -- reading a replica's GPUs -------------------------------------------------------------------
+
+
+class AnsweringHost:
+    """nvidia-smi's answer, as a host returns it: exit status and stdout."""
+
+    name = "root@gpu-b:22"
+
+    def __init__(self, status: int, stdout: str) -> None:
+        self.status, self.stdout = status, stdout
+
+    def run(self, argv, timeout=None, stdin=None, privileged=True):
+        from pytest_specdecode.targets.hosts.base import CommandResult
+
+        assert "--format=csv" in argv[-1] and "noheader" not in argv[-1]  # read by its header
+        return CommandResult(self.name, tuple(argv), self.status, self.stdout, "")
+
+
+def test_a_replicas_gpus_are_read_from_nvidia_smi_by_their_header() -> None:
+    from pytest_specdecode.targets.facts.gpu import read_gpus
+
+    gpus = read_gpus(AnsweringHost(0, smi(2, "570.86.15")))  # type: ignore[arg-type]
+    assert gpus is not None and gpus_and_driver(gpus) == (("NVIDIA H200",) * 2, "570.86.15")
+    assert read_gpus(AnsweringHost(3, "")) == []  # type: ignore[arg-type]  # no nvidia-smi
+    assert read_gpus(AnsweringHost(9, "NVIDIA-SMI has failed")) is None  # type: ignore[arg-type]
+
+
+def test_a_replica_is_described_with_what_was_read() -> None:
+    gpu = named(h200s(8), "a", model_path="/m/kimi", model_config="0123abcd")
+    assert gpu.describe() == (
+        "a: model kimi (/m/kimi, config.json 0123abcd), vLLM 0.11.0, 8 x NVIDIA H200, "
+        "driver 580.159.04"
+    )
+    cpu = named(h200s(1), "c", gpus=(), driver=None, vllm_version=None)
+    assert cpu.describe() == "c: model kimi, vLLM unknown, no GPU"
