@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from .config.replicas import refuse_replica_run
 from .config.settings import Settings, load_settings
 from .errors import ConfigError
 
@@ -16,7 +17,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
     opt = config.getoption
     reports = opt("spec_reports")
     path, table = find_config(config)
-    return load_settings(
+    settings = load_settings(
         path,
         table=table,
         rootdir=Path(config.rootpath),
@@ -56,6 +57,10 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "break_even": opt("spec_break_even"),
         },
     )
+    option = config.option
+    if not (option.spec_dry_run or option.collectonly or getattr(option, "help", False)):
+        refuse_replica_run(settings.replicas)  # the crossover run: planned, not yet built
+    return settings
 
 
 def find_config(config: pytest.Config) -> tuple[Path, str | None]:

@@ -21,8 +21,9 @@ from .load import (
     slo_config,
 )
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
+from .replicas import ReplicaConfig, target_and_replicas
 from .specconfig import SpecConfig, check_spec_shape, parse_spec_config
-from .target import TargetConfig, target_config
+from .target import TargetConfig
 from .values import no_unknown, positive_int, positive_number
 
 
@@ -146,6 +147,8 @@ class Settings:
     reports_dir: Path = field(default=Path("reports"))
     slo: SLOConfig = field(default_factory=SLOConfig)
     host_profiles: Path | None = None  # the experiment's `host_profiles` folder (record/profile.py)
+    # [[target.replicas]] (config/replicas.py): `target` is then the first replica's
+    replicas: tuple[ReplicaConfig, ...] = ()
 
     @property
     def aa_only(self) -> bool:
@@ -240,16 +243,16 @@ def load_settings(
     reports = reports_dir or (
         base / str(raw["reports_dir"]) if "reports_dir" in raw else default_reports
     )
+    target, replicas = target_and_replicas(
+        _table(raw, "target", where),
+        {k: v for k, v in (target_overrides or {}).items() if v not in (None, False)},
+        base,
+        where,
+    )
     return Settings(
         source=path,
-        target=target_config(
-            {
-                **_table(raw, "target", where),
-                **{k: v for k, v in (target_overrides or {}).items() if v not in (None, False)},
-            },
-            base,
-            where,
-        ),
+        target=target,
+        replicas=replicas,
         run=run,
         prompt_types=chosen,
         candidates=candidates,

@@ -66,6 +66,7 @@ from .arms import choose_arms, with_arms, with_regime
 from .drafters import check_drafters
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
+from .replicas import replicas_dry_run
 from .tests_seen import cut_of, failed_tests
 
 PLUGIN_NAME = "specdecode-session"
@@ -158,6 +159,8 @@ class SpecDecodeSession:
     def dry_run(self) -> int:
         """Print the plan. Nothing is started, written or locked; only reads on a host."""
         settings = self.settings
+        if settings.replicas:  # a target of several replicas: its own plan
+            return replicas_dry_run(self.config, settings, self.progress)
         target = self._open_target(settings.reports_dir)
         try:
             checked = []

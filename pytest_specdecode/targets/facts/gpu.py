@@ -387,3 +387,36 @@ def poll_release(host: Host, pids: Iterable[int]) -> GpuPoll:
     if not result.ok:
         return GpuPoll(None, note=f"GPU check failed: {result.describe()}")
     return parse_poll(result.stdout)
+
+
+# --------------------------------------------------------------------------------- facts
+
+IDENTITY_FIELDS = ("index", "name", "driver_version")
+_IDENTITY_QUERY = (
+    "command -v nvidia-smi >/dev/null || exit 3; nvidia-smi "
+    f"--query-gpu={','.join(IDENTITY_FIELDS)} --format=csv"
+)  # with its header: the columns are read by name
+
+
+def gpus_and_driver(gpus: Sequence[Gpu]) -> tuple[tuple[str, ...], str | None]:
+    """Each GPU's name, in index order, and the driver (several, joined, where they differ)."""
+    names = tuple(g.name or "unknown GPU" for g in gpus)
+    drivers = sorted({g.driver for g in gpus if g.driver})
+    return names, (" + ".join(drivers) if drivers else None)
+
+
+def read_gpus(host: Host) -> list[Gpu] | None:
+    """The host's GPUs (index, name, driver); [] where nvidia-smi is absent, None where it
+    could not be read. Reads only."""
+    try:
+        result = host.run(["sh", "-c", _IDENTITY_QUERY], timeout=30, privileged=False)
+    except HostError:
+        return None
+    if result.exit_status == 3:
+        return []
+    if not result.ok:
+        return None
+    try:
+        return parse_gpus(result.stdout, IDENTITY_FIELDS)
+    except GpuOutputError:
+        return None

@@ -1,0 +1,197 @@
+"""`[[target.replicas]]`: a target of several replicas, each read as a `[target]` of its own.
+
+Each entry takes the keys a `[target]` takes for its backend (a systemd unit on a host reached
+over SSH, or a local server), plus a `name` and optional `drain` / `undrain` commands; the keys
+of `[target]` itself are every entry's defaults. The crossover across replicas (docs/replicas.md)
+is planned, not yet run: `refuse_replica_run` stops a run before anything is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .target import TargetConfig, target_config
+
+REPLICA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_OWN_KEYS = {"name", "drain", "undrain"}
+_MOST_ARGS = 256
+_MOST_ARG_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """One replica: its name, its target, and the commands that take it out of its load
+    balancer and put it back (argv, run without a shell; empty where none is given)."""
+
+    name: str
+    target: TargetConfig
+    drain: tuple[str, ...] = ()
+    undrain: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """`a: unit vllm.service on gpu-a, API http://gpu-a:8000/v1`, for the plan."""
+        t = self.target
+        api = t.api_base or "through the SSH connection"
+        if t.backend == "local":
+            return f"{self.name}: a local server ({' '.join(t.command[:3])} …), API {api}"
+        return f"{self.name}: unit {t.unit} on {t.host}, API {api}"
+
+
+def target_and_replicas(
+    table: Mapping[str, Any], overrides: Mapping[str, Any], base: Path, where: str
+) -> tuple[TargetConfig, tuple[ReplicaConfig, ...]]:
+    """`[target]` and its replicas. Without replicas: the target as before, and (). With them:
+    the first replica's target (what a plain plan reads), and every replica."""
+    if "replicas" not in table:
+        return target_config({**table, **overrides}, base, where), ()
+    given = sorted(k for k in overrides if k != "backend")
+    if given:
+        raise ConfigError(
+            f"{where} [target] has replicas: the command line's {', '.join(given)} would apply "
+            "to which one? Set them in each [[target.replicas]] entry instead"
+        )
+    replicas = replicas_of(table, base, where)
+    return replicas[0].target, replicas
+
+
+def replicas_of(table: Mapping[str, Any], base: Path, where: str) -> tuple[ReplicaConfig, ...]:
+    """Every `[[target.replicas]]` entry, each over `[target]`'s own keys; ConfigError naming
+    the entry (its index and name) and the key."""
+    entries = table["replicas"]
+    if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+        raise ConfigError(
+            f"{where} [target] replicas must be [[target.replicas]] tables, got {entries!r}"
+        )
+    if len(entries) < 2:
+        raise ConfigError(
+            f"{where} [target] has {len(entries)} [[target.replicas]] entry: a crossover needs "
+            "at least 2 replicas (one replica is a plain [target])"
+        )
+    shared = {k: v for k, v in table.items() if k != "replicas"}
+    out: list[ReplicaConfig] = []
+    for index, entry in enumerate(entries, start=1):
+        out.append(_replica(entry, shared, base, where, index))
+    _distinct(out, where)
+    return tuple(out)
+
+
+def _replica(
+    entry: Mapping[str, Any], shared: Mapping[str, Any], base: Path, where: str, index: int
+) -> ReplicaConfig:
+    name = entry.get("name")
+    here = f"{where} [[target.replicas]] entry {index}"
+    if not isinstance(name, str) or not REPLICA_NAME.match(name):
+        raise ConfigError(
+            f"{here}: name must be a short name (letters, digits, '_.-'), got {name!r}"
+        )
+    here = f"{here} ({name!r})"
+    if "replicas" in entry:
+        raise ConfigError(f"{here}: a replica holds no replicas of its own")
+    keys = {k: v for k, v in entry.items() if k not in _OWN_KEYS}
+    merged = dict(shared)
+    if "command" in keys and "host" not in keys:  # a local replica: none of the shared host's
+        merged.pop("host", None)
+        merged.pop("unit", None)
+    merged.update(keys)
+    try:
+        target = target_config(merged, base, here)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if here in message else f"{here}: {message}") from None
+    return ReplicaConfig(
+        name=name,
+        target=target,
+        drain=check_argv(entry.get("drain"), "drain", here),
+        undrain=check_argv(entry.get("undrain"), "undrain", here),
+    )
+
+
+def check_argv(value: Any, key: str, here: str) -> tuple[str, ...]:
+    """A command as an argv list, run without a shell: strings, one line each, no NUL."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        raise ConfigError(
+            f'{here}: {key} must be a command as a list of words, e.g. ["lbctl", "drain", '
+            f'"gpu-a"], not the string {value[:80]!r} (it is run without a shell)'
+        )
+    if not isinstance(value, list) or not value or len(value) > _MOST_ARGS:
+        raise ConfigError(f"{here}: {key} must be a non-empty list of words, got {value!r}")
+    for word in value:
+        if not isinstance(word, str):
+            raise ConfigError(f"{here}: {key} holds {word!r}, which is not a string")
+        if "\0" in word or "\n" in word or "\r" in word or len(word) > _MOST_ARG_CHARS:
+            raise ConfigError(
+                f"{here}: {key} holds {word[:80]!r}, which is not a word this tool will pass on "
+                "(one line, no NUL)"
+            )
+    if not value[0].strip():
+        raise ConfigError(f"{here}: {key}'s first word (the program) is empty")
+    return tuple(value)
+
+
+def _distinct(replicas: Sequence[ReplicaConfig], where: str) -> None:
+    """Names, API bases and (host, unit) pairs: each replica's own."""
+    seen: dict[tuple[str, str], str] = {}
+    for index, replica in enumerate(replicas, start=1):
+        t = replica.target
+        keys = [("name", replica.name)]
+        if t.api_base:
+            keys.append(("api_base", t.api_base))
+        if t.backend == "systemd":
+            keys.append(("unit", f"{t.unit} on {t.host}"))
+        for kind, value in keys:
+            other = seen.setdefault((kind, value), f"entry {index} ({replica.name!r})")
+            if not other.startswith(f"entry {index} "):
+                raise ConfigError(
+                    f"{where} [[target.replicas]] entry {index} ({replica.name!r}) and {other} "
+                    f"share the {kind} {value!r}: each replica needs its own"
+                )
+
+
+def refuse_replica_run(replicas: Sequence[ReplicaConfig]) -> None:
+    """A run (not a dry run) with replicas stops here, before anything is touched: the
+    crossover is planned but not yet built."""
+    if replicas:
+        names = ", ".join(r.name for r in replicas)
+        raise ConfigError(
+            f"[target] has {len(replicas)} replicas ({names}): the crossover run across "
+            "replicas is planned but not yet built, so nothing was touched. --spec-dry-run "
+            "shows the plan: each replica, whether they are alike, and the crossover's periods "
+            "(docs/replicas.md)"
+        )
+
+
+@dataclass(frozen=True)
+class Period:
+    """One period of the crossover: which arm each replica serves, in replica order."""
+
+    number: int  # from 1
+    serving: tuple[tuple[str, str], ...]  # (replica, arm)
+
+
+def crossover_periods(replicas: Sequence[str], arms: Sequence[str]) -> tuple[Period, ...]:
+    """The rotation in which each replica serves each arm once: as many periods as arms, and in
+    period p, replica i serves arm (i + p) mod arms. Two replicas and two arms: the AB/BA
+    crossover (period 1: the first replica the baseline, the second the candidate; period 2:
+    swapped). `arms[0]` is the baseline, each replica's original."""
+    if not replicas or not arms:
+        return ()
+    m = len(arms)
+    return tuple(
+        Period(p + 1, tuple((r, arms[(i + p) % m]) for i, r in enumerate(replicas)))
+        for p in range(m)
+    )
+
+
+def restarts_of(periods: Sequence[Period], replica: str, baseline: str) -> int:
+    """How often `replica` is restarted: into each arm it serves that differs from the one
+    before (it starts as its original, the baseline), and back to its original at the end."""
+    serving = [baseline, *(dict(p.serving)[replica] for p in periods), baseline]
+    return sum(1 for before, after in pairwise(serving) if before != after)

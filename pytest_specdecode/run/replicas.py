@@ -1,0 +1,112 @@
+"""The dry run of a target of several replicas: each replica's facts read through its own
+target (reads only), the alike check (analysis/replicas_alike.py), the plan's lines
+(report/replicas.py). The crossover run itself is not yet built (config/replicas.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from ..analysis.replicas_alike import ReplicaFacts, alike
+from ..config.arms import BASELINE
+from ..config.replicas import ReplicaConfig
+from ..config.settings import Settings
+from ..config.specconfig import SpecConfig
+from ..errors import SpecDecodeError
+from ..progress import write_line
+from ..report.replicas import replicas_plan
+from ..targets.base import Target
+from ..targets.facts.gpu import gpus_and_driver, read_gpus
+from ..targets.facts.model_config import read_model_config
+from ..targets.facts.vllm import check_candidates, facts_or_offline
+
+Progress = Callable[[str], None]
+
+
+def replicas_dry_run(config: pytest.Config, settings: Settings, progress: Progress) -> int:
+    """Read every replica, check they are alike, print the plan; nothing is touched. Exit code:
+    OK, or USAGE_ERROR where a replica cannot be read or the replicas are refused."""
+    facts = []
+    for replica in settings.replicas:
+        try:
+            target = config.hook.pytest_specdecode_open_target(
+                config=config,
+                settings=dataclasses.replace(settings, target=replica.target),
+                log_dir=settings.reports_dir,
+                progress=progress,
+            )
+            try:
+                facts.append(replica_facts(replica, target, progress, settings.candidates))
+            finally:
+                target.close()  # touches the host only to undo what this run did: nothing
+        except SpecDecodeError as exc:
+            write_line(f"pytest-specdecode dry run: replica {replica.name}: {exc}")
+            return pytest.ExitCode.USAGE_ERROR
+    found = alike(facts)
+    lines = replicas_plan(
+        settings.replicas,
+        facts,
+        found,
+        baseline=BASELINE,
+        candidates=[c.name for c in settings.candidates],
+    )
+    write_line("\n".join(lines), stream=sys.stdout)
+    return pytest.ExitCode.USAGE_ERROR if found.refused else pytest.ExitCode.OK
+
+
+def replica_facts(
+    replica: ReplicaConfig,
+    target: Target,
+    progress: Progress,
+    candidates: Sequence[SpecConfig] = (),
+) -> ReplicaFacts:
+    """What one replica runs, read through its target before anything is touched: its vLLM
+    (targets/facts/vllm.py), against which each candidate is checked, its model where the
+    backend says where it loads it, its GPUs."""
+    vllm = facts_or_offline(target, progress=progress)
+    check_candidates(candidates, vllm)
+    gpus = read_gpus(target.host)
+    names, driver = gpus_and_driver(gpus) if gpus is not None else (None, None)
+    path, fingerprint = _model(target, progress)
+    return ReplicaFacts(
+        name=replica.name,
+        model=replica.target.model,
+        model_path=path,
+        model_config=fingerprint,
+        vllm_version=None if vllm.offline else vllm.version,
+        gpus=names,
+        driver=driver,
+    )
+
+
+def _model(target: Target, progress: Progress) -> tuple[str | None, str | None]:
+    """The model the server command loads, and a fingerprint of its config.json; None for
+    what could not be read (said so)."""
+    site_of = getattr(target, "model_site", None)
+    if site_of is None:
+        return None, None
+    try:
+        site = site_of()
+    except SpecDecodeError as exc:
+        progress(f"where the model is loaded could not be read: {exc}")
+        return None, None
+    if site.model is None:
+        return None, None
+    try:
+        files = read_model_config(
+            site.host,
+            site.on_host(site.model),
+            where=site.where,
+            what="the model",
+            hub_cache=site.hub_cache,
+        )
+    except SpecDecodeError as exc:
+        progress(f"the model's config.json could not be read: {exc}")
+        return site.model, None
+    body = json.dumps(files.config, sort_keys=True)
+    return site.model, hashlib.sha256(body.encode()).hexdigest()[:12]
