@@ -457,12 +457,14 @@ def design_lines(
     aba: bool,
     adopts_original: bool,
     drift: TimeDrift | None = None,
+    accelerator: str | None = None,
 ) -> list[str]:
     """What this design can call on this host, and (`--spec-detect`) what would call a change
-    of the size the user names; where the host's drift is known, the cheapest lever."""
+    of the size the user names; where the host's drift is known, the cheapest lever.
+    `accelerator`: its kind, for the slot noise where no profile holds one."""
     if not settings.candidates and not settings.run.search:
         return []
-    found = reach(settings, outside)
+    found = reach(settings, outside, accelerator=accelerator)
     first = next(iter(found.values()))
     noise = first.noise
     told = (
@@ -491,7 +493,9 @@ def design_lines(
     lines = [
         f"what this design can call with 80% power: {calls} ({told}; {residual}; {starts}, "
         f"about {first.power.requests} requests per prompt type and start; margin "
-        f"±{run.min_effect:.0%})"
+        f"±{run.min_effect:.0%})",
+        "the intervals it will print, about the change (log scale): "
+        + ", ".join(r.half_text() for r in found.values()),
     ]
 
     def seconds(starts: int, requests: int, together: bool = run.arms == "together") -> float:

@@ -175,6 +175,31 @@ def pair_outside_evidence(outside: RestartNoise, *, within: float, slot_df: floa
     return Evidence(value, max(1.0, floor, found), outside.source)
 
 
+def design_slot_df(pairs: int, slots: int, prompts: int) -> float:
+    """The slot noise's degrees of freedom `fit_pairs` will have: every slot less one mean per
+    pair, and where prompts repeat (more slots a pair than prompts), one level per prompt
+    less the reference's."""
+    n = pairs * slots
+    fitted = pairs + (prompts - 1 if 1 < prompts < slots else 0)
+    return float(max(0, n - fitted))
+
+
+def expected_pair_variance(
+    outside: RestartNoise, *, slot_var: float, slots: int, slot_df: float, pairs: int
+) -> tuple[float, float]:
+    """What `pair_variance` will give before the run, for `pairs` pairs of `slots` slots whose
+    one difference has variance `slot_var`: the variance of the estimate (the pairs' mean) and
+    its degrees of freedom. The same pooling: this run's own pairs (two or more) as the
+    offsets' expected spread with `pairs - 1` df, and the outside knowledge with its slot
+    noise (pair_outside_evidence). One pair's slots tell the slot noise, not its offset."""
+    within = slot_var / max(1, slots)
+    expected = 2.0 * max(0.0, _between(outside)) + within
+    own = Evidence(expected, float(pairs - 1), "this run's pairs") if pairs >= 2 else None
+    found = pair_outside_evidence(outside, within=within, slot_df=slot_df)
+    tau2, df, _ = pool(own, found, set_aside=False)
+    return tau2 / max(1, pairs), df
+
+
 def _contradicts_pairs(outside: RestartNoise, ss: float, df: float, within: float) -> bool:
     """An assumed restart noise that this run's own pairs rule out (p < CONFLICT_P) is set
     aside, as restarts.py does for starts."""
