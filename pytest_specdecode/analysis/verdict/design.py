@@ -148,14 +148,15 @@ def _prompts(settings: Settings) -> int:
 
 
 def expected_half_width(
-    settings: Settings, noise: RestartNoise, residual_var: float, requests: int
+    settings: Settings, noise: RestartNoise, residual_var: float, requests: int, *, twins: int = 0
 ) -> tuple[float, float]:
     """The half-width (log) of the interval the analysis will print for one comparison of
     this design, and its degrees of freedom: `t(1 - alpha/m, df) * SE` with the variance and
     df pooled as stats.py → `nested_interval` pools them after the run. Side by side, the
     pairs' (pairs.py: the outside offsets pooled with this run's own pairs and their slots'
     noise, two requests' residual a slot) or the starts', whichever is narrower, as the
-    analysis takes; else the starts' (power.py's pooling, the same as restarts.py's)."""
+    analysis takes; else the starts' (power.py's pooling, the same as restarts.py's).
+    `twins`: side by side, a twin baseline beside each pair (pairs.py → `pair_variance`)."""
     run = settings.run
     n, family = run.repeats, family_size(settings)
     t_at = 1 - run.alpha / family
@@ -168,8 +169,9 @@ def expected_half_width(
     if run.arms == "together":
         slot_df = design_slot_df(n, requests, _prompts(settings))
         var, df = expected_pair_variance(
-            noise, slot_var=2.0 * residual_var, slots=requests, slot_df=slot_df, pairs=n
-        )
+            noise, slot_var=2.0 * residual_var, slots=requests, slot_df=slot_df, pairs=n,
+            twins=twins,
+        )  # fmt: skip
         if df > 0 and math.isfinite(var):
             found.append((t_quantile(t_at, df) * math.sqrt(var), df))
     found = [f for f in found if f[1] > 0 and math.isfinite(f[0])]
@@ -201,6 +203,49 @@ def reach(
             half_width=half, half_df=half_df,
         )  # fmt: skip
     return out
+
+
+TWIN_GAIN = 0.20  # `twin = "auto"`: a twin where it narrows the plan's reach by this much
+
+
+@dataclass(frozen=True)
+class TwinPlan:
+    """What a twin baseline beside each pair would give: the throughput interval's half-width
+    (log) the run would print without and with it, and whether `auto` takes it."""
+
+    without: float
+    with_twin: float
+    chosen: bool
+
+    @property
+    def gain(self) -> float:
+        """How much narrower with the twin (0.25: a quarter)."""
+        if not math.isfinite(self.without) or self.without <= 0:
+            return 1.0 if math.isfinite(self.with_twin) else 0.0
+        return 1.0 - self.with_twin / self.without
+
+
+def twin_plan(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    *,
+    room: bool,
+    accelerator: str | None = None,
+    twin: bool | str = "auto",
+) -> TwinPlan | None:
+    """Side by side: the reach without and with a twin beside each pair, and whether to serve
+    one (`twin`: True, False, or "auto": where it narrows the reach by TWIN_GAIN and the host
+    has `room` for one more server). None where the arms are not side by side. NOT wired into
+    the run yet: docs/statistics.md, "A twin baseline"."""
+    if settings.run.arms != "together":
+        return None
+    noise, residual_var, _ = _host(settings, outside, "throughput", accelerator)
+    k = expected_requests(settings.run, noise, residual_var, fixed=settings.aa_only)
+    without, _ = expected_half_width(settings, noise, residual_var, k)
+    with_twin, _ = expected_half_width(settings, noise, residual_var, k, twins=settings.run.repeats)
+    plan = TwinPlan(without, with_twin, chosen=False)
+    chosen = room and (twin is True or (twin == "auto" and plan.gain >= TWIN_GAIN))
+    return replace(plan, chosen=bool(chosen))
 
 
 def design_to_detect(
