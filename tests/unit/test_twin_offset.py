@@ -116,3 +116,66 @@ def test_an_assumption_the_twin_rules_out_is_set_aside() -> None:
     assert df == 1.0 and [e.what for e in evidence] == ["this run's pairs and its twin"]
     _, df, evidence = pair_variance(fit, outside=noise, twin=near)
     assert df > 1.0 and len(evidence) == 2
+
+
+# -- served: the original's configuration beside the baseline start, as a twin ---------------
+
+
+def test_a_baseline_served_beside_is_the_candidates_twin_through_results_json(
+    tmp_path: Path,
+) -> None:
+    """`--spec-config baseline,ngram` with `beside = 2` on the scripted target: the original
+    again beside the baseline start, with n-gram: its slots join n-gram's pair offsets (one df
+    more than without it), the change unmoved; results.json gives the same back."""
+    from pytest_specdecode.analysis.run import analyze
+    from pytest_specdecode.config.arms import AA_ARM, BASELINE
+    from pytest_specdecode.measure.experiment.arms import Experiment
+    from pytest_specdecode.record.schema import RunRecord
+    from pytest_specdecode.record.store import RunStore
+
+    from ..support.scripted_target import Script, ScriptedTarget, Speed
+    from ..support.synthetic import record, settings
+    from .test_beside_many import ManyBoard
+
+    (tmp_path / "run").mkdir()
+    s = settings(
+        tmp_path, candidates=("baseline", "ngram"), samples=6,
+        run_extra='arms = "together"\nbeside = 2\nsequential = false',
+    )  # fmt: skip
+    prompts = ("the coding prompt", "the math prompt")
+    scripts = {
+        AA_ARM: Script({p: Speed(gap_s=0.005) for p in prompts}),
+        "ngram": Script({p: Speed(gap_s=0.008) for p in prompts}),
+    }
+    target = ScriptedTarget(Script({p: Speed(gap_s=0.005) for p in prompts}), scripts)
+    store = RunStore(tmp_path / "run", record(s))
+    board = ManyBoard(
+        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
+        transport=target.transports().sync, clock=target.time.clock,
+    )  # fmt: skip
+    exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    for name in (AA_ARM, "ngram"):
+        exp.arm(name)
+    board.restore()
+    rec = store.record
+    twin, cand = rec.phases[AA_ARM], rec.phases["ngram"]
+    assert twin.together_with == BASELINE == cand.together_with  # one start, both beside it
+    assert [n for n, _ in board.started] == [AA_ARM, "ngram"]  # the twin: one start more
+    slots = {x.slot for m in cand.measurements.values() for x in m.samples}
+    assert {x.slot for m in twin.measurements.values() for x in m.samples} == slots
+
+    found = analyze(rec).verdicts["ngram"]
+    alone = analyze(_without(rec, AA_ARM)).verdicts["ngram"]
+    for name, verdict in found.items():
+        with_twin, without = verdict.throughput.interval, alone[name].throughput.interval
+        assert with_twin.by == "pairs" and with_twin.estimate == pytest.approx(without.estimate)
+        assert with_twin.df == pytest.approx(without.df + 1.0)
+    again = RunRecord.from_json(rec.to_json())
+    assert {n: v.throughput.interval for n, v in analyze(again).verdicts["ngram"].items()} == {
+        n: v.throughput.interval for n, v in found.items()
+    }
+
+
+def _without(rec, arm: str):
+    """The same record without one arm's start (as if the twin had not served)."""
+    return replace(rec, phases={n: p for n, p in rec.phases.items() if p.arm != arm})
