@@ -19,6 +19,7 @@ from ..analysis.verdict.design import (
     drift_reach,
     levers,
     reach,
+    twin_plan,
 )
 from ..analysis.verdict.sequential import stop_plan
 from ..analysis.verdict.side_changes import (
@@ -497,6 +498,8 @@ def design_lines(
         "the intervals it will print, about the change (log scale): "
         + ", ".join(r.half_text() for r in found.values()),
     ]
+    if (twin := twin_plan(settings, outside, room=True, accelerator=accelerator)) is not None:
+        lines.append(twin.text())
 
     def seconds(starts: int, requests: int, together: bool = run.arms == "together") -> float:
         return design_seconds(

@@ -179,3 +179,18 @@ def test_a_baseline_served_beside_is_the_candidates_twin_through_results_json(
 def _without(rec, arm: str):
     """The same record without one arm's start (as if the twin had not served)."""
     return replace(rec, phases={n: p for n, p in rec.phases.items() if p.arm != arm})
+
+
+def test_the_plan_says_what_a_twin_would_give(tmp_path: Path) -> None:
+    from pytest_specdecode.report.plan import Timing, design_lines
+
+    s = _main_job(tmp_path)
+    lines = design_lines(
+        s, _prior(), detect=None, timing=Timing(60.0, 0.002, "stored runs"),
+        baseline=True, aba=False, adopts_original=False, accelerator="gpu",
+    )  # fmt: skip
+    found = twin_plan(s, _prior(), room=True, accelerator="gpu")
+    assert found is not None
+    line = next(x for x in lines if x.startswith("a twin baseline"))
+    assert f"±{found.with_twin:.1%} where this design prints ±{found.without:.1%}" in line
+    assert line.endswith("not worth it at 20%")  # 3 df known: one more df is not worth it

@@ -224,6 +224,17 @@ class TwinPlan:
             return 1.0 if math.isfinite(self.with_twin) else 0.0
         return 1.0 - self.with_twin / self.without
 
+    def text(self) -> str:
+        """The plan's line: what a twin would give, for what it costs."""
+        worth = "worth it" if self.gain >= TWIN_GAIN else "not worth it"
+        return (
+            f"a twin baseline beside each pair (the original again beside the baseline start: "
+            f"--spec-config baseline,<candidate>, beside one more) would print throughput "
+            f"±{self.with_twin:.1%} where this design prints ±{self.without:.1%} "
+            f"({self.gain:.0%} narrower, for one more start and one more request a slot): "
+            f"{worth} at {TWIN_GAIN:.0%}"
+        )
+
 
 def twin_plan(
     settings: Settings,
