@@ -142,4 +142,50 @@ def test_the_plan_prints_the_half_width(tmp_path: Path) -> None:
     found = reach(s, _prior(), accelerator="gpu")
     text = "\n".join(lines)
     assert "the intervals it will print" in text
-    assert f"throughput ±{found['throughput'].half_width:.1%}" in text
+    assert found["throughput"].half_text() in text
+    assert f"±{found['throughput'].at_looks[-1][1]:.1%} at 48" in text  # the stop rule's looks
+
+
+def test_under_the_stop_rule_the_plan_gives_the_half_width_where_a_cell_stops(
+    tmp_path: Path,
+) -> None:
+    """The main job stops a decided cell at a look, and prints its interval at that look's
+    boundary (sequential.py): the plan's half-width for that look is within a quarter of it."""
+    from dataclasses import replace
+
+    from pytest_specdecode.analysis.variance.spending import look_slots
+    from pytest_specdecode.analysis.verdict.design import looks_half_width
+    from pytest_specdecode.analysis.verdict.sequential import decided
+
+    s = _main_job(tmp_path)
+    found = reach(s, _prior(), accelerator="gpu")["throughput"]
+    looks = look_slots(48)
+    assert tuple(n for n, _ in found.at_looks) == looks
+    # n-gram's own speed-up per prompt (20%) is noise until the prompts repeat (the first look)
+    residual = _prior()["throughput"].residual or 0.0
+    planned = dict(looks_half_width(s, found.noise, residual, 48, speedup_var=0.2**2))
+    assert planned[12] > 1.2 * dict(found.at_looks)[12]
+    noise = {"throughput": _prior()["throughput"]}
+    rng = np.random.default_rng(4)
+    ratios, stops = [], []
+    prompts = np.arange(48) % 12
+    for _ in range(60):
+        levels, speedups = rng.normal(0.0, 0.3, 12), rng.normal(0.0, 0.2, 12)
+        offset, side = rng.normal(0.0, math.sqrt(2.0) * OFFSET_SD), SLOT_SD / math.sqrt(2.0)
+        base = levels[prompts] + rng.normal(0.0, side, 48)
+        cand = levels[prompts] - 0.6 + speedups[prompts] + offset + rng.normal(0.0, side, 48)
+        for k, n in enumerate(looks):
+            q = Question(
+                "t", "throughput", True, [np.exp(base[:n]).tolist()],
+                [np.exp(cand[:n]).tolist()], [prompts[:n].tolist()], [prompts[:n].tolist()],
+                pairs=[(cand[:n] - base[:n]).tolist()], pair_prompts=[prompts[:n].tolist()],
+            )  # fmt: skip
+            q = replace(q, looks=looks[: k + 1], planned_slots=48)
+            verdict = decided([q], alpha=0.05, min_effect=0.03, noise=noise, family=8)
+            if verdict is not None or n == looks[-1]:
+                iv = nested_interval(q, noise=noise["throughput"], confidence=1 - 0.1 / 8)
+                ratios.append((iv.high - iv.low) / 2 / planned[n])
+                stops.append(n)
+                break
+    assert np.mean(stops) < 24  # a -45% change stops early, mostly at the first look
+    assert abs(float(np.median(ratios)) - 1.0) <= 0.25, np.median(ratios)

@@ -12,6 +12,7 @@ from ...errors import ConfigError
 from ..variance.pairs import design_slot_df, expected_pair_variance
 from ..variance.power import ASSUMED_RESIDUAL_SD, MAX_STARTS, DesignPower, design_power
 from ..variance.restarts import RestartNoise, t_quantile
+from ..variance.spending import fractions_of, look_slots, nominal_level
 from ..variance.time_drift import TimeDrift, block_sd
 from .adaptive import target_se
 from .compare import METRICS
@@ -65,15 +66,22 @@ class Reach:
     # the analysis's own formula (`expected_half_width`), and its degrees of freedom
     half_width: float = math.inf
     half_df: float = 0.0
+    # Side by side under the stop rule: per look (its slots), the half-width printed where a
+    # cell stops there, at that look's boundary (`looks_half_width`)
+    at_looks: tuple[tuple[int, float], ...] = ()
 
     @property
     def detectable(self) -> float:
         return self.power.detectable
 
     def half_text(self) -> str:
-        """`throughput ±22.7% (4.7 df)`: the interval the run will print."""
+        """`throughput ±22.7% (4.7 df)`: the interval the run will print; under the stop rule,
+        where a cell stops at each look."""
         if not math.isfinite(self.half_width):
             return f"{self.metric} none"
+        if self.at_looks:
+            stops = ", ".join(f"±{h:.1%} at {n}" for n, h in self.at_looks)
+            return f"{self.metric} {stops} slots ({self.half_df:.1f} df)"
         return f"{self.metric} ±{self.half_width:.1%} ({self.half_df:.1f} df)"
 
 
@@ -178,6 +186,49 @@ def expected_half_width(
     return min(found) if found else (math.inf, 0.0)
 
 
+def looks_half_width(
+    settings: Settings,
+    noise: RestartNoise,
+    residual_var: float,
+    requests: int,
+    *,
+    speedup_var: float = 0.0,
+) -> tuple[tuple[int, float], ...]:
+    """Side by side, one pair, under the stop rule (sequential.py): at each look, the slots and
+    the half-width (log) the run prints where a cell stops there, the pairs' interval at that
+    look's boundary (stats.py → `sequential_confidence`: the looks' information fractions from
+    the pair's variance, offsets plus slot noise over the slots). Empty where no rule runs.
+    `speedup_var`: the variance of the candidate's own change from prompt to prompt; at a look
+    before the prompts repeat, `fit_pairs` cannot fit it and it counts as slot noise. Before a
+    run it is not known (0: the figure is then the narrowest such a look can print)."""
+    run = settings.run
+    if not (run.arms == "together" and run.sequential and run.repeats == 1) or settings.aa_only:
+        return ()
+    level = run.levels[0]  # a slot: a burst of its concurrency, or an open loop's least
+    step = max(1, run.requests_at(level)[0]) if level.open_loop else level.concurrency or 1
+    planned = max(1, -(-requests // step))
+    slot_var, prompts = 2.0 * residual_var / step, _prompts(settings)
+    looks = look_slots(planned)
+    one_sided = run.alpha / family_size(settings)
+    out = []
+    for k, n in enumerate(looks):
+        # the slot noise a look measures: the candidate's own speed-ups until prompts repeat
+        var_n = slot_var + (speedup_var if n <= prompts else 0.0)
+        df_n = design_slot_df(1, n, prompts)
+        tau2, df = expected_pair_variance(noise, slot_var=var_n, slots=n, slot_df=df_n, pairs=1)
+        if not (df > 0 and math.isfinite(tau2)):
+            continue
+        offsets = max(0.0, tau2 - var_n / n)  # as sequential_confidence: this look's fit
+
+        def variance(m: int, offsets: float = offsets, var_n: float = var_n) -> float:
+            return offsets + var_n / m
+
+        fractions = fractions_of([variance(m) for m in looks[: k + 1]], variance(planned))
+        level_k = nominal_level(fractions, one_sided)
+        out.append((n, t_quantile(1.0 - level_k, df) * math.sqrt(tau2)))
+    return tuple(out)
+
+
 def _residual_df(settings: Settings, starts: int, requests: int) -> float:
     """The starts' fit's residual df: every request of both arms less each start's effect and
     each prompt's level (stats.py → `_fit` over both arms' starts)."""
@@ -198,9 +249,10 @@ def reach(
         k = expected_requests(settings.run, noise, residual_var, fixed=settings.aa_only)
         power = _power(settings, noise, residual_var, settings.run.repeats, k)
         half, half_df = expected_half_width(settings, noise, residual_var, k)
+        looks = looks_half_width(settings, noise, residual_var, k)
         out[metric] = Reach(
             metric, power, noise, math.sqrt(residual_var), measured,
-            half_width=half, half_df=half_df,
+            half_width=half, half_df=half_df, at_looks=looks,
         )  # fmt: skip
     return out
 
