@@ -81,7 +81,7 @@ class Reach:
             return f"{self.metric} none"
         if self.at_looks:
             stops = ", ".join(f"±{h:.1%} at {n}" for n, h in self.at_looks)
-            return f"{self.metric} {stops} slots ({self.half_df:.1f} df)"
+            return f"{self.metric} {stops} slots (where a cell stops there)"
         return f"{self.metric} ±{self.half_width:.1%} ({self.half_df:.1f} df)"
 
 
