@@ -18,6 +18,7 @@ from ..analysis.verdict.design import (
     drift_reach,
     levers,
     reach,
+    twin_plan,
 )
 from ..analysis.verdict.sequential import stop_plan
 from ..analysis.verdict.side_changes import (
@@ -406,12 +407,14 @@ def design_lines(
     aba: bool,
     adopts_original: bool,
     drift: TimeDrift | None = None,
+    accelerator: str | None = None,
 ) -> list[str]:
     """What this design can call on this host, and (`--spec-detect`) what would call a change
-    of the size the user names; where the host's drift is known, the cheapest lever."""
+    of the size the user names; where the host's drift is known, the cheapest lever.
+    `accelerator`: its kind, for the slot noise where no profile holds one."""
     if not settings.candidates and not settings.run.search:
         return []
-    found = reach(settings, outside)
+    found = reach(settings, outside, accelerator=accelerator)
     first = next(iter(found.values()))
     noise = first.noise
     told = (
@@ -440,8 +443,12 @@ def design_lines(
     lines = [
         f"what this design can call with 80% power: {calls} ({told}; {residual}; {starts}, "
         f"about {first.power.requests} requests per prompt type and start; margin "
-        f"±{run.min_effect:.0%})"
+        f"±{run.min_effect:.0%})",
+        "the intervals it will print, about the change (log scale): "
+        + ", ".join(r.half_text() for r in found.values()),
     ]
+    if (twin := twin_plan(settings, outside, room=True, accelerator=accelerator)) is not None:
+        lines.append(twin.text())
 
     def seconds(starts: int, requests: int, together: bool = run.arms == "together") -> float:
         return design_seconds(

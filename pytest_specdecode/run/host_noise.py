@@ -116,6 +116,7 @@ class HostNoise:
             aba=aba,
             adopts_original=target.adopts_running_original,
             drift=self._drift(self.plan_key(target)),
+            accelerator=getattr(self.plan_key(target).accelerator, "kind", None),
         )
 
     def noise_plan(self, target: Target) -> str:

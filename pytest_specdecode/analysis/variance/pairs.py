@@ -150,12 +150,23 @@ def pair_noise(fit: PairFit, *, about_zero: bool, source: str) -> RestartNoise |
     return RestartNoise(math.sqrt(between), df, source, True, spread, within, residual)
 
 
-def pair_variance(fit: PairFit, *, outside: RestartNoise) -> tuple[float, float, list[Evidence]]:
+def pair_variance(
+    fit: PairFit, *, outside: RestartNoise, twin: PairFit | None = None
+) -> tuple[float, float, list[Evidence]]:
     """The variance of one pair's mean difference, its degrees of freedom, and the evidence it
-    was pooled from: this run's pairs (two or more) and the outside knowledge."""
+    was pooled from: this run's pairs (two or more) and the outside knowledge. `twin`: a
+    second baseline's slots less the baseline's, per pair (an A/A pair of this run: its
+    offsets' spread about zero, one df a twin, with its own slot noise's share)."""
     within = fit.within
     ss, df = fit.spread()
-    own = Evidence(ss / df, df, "this run's pairs") if df else None
+    if twin is not None and twin.pairs:
+        twin_ss, twin_df = twin.spread(about_zero=True)
+        ss, df = ss + twin_ss + twin_df * (within - twin.within), df + twin_df
+    own = (
+        Evidence(ss / df, df, "this run's pairs" + (" and its twin" if twin else ""))
+        if df
+        else None
+    )
     found = pair_outside_evidence(outside, within=within, slot_df=fit.slot_df)
     return pool(own, found, set_aside=bool(df) and _contradicts_pairs(outside, ss, df, within))
 
@@ -173,6 +184,40 @@ def pair_outside_evidence(outside: RestartNoise, *, within: float, slot_df: floa
     found = value**2 / (offset_part + within_part)
     floor = min(outside.df, slot_df) if within and slot_df else outside.df
     return Evidence(value, max(1.0, floor, found), outside.source)
+
+
+def design_slot_df(pairs: int, slots: int, prompts: int) -> float:
+    """The slot noise's degrees of freedom `fit_pairs` will have: every slot less one mean per
+    pair, and where prompts repeat (more slots a pair than prompts), one level per prompt
+    less the reference's."""
+    n = pairs * slots
+    fitted = pairs + (prompts - 1 if 1 < prompts < slots else 0)
+    return float(max(0, n - fitted))
+
+
+def expected_pair_variance(
+    outside: RestartNoise,
+    *,
+    slot_var: float,
+    slots: int,
+    slot_df: float,
+    pairs: int,
+    twins: int = 0,
+) -> tuple[float, float]:
+    """What `pair_variance` will give before the run, for `pairs` pairs of `slots` slots whose
+    one difference has variance `slot_var`: the variance of the estimate (the pairs' mean) and
+    its degrees of freedom. The same pooling: this run's own pairs (two or more) as the
+    offsets' expected spread with `pairs - 1` df, and the outside knowledge with its slot
+    noise (pair_outside_evidence). One pair's slots tell the slot noise, not its offset.
+    `twins`: a twin baseline served beside each pair adds one df of offsets measured in this
+    run (`pair_variance`'s `twin`)."""
+    within = slot_var / max(1, slots)
+    expected = 2.0 * max(0.0, _between(outside)) + within
+    own_df = float(max(0, pairs - 1) + twins)
+    own = Evidence(expected, own_df, "this run's pairs") if own_df else None
+    found = pair_outside_evidence(outside, within=within, slot_df=slot_df)
+    tau2, df, _ = pool(own, found, set_aside=False)
+    return tau2 / max(1, pairs), df
 
 
 def _contradicts_pairs(outside: RestartNoise, ss: float, df: float, within: float) -> bool:

@@ -263,6 +263,9 @@ def _question(
     values, higher = METRICS[metric]
     slots = pair_slots(baseline, candidate, name, values)
     watched = _watched(candidate, name) if len(slots) == 1 else None
+    # the original's configuration served beside the same baseline starts: a twin, whose slots
+    # measure the pair offsets in this run (pairs.py → pair_variance), never the change
+    twin = pair_slots(baseline, kin, name, values) if slots else []
     return Question(
         name,
         metric,
@@ -278,6 +281,8 @@ def _question(
         pair_prompts=[[prompt for _, prompt in pair] for pair in slots] or None,
         looks=watched.schedule(len(slots[0])) if watched else None,
         planned_slots=watched.planned if watched else 0,
+        twin=[[d for d, _ in pair] for pair in twin] or None,
+        twin_prompts=[[prompt for _, prompt in pair] for pair in twin] or None,
     )
 
 

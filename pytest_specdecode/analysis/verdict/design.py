@@ -9,8 +9,10 @@ from dataclasses import dataclass, replace
 
 from ...config.settings import RunConfig, Settings
 from ...errors import ConfigError
+from ..variance.pairs import design_slot_df, expected_pair_variance
 from ..variance.power import ASSUMED_RESIDUAL_SD, MAX_STARTS, DesignPower, design_power
-from ..variance.restarts import RestartNoise
+from ..variance.restarts import RestartNoise, t_quantile
+from ..variance.spending import fractions_of, look_slots, nominal_level
 from ..variance.time_drift import TimeDrift, block_sd
 from .adaptive import target_se
 from .compare import METRICS
@@ -60,10 +62,27 @@ class Reach:
     residual_sd: float
     residual_measured: bool
     drift_counted: bool = False  # the drift within a start counted in each start's mean
+    # The half-width of the interval the run will print about its estimate (log scale), by
+    # the analysis's own formula (`expected_half_width`), and its degrees of freedom
+    half_width: float = math.inf
+    half_df: float = 0.0
+    # Side by side under the stop rule: per look (its slots), the half-width printed where a
+    # cell stops there, at that look's boundary (`looks_half_width`)
+    at_looks: tuple[tuple[int, float], ...] = ()
 
     @property
     def detectable(self) -> float:
         return self.power.detectable
+
+    def half_text(self) -> str:
+        """`throughput ±22.7% (4.7 df)`: the interval the run will print; under the stop rule,
+        where a cell stops at each look."""
+        if not math.isfinite(self.half_width):
+            return f"{self.metric} none"
+        if self.at_looks:
+            stops = ", ".join(f"±{h:.1%} at {n}" for n, h in self.at_looks)
+            return f"{self.metric} {stops} slots (where a cell stops there)"
+        return f"{self.metric} ±{self.half_width:.1%} ({self.half_df:.1f} df)"
 
 
 def expected_requests(
@@ -76,15 +95,34 @@ def expected_requests(
     return min(most, max(least, wanted))
 
 
+# One slot's difference (log, both sides) where no profile holds a residual, per kind of
+# accelerator: on the H200 the main job's slots differed by ~8% (issue 41); elsewhere two
+# requests of the assumed spread
+SLOT_SD = {"gpu": 0.08}
+
+
+def assumed_residual(accelerator: str | None) -> float:
+    """A request's variance (one side) where none is known: half the accelerator's slot
+    difference's, else ASSUMED_RESIDUAL_SD's."""
+    slot = SLOT_SD.get(accelerator or "")
+    return slot**2 / 2.0 if slot is not None else ASSUMED_RESIDUAL_SD**2
+
+
 def _host(
-    settings: Settings, outside: Mapping[str, RestartNoise], metric: str
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    metric: str,
+    accelerator: str | None = None,
 ) -> tuple[RestartNoise, float, bool]:
     """What is known of this host for a metric: the restart noise (measured, else assumed), a
-    request's residual variance, and whether that was measured."""
+    request's residual variance (the profile's, a prior's too: the analysis's slots will
+    measure it, and a prior's is the nearest guess; else per accelerator), and whether that
+    was measured here."""
     run = settings.run
     noise = outside.get(metric) or RestartNoise.assumed(run.assumed_restart_noise)
     measured = bool(noise.measured and noise.residual)
-    return noise, (noise.residual or 0.0) if measured else ASSUMED_RESIDUAL_SD**2, measured
+    residual = noise.residual if noise.residual else assumed_residual(accelerator)
+    return noise, residual, measured
 
 
 def _power(
@@ -95,6 +133,7 @@ def _power(
     k: int,
     *,
     pairs: bool | None = None,
+    residual_df: float = 100.0,
 ):
     """`pairs`: side by side, analysed by pairs (None: as the run's design says)."""
     run = settings.run
@@ -107,18 +146,169 @@ def _power(
         alpha=run.alpha,
         margin=run.min_effect,
         pairs=run.arms == "together" if pairs is None else pairs,
+        residual_df=residual_df,
     )
 
 
-def reach(settings: Settings, outside: Mapping[str, RestartNoise]) -> dict[str, Reach]:
-    """Per metric, the smallest change the configured design calls with 80% power."""
+def _prompts(settings: Settings) -> int:
+    """Prompts a prompt type cycles through (the fewest of any type; 1 where none is set)."""
+    return min((len(t.prompts) or 1 for t in settings.prompt_types.values()), default=1)
+
+
+def expected_half_width(
+    settings: Settings, noise: RestartNoise, residual_var: float, requests: int, *, twins: int = 0
+) -> tuple[float, float]:
+    """The half-width (log) of the interval the analysis will print for one comparison of
+    this design, and its degrees of freedom: `t(1 - alpha/m, df) * SE` with the variance and
+    df pooled as stats.py → `nested_interval` pools them after the run. Side by side, the
+    pairs' (pairs.py: the outside offsets pooled with this run's own pairs and their slots'
+    noise, two requests' residual a slot) or the starts', whichever is narrower, as the
+    analysis takes; else the starts' (power.py's pooling, the same as restarts.py's).
+    `twins`: side by side, a twin baseline beside each pair (pairs.py → `pair_variance`)."""
+    run = settings.run
+    n, family = run.repeats, family_size(settings)
+    t_at = 1 - run.alpha / family
+    by_starts = _power(
+        settings, noise, residual_var, n, requests, pairs=False, residual_df=_residual_df(
+            settings, n, requests
+        )
+    )  # fmt: skip
+    found = [(t_quantile(t_at, by_starts.df) * by_starts.se, by_starts.df)]
+    if run.arms == "together":
+        slot_df = design_slot_df(n, requests, _prompts(settings))
+        var, df = expected_pair_variance(
+            noise, slot_var=2.0 * residual_var, slots=requests, slot_df=slot_df, pairs=n,
+            twins=twins,
+        )  # fmt: skip
+        if df > 0 and math.isfinite(var):
+            found.append((t_quantile(t_at, df) * math.sqrt(var), df))
+    found = [f for f in found if f[1] > 0 and math.isfinite(f[0])]
+    return min(found) if found else (math.inf, 0.0)
+
+
+def looks_half_width(
+    settings: Settings,
+    noise: RestartNoise,
+    residual_var: float,
+    requests: int,
+    *,
+    speedup_var: float = 0.0,
+) -> tuple[tuple[int, float], ...]:
+    """Side by side, one pair, under the stop rule (sequential.py): at each look, the slots and
+    the half-width (log) the run prints where a cell stops there, the pairs' interval at that
+    look's boundary (stats.py → `sequential_confidence`: the looks' information fractions from
+    the pair's variance, offsets plus slot noise over the slots). Empty where no rule runs.
+    `speedup_var`: the variance of the candidate's own change from prompt to prompt; at a look
+    before the prompts repeat, `fit_pairs` cannot fit it and it counts as slot noise. Before a
+    run it is not known (0: the figure is then the narrowest such a look can print)."""
+    run = settings.run
+    if not (run.arms == "together" and run.sequential and run.repeats == 1) or settings.aa_only:
+        return ()
+    level = run.levels[0]  # a slot: a burst of its concurrency, or an open loop's least
+    step = max(1, run.requests_at(level)[0]) if level.open_loop else level.concurrency or 1
+    planned = max(1, -(-requests // step))
+    slot_var, prompts = 2.0 * residual_var / step, _prompts(settings)
+    looks = look_slots(planned)
+    one_sided = run.alpha / family_size(settings)
+    out = []
+    for k, n in enumerate(looks):
+        # the slot noise a look measures: the candidate's own speed-ups until prompts repeat
+        var_n = slot_var + (speedup_var if n <= prompts else 0.0)
+        df_n = design_slot_df(1, n, prompts)
+        tau2, df = expected_pair_variance(noise, slot_var=var_n, slots=n, slot_df=df_n, pairs=1)
+        if not (df > 0 and math.isfinite(tau2)):
+            continue
+        offsets = max(0.0, tau2 - var_n / n)  # as sequential_confidence: this look's fit
+
+        def variance(m: int, offsets: float = offsets, var_n: float = var_n) -> float:
+            return offsets + var_n / m
+
+        fractions = fractions_of([variance(m) for m in looks[: k + 1]], variance(planned))
+        level_k = nominal_level(fractions, one_sided)
+        out.append((n, t_quantile(1.0 - level_k, df) * math.sqrt(tau2)))
+    return tuple(out)
+
+
+def _residual_df(settings: Settings, starts: int, requests: int) -> float:
+    """The starts' fit's residual df: every request of both arms less each start's effect and
+    each prompt's level (stats.py → `_fit` over both arms' starts)."""
+    prompts = _prompts(settings)
+    fitted = 2 * starts + (prompts - 1 if 1 < prompts < 2 * starts * requests else 0)
+    return float(max(1, 2 * starts * requests - fitted))
+
+
+def reach(
+    settings: Settings, outside: Mapping[str, RestartNoise], *, accelerator: str | None = None
+) -> dict[str, Reach]:
+    """Per metric, the smallest change the configured design calls with 80% power, and the
+    half-width of the interval it will print (`expected_half_width`). `accelerator`: its
+    kind ("gpu", "cpu"), for the slot noise where no profile holds one."""
     out = {}
     for metric in METRICS:
-        noise, residual_var, measured = _host(settings, outside, metric)
+        noise, residual_var, measured = _host(settings, outside, metric, accelerator)
         k = expected_requests(settings.run, noise, residual_var, fixed=settings.aa_only)
         power = _power(settings, noise, residual_var, settings.run.repeats, k)
-        out[metric] = Reach(metric, power, noise, math.sqrt(residual_var), measured)
+        half, half_df = expected_half_width(settings, noise, residual_var, k)
+        looks = looks_half_width(settings, noise, residual_var, k)
+        out[metric] = Reach(
+            metric, power, noise, math.sqrt(residual_var), measured,
+            half_width=half, half_df=half_df, at_looks=looks,
+        )  # fmt: skip
     return out
+
+
+TWIN_GAIN = 0.20  # `twin = "auto"`: a twin where it narrows the plan's reach by this much
+
+
+@dataclass(frozen=True)
+class TwinPlan:
+    """What a twin baseline beside each pair would give: the throughput interval's half-width
+    (log) the run would print without and with it, and whether `auto` takes it."""
+
+    without: float
+    with_twin: float
+    chosen: bool
+
+    @property
+    def gain(self) -> float:
+        """How much narrower with the twin (0.25: a quarter)."""
+        if not math.isfinite(self.without) or self.without <= 0:
+            return 1.0 if math.isfinite(self.with_twin) else 0.0
+        return 1.0 - self.with_twin / self.without
+
+    def text(self) -> str:
+        """The plan's line: what a twin would give, for what it costs."""
+        worth = "worth it" if self.gain >= TWIN_GAIN else "not worth it"
+        return (
+            f"a twin baseline beside each pair (the original again beside the baseline start: "
+            f"--spec-config baseline,<candidate>, beside one more) would print throughput "
+            f"±{self.with_twin:.1%} where this design prints ±{self.without:.1%} "
+            f"({self.gain:.0%} narrower, for one more start and one more request a slot): "
+            f"{worth} at {TWIN_GAIN:.0%}"
+        )
+
+
+def twin_plan(
+    settings: Settings,
+    outside: Mapping[str, RestartNoise],
+    *,
+    room: bool,
+    accelerator: str | None = None,
+    twin: bool | str = "auto",
+) -> TwinPlan | None:
+    """Side by side: the reach without and with a twin beside each pair, and whether to serve
+    one (`twin`: True, False, or "auto": where it narrows the reach by TWIN_GAIN and the host
+    has `room` for one more server). None where the arms are not side by side. NOT wired into
+    the run yet: docs/statistics.md, "A twin baseline"."""
+    if settings.run.arms != "together":
+        return None
+    noise, residual_var, _ = _host(settings, outside, "throughput", accelerator)
+    k = expected_requests(settings.run, noise, residual_var, fixed=settings.aa_only)
+    without, _ = expected_half_width(settings, noise, residual_var, k)
+    with_twin, _ = expected_half_width(settings, noise, residual_var, k, twins=settings.run.repeats)
+    plan = TwinPlan(without, with_twin, chosen=False)
+    chosen = room and (twin is True or (twin == "auto" and plan.gain >= TWIN_GAIN))
+    return replace(plan, chosen=bool(chosen))
 
 
 def design_to_detect(

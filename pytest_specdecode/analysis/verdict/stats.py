@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as _st
 
-from ..variance.pairs import fit_pairs, pair_variance
+from ..variance.pairs import PairFit, fit_pairs, pair_variance
 from ..variance.power import MAX_STARTS, starts_to_decide
 from ..variance.restarts import (
     RestartNoise,
@@ -113,6 +113,10 @@ class Question:
     # the one analysed, and the cell's planned slots; the interval takes that look's boundary
     looks: Sequence[int] | None = None
     planned_slots: int = 0
+    # Side by side with a twin: per pair, each slot's log(twin) - log(baseline), a second
+    # baseline served beside (an A/A pair of this run: the offsets' evidence, never the change)
+    twin: Sequence[Sequence[float]] | None = None
+    twin_prompts: Sequence[Sequence[object]] | None = None
 
     @property
     def sides(
@@ -297,7 +301,7 @@ def sequential_confidence(question: Question, *, noise: RestartNoise, confidence
     )
     if not looks or planned < 1 or fit is None or fit.pairs != 1:
         return confidence
-    tau2, df, _ = pair_variance(fit, outside=noise)
+    tau2, df, _ = pair_variance(fit, outside=noise, twin=_twin_fit(question))
     if not df or not math.isfinite(tau2):
         return confidence
     slot_var = fit.slot_var if fit.slot_df and math.isfinite(fit.slot_var) else math.nan
@@ -308,6 +312,13 @@ def sequential_confidence(question: Question, *, noise: RestartNoise, confidence
 
     fractions = fractions_of([variance(n) for n in looks], variance(max(planned, looks[-1])))
     return 1.0 - 2.0 * nominal_level(fractions, (1.0 - confidence) / 2.0)
+
+
+def _twin_fit(question: Question) -> PairFit | None:
+    """The twin's slots less the baseline's, fitted as pairs (pairs.py); None without one."""
+    if not question.twin:
+        return None
+    return fit_pairs([np.asarray(d, dtype=float) for d in question.twin], question.twin_prompts)
 
 
 def _width(interval: Interval) -> float:
@@ -326,7 +337,7 @@ def paired_interval(
     if fit is None:
         return None
     estimate = fit.estimate
-    tau2, df, _ = pair_variance(fit, outside=noise)
+    tau2, df, _ = pair_variance(fit, outside=noise, twin=_twin_fit(question))
     if not df or not math.isfinite(tau2):
         return Interval(estimate, -math.inf, math.inf, math.inf, 0.0, confidence, by="pairs")
     se = math.sqrt(tau2 / fit.pairs)
