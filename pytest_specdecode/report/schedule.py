@@ -47,6 +47,7 @@ class Schedule:
 
     groups: tuple[StartGroup, ...]
     starts: int
+    regime_slots: float = 0  # the regime window's slots (two servers), before N beside start
 
     @property
     def server_windows(self) -> int:
@@ -106,7 +107,9 @@ def schedule_of(
     last = groups[-1] if groups else None
     if adopts_original and last is not None and last.servers == 1:
         starts += int(last.phases[0][1] not in (BASELINE, BASELINE_AFTER))
-    return Schedule(tuple(groups), starts)
+    beside_many = any(g.servers >= 3 for g in groups)  # the regime window: measure/experiment/
+    regime = len(settings.prompt_types) * settings.run.regime_slots if beside_many else 0
+    return Schedule(tuple(groups), starts, regime_slots=regime)
 
 
 # --------------------------------------------------------------------------- the servers
@@ -208,8 +211,10 @@ def slot_seconds(settings: Settings, s_per_token: float) -> float:
 def slots_seconds(schedule: Schedule, slots: SlotCount, slot_s: float) -> float:
     """The slots' time: per group, its slots x a slot's time per server x its servers (each
     slot visits every server of its group in turn, never two at once). The hook for a
-    sequential stop: `slots.expected` where it ends cells early."""
-    return sum(slots.planned * slot_s * g.servers for g in schedule.groups)
+    sequential stop: `slots.expected` where it ends cells early. A regime window (two or more
+    beside) adds its slots to the baseline and the first server beside it."""
+    regime = schedule.regime_slots * slot_s * 2
+    return regime + sum(slots.planned * slot_s * g.servers for g in schedule.groups)
 
 
 def schedule_seconds(

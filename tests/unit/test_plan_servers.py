@@ -206,9 +206,10 @@ def test_the_time_is_starts_and_slots_per_server_at_the_h200s_pace_where_nothing
         )
         servers = 1 + len(s.candidates)
         slots = len(TYPES) * (samples + 1)  # each prompt type's requests and its warm-up
+        regime = len(TYPES) * s.run.regime_slots * 2 if beside > 1 else 0  # beside one, first
         assert starts == servers
         assert seconds == pytest.approx(
-            starts * pace.start_s + slots * 256 * pace.s_per_token * servers
+            starts * pace.start_s + (slots * servers + regime) * 256 * pace.s_per_token
         )
         assert abs(seconds / took - 1) < 0.25, (beside, seconds, took)
         line = plan.duration_line(seconds, starts, timing, search=False)
@@ -256,8 +257,8 @@ def test_this_machines_stored_pace_comes_before_the_accelerators(tmp_path: Path)
         s, timing, baseline=True, aba=False, adopts_original=False
     )
     assert starts == 6
-    slots = len(TYPES) * 13
-    assert seconds == pytest.approx(1.5 * (6 * 80.0 + slots * 256 * timing.s_per_token * 6))
+    slots = len(TYPES) * 13 * 6 + len(TYPES) * s.run.regime_slots * 2  # the regime window's too
+    assert seconds == pytest.approx(1.5 * (6 * 80.0 + slots * 256 * timing.s_per_token))
 
 
 def test_a_sequential_stops_expected_slots_are_what_the_slots_time_counts() -> None:
