@@ -6,7 +6,7 @@ import pytest
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.errors import ConfigError
 
-SUITE = Path(__file__).parents[2] / "suites" / "specdecode.toml"
+SUITE = Path(__file__).parents[3] / "suites" / "specdecode.toml"
 
 MINIMAL = """
 [target]
@@ -115,7 +115,7 @@ def test_the_search_runs_on_the_shipped_suite_as_it_is() -> None:
     from pytest_specdecode.config.settings import load_settings
     from pytest_specdecode.errors import ConfigError
 
-    suite = Path(__file__).resolve().parents[2] / "suites" / "specdecode.toml"
+    suite = Path(__file__).resolve().parents[3] / "suites" / "specdecode.toml"
     assert load_settings(suite).run.repeats == 3
     searched = load_settings(suite, run_overrides={"search": "ngram"})
     assert searched.run.search == "ngram" and searched.run.repeats == 1

@@ -19,8 +19,8 @@ from pytest_specdecode.config.prompts import (
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.errors import ConfigError
 
-DATA = Path(__file__).parents[1] / "data"
-SUITE = Path(__file__).parents[2] / "suites" / "specdecode.toml"
+DATA = Path(__file__).parents[2] / "data"
+SUITE = Path(__file__).parents[3] / "suites" / "specdecode.toml"
 
 # The seed experiment's four prompts: each shipped set starts with its own, unchanged.
 SEED = {

@@ -24,9 +24,9 @@ from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.base import room_beside
 from pytest_specdecode.targets.lifecycle import Switchboard, experiment_services
 
-from ..support.scripted_target import Script, ScriptedService, ScriptedTarget, Speed
-from ..support.synthetic import record, settings
-from .test_arms_together import H200, alive, local_target, sleeping_vllm, used  # noqa: F401
+from ...support.scripted_target import Script, ScriptedService, ScriptedTarget, Speed
+from ...support.synthetic import record, settings
+from ..targets.test_arms_together import H200, alive, local_target, sleeping_vllm, used  # noqa: F401
 
 K = [f'{{"method":"ngram","num_speculative_tokens":{k}}}' for k in (2, 3, 4)]
 NAMES = ["ngram-k2", "ngram-k3", "ngram-k4"]

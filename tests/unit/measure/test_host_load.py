@@ -23,10 +23,10 @@ from pytest_specdecode.record.store import load_run
 from pytest_specdecode.targets.host_env import HostProbe, HostSample, Scope, parse_host_sample
 from pytest_specdecode.targets.hosts.base import LocalHost
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
-from ..support.synthetic import settings
+from ...support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ...support.synthetic import settings
 
-DATA = Path(__file__).parent.parent / "data" / "nvidia-smi-h200"
+DATA = Path(__file__).parent.parent.parent / "data" / "nvidia-smi-h200"
 BUSY = (DATA / "query-clocks-busy.txt").read_text().splitlines()
 # Real rows: the H200 under a matmul loop (software power cap active), the loop's own process
 # on it, and the same GPU idle again a moment later.

@@ -26,8 +26,8 @@ from pytest_specdecode.record.schema import Phase, RunRecord
 from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.targets.lifecycle import Switchboard
 
-from ..support.scripted_target import Script, ScriptedService, ScriptedTarget, Speed, measure_arms
-from ..support.synthetic import record, settings
+from ...support.scripted_target import Script, ScriptedService, ScriptedTarget, Speed, measure_arms
+from ...support.synthetic import record, settings
 
 TYPES = ("coding", "math", "chat")
 

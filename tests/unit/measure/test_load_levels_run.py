@@ -19,7 +19,7 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import write_reports
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ...support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
 
 PROMPTS = [f"prompt number {i}" for i in range(5)]
 

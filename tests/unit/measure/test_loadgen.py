@@ -34,7 +34,7 @@ from pytest_specdecode.measure.requests.loadgen import (
 )
 from pytest_specdecode.record.requests.level_stats import LevelStats, level_stats
 
-from ..support.virtual_clock import VirtualTime
+from ...support.virtual_clock import VirtualTime
 
 API = "http://mock.test"
 PROMPT = "Say hello to an old friend."

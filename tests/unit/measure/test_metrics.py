@@ -15,7 +15,7 @@ from pytest_specdecode.measure.server_metrics import (
 )
 from pytest_specdecode.record.counters import Acceptance, Traffic, combine
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 NGRAM = (DATA / "vllm-0.32-cpu-ngram.metrics.txt").read_text()
 BASELINE = (DATA / "vllm-0.32-cpu-baseline.metrics.txt").read_text()
 
@@ -137,7 +137,7 @@ def test_cross_check_without_decode_step_counters_uses_the_clients_count():
 def test_foreign_traffic_is_what_the_server_counted_beyond_this_runs_requests():
     from pytest_specdecode.measure.traffic import foreign, quiet, rate_text
 
-    from ..support.synthetic import sample
+    from ...support.synthetic import sample
 
     ours = [sample("coding", "baseline", i, 30.0, tokens=64) for i in range(5)]
     clean = Traffic(requests=5, generation_tokens=320, busy_before=0, busy_after=0)
@@ -175,7 +175,7 @@ def test_foreign_traffic_is_what_the_server_counted_beyond_this_runs_requests():
 def test_each_margin_of_foreign_traffic_alone_marks_a_window(traffic, seen) -> None:
     from pytest_specdecode.measure.traffic import foreign
 
-    from ..support.synthetic import sample
+    from ...support.synthetic import sample
 
     ours = [sample("coding", "baseline", i, 30.0, tokens=64) for i in range(5)]  # 320 tokens
     assert foreign(traffic, ours) == seen

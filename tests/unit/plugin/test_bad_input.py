@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.embedded import write_experiment
+from ...support.embedded import write_experiment
 
 INJECTION = '{"method":"ngram","num_speculative_tokens":5,"x":"\'; touch /tmp/pwned; \'"}'
 

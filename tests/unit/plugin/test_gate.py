@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_undecided_outcome import html_tests
+from ..run.test_undecided_outcome import html_tests
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 CONFIG = """
 reports_dir = "{reports}"

@@ -12,7 +12,7 @@ from pytest_specdecode.report import plan
 from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 
-from .test_stored_runs import stored_run
+from ..record.test_stored_runs import stored_run
 
 CONFIG = """
 reports_dir = "{reports}"

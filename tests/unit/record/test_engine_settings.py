@@ -22,9 +22,9 @@ from pytest_specdecode.record.engine_settings import (
 )
 from pytest_specdecode.record.schema import Phase, RunRecord
 
-from ..support.synthetic import add_phase, record, settings
+from ...support.synthetic import add_phase, record, settings
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parent.parent.parent / "data"
 
 
 def cpu_log(arm: str) -> list[str]:

@@ -36,10 +36,10 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import plan
 from pytest_specdecode.targets.hosts.base import LocalHost
 
-from ..support.synthetic import aa_entry as entry
-from ..support.synthetic import add_phase, record, settings, store
+from ...support.synthetic import aa_entry as entry
+from ...support.synthetic import add_phase, record, settings, store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CPU = Accelerator("cpu", "AMD EPYC")
 H200 = Accelerator("gpu", "NVIDIA H200", 1)
 H200_LINE = "0: NVIDIA H200, 143771 MiB, driver 570.86.15"

@@ -23,7 +23,7 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import html, markdown, terminal, write_reports
 from pytest_specdecode.report.rows import rows
 
-from ..support import synthetic
+from ...support import synthetic
 
 # The old words, each of which named both quantities somewhere.
 RETIRED = ("acceptance length", "tokens a step", "accept len", "tok/step", "tokens/step")

@@ -12,8 +12,8 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import JOURNAL_FILE, RunStore, load_run
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
-from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
+from ...support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ...support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
 
 
 def awkward_run(tmp_path: Path) -> RunRecord:

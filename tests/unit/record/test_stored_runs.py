@@ -21,9 +21,9 @@ from pytest_specdecode.record.store import load_run
 from pytest_specdecode.report import markdown, plan
 from pytest_specdecode.targets.hosts.base import CommandResult
 
-from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, settings, store
+from ...support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, settings, store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def stored_run(tmp_path: Path, *, rates: dict[str, float], candidate: dict[str, float]) -> Path:

@@ -19,9 +19,9 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.sections.cut import result_label
 
-from ..support.synthetic import add_phase, record, settings
+from ...support.synthetic import add_phase, record, settings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # -- the pure part -----------------------------------------------------------------------------

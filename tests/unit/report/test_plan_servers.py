@@ -29,8 +29,8 @@ from pytest_specdecode.report.schedule import (
 from pytest_specdecode.report.text import fmt_duration
 from pytest_specdecode.targets.lifecycle import beside_kwargs, experiment_services
 
-from ..support.synthetic import add_phase, store
-from .test_arms_together import COMMAND, H200, alive, local_target, sleeping_vllm  # noqa: F401
+from ...support.synthetic import add_phase, store
+from ..targets.test_arms_together import COMMAND, H200, alive, local_target, sleeping_vllm  # noqa: F401
 
 H200_KIND = Accelerator("gpu", "NVIDIA H200", 1)
 TYPES = ("coding", "math", "structured", "explanatory")
@@ -222,7 +222,7 @@ def test_the_committed_h200_profile_of_another_machine_no_longer_halves_the_time
     runs, 2.2 ms per token, no overhead) and said about 6 min; the run took 13 min 29 s. That
     profile is not this machine's: the H200's pace is used, within 25% of what the run took."""
     s = gpu_settings(tmp_path, beside=1, samples=48, break_even=False)
-    profiles = Path(__file__).resolve().parents[2] / "suites" / "host-profiles-h200"
+    profiles = Path(__file__).resolve().parents[3] / "suites" / "host-profiles-h200"
     key = ProfileKey("localhost", H200_KIND, "smollm2-135m-instruct", "0.26.0")
     found = lookup(profiles, key)
     assert found.profile is not None and all(e.machine != "m-1" for e in found.profile.entries)

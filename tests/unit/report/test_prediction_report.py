@@ -21,8 +21,8 @@ from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report import html, markdown, plan, terminal, write_reports
 from pytest_specdecode.report.sections.prediction import HEADER, notes
 
-from ..support.synthetic import RECORDED_TYPES, add_phase, record, recorded_run, settings
-from .test_report_options import CONFIG
+from ...support.synthetic import RECORDED_TYPES, add_phase, record, recorded_run, settings
+from ..plugin.test_report_options import CONFIG
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PREDICT = Path(sys.executable).parent / "specdecode-predict"

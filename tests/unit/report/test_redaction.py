@@ -22,7 +22,7 @@ from pytest_specdecode.redaction import (
 from pytest_specdecode.report import html, write_reports
 from pytest_specdecode.targets.local import LocalProcessService
 
-from ..support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
+from ...support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
 
 KEY = "sk-live-0123456789abcdef"  # registered: the value of api_key_env's variable
 CASES = {

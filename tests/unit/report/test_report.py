@@ -17,7 +17,7 @@ from pytest_specdecode.report import html, markdown, plan, write_reports
 from pytest_specdecode.report.plots import write_plots
 from pytest_specdecode.report.rows import TABLE_HEADER, checks, headline, rows
 
-from ..support.synthetic import NGRAM_ACCEPTANCE, TEXT, add_phase, record, settings
+from ...support.synthetic import NGRAM_ACCEPTANCE, TEXT, add_phase, record, settings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

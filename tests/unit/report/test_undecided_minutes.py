@@ -13,7 +13,7 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.report.rows import pair_minutes, undecided
 
-from ..support.synthetic import add_phase, record, settings
+from ...support.synthetic import add_phase, record, settings
 
 
 def timed(rec, name: str, *, startup_s: float, first: float, gap: float) -> None:

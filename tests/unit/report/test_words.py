@@ -17,7 +17,7 @@ from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.text import suite_text
 from pytest_specdecode.targets.local import LocalProcessService
 
-from ..support.synthetic import add_phase, record, settings
+from ...support.synthetic import add_phase, record, settings
 
 INTERVAL = r"[+-]\d+\.\d% \[[+-]\d+\.\d%, [+-]\d+\.\d%\]"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from pytest_specdecode.record.profile import HostProfile
 from pytest_specdecode.run.arms import choose_arms
 
-from ..support.synthetic import aa_entry, settings
+from ...support.synthetic import aa_entry, settings
 
 
 class Room:

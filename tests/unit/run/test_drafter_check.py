@@ -291,7 +291,7 @@ def test_a_hub_id_is_found_in_the_hosts_hugging_face_cache(tmp_path: Path):
 
 # -- through the plugin: refused at configure, before the run; named in the dry run -----------
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RUN_CONFIG = """
 reports_dir = "{reports}"
 [target]

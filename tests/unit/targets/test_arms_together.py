@@ -30,9 +30,9 @@ from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
 from pytest_specdecode.targets.local import LocalProcessTarget
 
-from ..support.standin_target import StandInTarget
+from ...support.standin_target import StandInTarget
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SPEC = SpecConfig("ngram", {"method": "ngram", "num_speculative_tokens": 3})
 H200 = (DATA / "nvidia-smi-h200" / "query-gpu.csv").read_text().splitlines()[2]  # noheader
 H200_FIELDS = ("index", "name", "memory.total", "memory.used", "driver_version", "uuid")

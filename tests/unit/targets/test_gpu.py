@@ -18,7 +18,7 @@ from pytest_specdecode.measure import environment
 from pytest_specdecode.targets.facts import gpu
 from pytest_specdecode.targets.hosts.base import CommandResult
 
-DATA = Path(__file__).parents[1] / "data" / "nvidia-smi-h200"
+DATA = Path(__file__).parents[2] / "data" / "nvidia-smi-h200"
 LABEL = "unit vllm.service on root@gpu:22"
 
 

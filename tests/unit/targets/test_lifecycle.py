@@ -17,8 +17,8 @@ from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ..support.scripted_target import NEVER, Script, ScriptedTarget, measure_arms
-from ..support.synthetic import record, settings
+from ...support.scripted_target import NEVER, Script, ScriptedTarget, measure_arms
+from ...support.synthetic import record, settings
 
 
 def run(tmp_path: Path, target: ScriptedTarget, *phases: str, **timeouts: float):

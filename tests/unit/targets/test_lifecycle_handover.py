@@ -21,10 +21,10 @@ from pytest_specdecode.record.ending import RunEnding
 from pytest_specdecode.targets import lifecycle
 from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
 
-from ..support.standin_target import SPEC, StandInTarget
-from ..support.virtual_clock import VirtualTime
+from ...support.standin_target import SPEC, StandInTarget
+from ...support.virtual_clock import VirtualTime
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SWAPPED_AND_RESTORED = [
     "stop original",
     "start candidate ngram",

@@ -22,7 +22,7 @@ from pytest_specdecode.targets.hosts.ssh import SSHHost
 from pytest_specdecode.targets.hosts.tunnel import ApiTunnel
 from pytest_specdecode.targets.systemd.inspection import HOST_PROGRAMS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 SSH_CONFIG = """
 Host gpu

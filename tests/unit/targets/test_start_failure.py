@@ -13,9 +13,9 @@ from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.targets.base import wait_until_ready
 from pytest_specdecode.targets.start_failure import first_errors, last_exception, root_cause
 from tests.support.scripted_target import Script, ScriptedTarget
-from tests.unit.test_gate import CONFIG, write_gate
+from tests.unit.plugin.test_gate import CONFIG, write_gate
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 # A real start of the CPU vLLM 0.32 whose worker cannot import its class (`--worker-cls
 # flashinfer.worker.Worker`): the worker, then the engine core, then the API server fail.
 CAPTURED = (DATA / "vllm-0.32-cpu-worker-import-failure.log").read_text().splitlines()

@@ -23,12 +23,12 @@ from pytest_specdecode.targets import lifecycle
 from pytest_specdecode.targets.lifecycle import experiment_services
 from pytest_specdecode.targets.start_failure import config_refusal
 
-from ..support.scripted_target import Script, ScriptedTarget
-from ..support.synthetic import record, settings
+from ...support.scripted_target import Script, ScriptedTarget
+from ...support.synthetic import record, settings
+from ..plugin.test_gate import CONFTEST, REPO, write_gate
 from .test_arms_together import SPEC, alive, local_target, sleeping_vllm  # noqa: F401 (a fixture)
-from .test_gate import CONFTEST, REPO, write_gate
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 DIED = "RuntimeError: Did not receive response from front-end process within 5 minutes"
 LOADING = "(EngineCore_DP0 pid=9) INFO 12-04 10:00:00 [core.py:1] Loading model weights"
 ASYNC = "(APIServer pid=7) WARNING 12-04 10:00:00 [config.py:1] Async scheduling not supported"

@@ -16,7 +16,7 @@ from pytest_specdecode.analysis.prediction.coverage import (
 from pytest_specdecode.analysis.search.policy import SearchPolicy
 from pytest_specdecode.record.schema import Phase, RunRecord
 
-from ..support.search_sim import Truth, measure, search_record
+from ....support.search_sim import Truth, measure, search_record
 
 TRUTH = Truth(cost={"c1": (0.1, 0.03)})
 K2 = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}

@@ -361,7 +361,7 @@ def test_to_dict_carries_effective_settings_and_figures():
 
 # --- recorded from the real CPU vLLM ---------------------------------------------------------
 
-RECORDED = Path(__file__).parents[1] / "data" / "vllm-0.32-cpu-ngram-replay.json"
+RECORDED = Path(__file__).parents[3] / "data" / "vllm-0.32-cpu-ngram-replay.json"
 
 
 def test_replay_of_recorded_real_baseline_equals_the_recorded_counters():

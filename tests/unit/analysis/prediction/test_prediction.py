@@ -21,8 +21,8 @@ from pytest_specdecode.record.requests.token_capture import TokenIds
 from pytest_specdecode.record.schema import RunRecord, _finite
 from pytest_specdecode.record.store import RunStore, load_run
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
-from ..support.synthetic import (
+from ....support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ....support.synthetic import (
     acceptance_of,
     add_phase,
     captured,
@@ -344,7 +344,7 @@ def test_an_aa_run_predicts_nothing_of_its_own_arm_and_says_what_to_do_next(tmp_
     from pytest_specdecode.analysis.prediction.predict import AA_NEXT, predict_run
     from pytest_specdecode.config.arms import AA_ARM, BASELINE
 
-    from ..support.synthetic import recorded_run
+    from ....support.synthetic import recorded_run
 
     rec = recorded_run(tmp_path)
     rec.candidates = {AA_ARM: {}}

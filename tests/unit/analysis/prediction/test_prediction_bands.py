@@ -22,7 +22,7 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.report import markdown, terminal
 from pytest_specdecode.report.sections.prediction import notes, prediction_rows
 
-from ..support.synthetic import recorded_run
+from ....support.synthetic import recorded_run
 
 MAP = Support(1.00, 1.96)  # the map: its points at 1.00 to 1.96 tokens per step
 

@@ -20,8 +20,8 @@ from pytest_specdecode.report.plots import _figure_of
 from pytest_specdecode.report.rows import Row, rows
 from pytest_specdecode.report.sections.prediction import prediction_rows
 
-from ..support.search_sim import Truth, measure, run_search, search_record, verdicts
-from ..support.synthetic import recorded_run, sample
+from ....support.search_sim import Truth, measure, run_search, search_record, verdicts
+from ....support.synthetic import recorded_run, sample
 
 QUIET = RestartNoise(0.02, 20.0, "stored A/A runs")
 NOISES = {"throughput": QUIET, "tpot": QUIET}

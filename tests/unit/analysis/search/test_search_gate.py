@@ -15,8 +15,8 @@ import pytest
 
 from pytest_specdecode.record.store import RunStore
 
-from ..support.search_sim import Truth, measure, search_record
-from .test_gate import _importable_support, write_gate  # noqa: F401  (PYTHONPATH for the conftest)
+from ....support.search_sim import Truth, measure, search_record
+from ...plugin.test_gate import _importable_support, write_gate  # noqa: F401  (PYTHONPATH for the conftest)
 
 CONFIG = """
 reports_dir = "{reports}"

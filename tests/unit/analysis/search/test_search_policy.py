@@ -15,7 +15,7 @@ from pytest_specdecode.analysis.search.policy import Gain, Reload, SearchPolicy,
 from pytest_specdecode.config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 from pytest_specdecode.record.schema import RunRecord
 
-from ..support.search_sim import DATA, Truth, measure, run_search, search_record, verdicts
+from ....support.search_sim import DATA, Truth, measure, run_search, search_record, verdicts
 
 PAYS = Truth(cost={"c1": (0.1, 0.03)})  # n-gram pays on these prompts
 COSTS = Truth(cost={"c1": (0.5, 0.1)})  # every speculative step costs half a step more

@@ -15,7 +15,7 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report.sections import search as report
 
-from ..support.search_sim import Truth, measure, run_search, search_record, verdicts
+from ....support.search_sim import Truth, measure, run_search, search_record, verdicts
 
 TRUTH = Truth(cost={"c1": (0.1, 0.03)})
 K2 = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}

@@ -17,8 +17,8 @@ from pytest_specdecode.measure.search import SearchRun, SearchStopped
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ..support import synthetic
-from ..support.scripted_target import Script, ScriptedTarget, Speed
+from ....support import synthetic
+from ....support.scripted_target import Script, ScriptedTarget, Speed
 
 TEXT = "x = x + 1 ;"  # six words: the ids repeat every six tokens, so n-grams draft
 PROMPTS = {"coding": "the coding prompt", "math": "the math prompt"}

@@ -22,7 +22,7 @@ from pytest_specdecode.analysis.variance.restarts import ASSUMED_WEIGHT
 from pytest_specdecode.analysis.verdict.stats import Verdict
 from pytest_specdecode.config.settings import RunConfig
 
-from ..support.chain import DESIGNS, Rates, Route, SimHost, aa_estimates, rates, simulate_route
+from ....support.chain import DESIGNS, Rates, Route, SimHost, aa_estimates, rates, simulate_route
 
 ALPHA = 0.05
 ROUTES = {

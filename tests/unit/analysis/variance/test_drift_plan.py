@@ -15,7 +15,7 @@ from pytest_specdecode.analysis.verdict.design import drift_variance, levers, st
 from pytest_specdecode.analysis.verdict.noise import as_prior
 from pytest_specdecode.report.plan import Timing, design_lines
 
-from ..support.synthetic import settings
+from ....support.synthetic import settings
 
 SIDE = "arms side by side (where the host holds both servers)"
 TYPES = ("coding", "math", "structured", "explanatory")

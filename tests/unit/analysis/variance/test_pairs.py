@@ -157,7 +157,7 @@ def test_an_aa_run_side_by_side_reports_its_places_own_speeds(tmp_path) -> None:
     from pytest_specdecode.config.arms import AA_ARM, BASELINE
     from pytest_specdecode.report.rows import checks
 
-    from ..support.synthetic import add_phase, record, settings
+    from ....support.synthetic import add_phase, record, settings
 
     s = settings(tmp_path, candidates=("baseline",), samples=12)
     rec = record(s)

@@ -30,9 +30,9 @@ from pytest_specdecode.record.profile import (
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report.rows import checks
 
-from ..support.chain import Route, SimHost, aa_entries
+from ....support.chain import Route, SimHost, aa_entries
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 H200_AA = DATA / "vllm-0.26-h200-aa-blocked.results.json"
 
 

@@ -13,8 +13,8 @@ import numpy as np
 from pytest_specdecode.analysis.verdict.adaptive import target_se
 from pytest_specdecode.config.arms import BASELINE
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
-from ..support.synthetic import settings
+from ....support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ....support.synthetic import settings
 
 LEAST, MOST = 4, 24
 PROMPTS = [f"prompt number {i}" for i in range(40)]  # more than MOST: no prompt sent twice

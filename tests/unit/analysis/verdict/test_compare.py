@@ -10,7 +10,7 @@ from pytest_specdecode.analysis.verdict.compare import compare_arms
 from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
 from pytest_specdecode.record.schema import Measurement, Phase
 
-from ..support.synthetic import sample
+from ....support.synthetic import sample
 
 QUIET = RestartNoise(0.005, 50.0, "stored A/A runs")
 NOISES = {"throughput": QUIET, "tpot": QUIET}
@@ -111,7 +111,7 @@ def test_one_gate_rule_for_the_suite_and_the_run_an_inconclusive_aa_run_passes_b
     from pytest_specdecode.analysis.run import analyze
     from pytest_specdecode.config.arms import AA_ARM
 
-    from ..support.synthetic import add_phase, record, settings
+    from ....support.synthetic import add_phase, record, settings
 
     for arm, passes in ((AA_ARM, True), ("ngram", False)):
         rec = record(settings(tmp_path, candidates=("ngram",)))

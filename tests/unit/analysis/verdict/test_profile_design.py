@@ -25,9 +25,9 @@ from pytest_specdecode.record.profile import (
     record_design,
 )
 
-from ..support.synthetic import aa_entry, add_phase, record, settings
+from ....support.synthetic import aa_entry, add_phase, record, settings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 CPU = Accelerator("cpu", "AMD EPYC")
 H200 = Accelerator("gpu", "NVIDIA H200", 1)
 MODEL = "smollm2-135m-instruct"

@@ -34,10 +34,10 @@ from pytest_specdecode.record.schema import Measurement, SequentialLooks
 from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.report.plan import Timing, design_lines
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed
-from ..support.synthetic import record, settings
-from .test_beside_many import ManyBoard
-from .test_interleaved_order import together_experiment
+from ....support.scripted_target import Script, ScriptedTarget, Speed
+from ....support.synthetic import record, settings
+from ...measure.test_beside_many import ManyBoard
+from ...measure.test_interleaved_order import together_experiment
 
 # -- the boundaries, pure ---------------------------------------------------------------------
 

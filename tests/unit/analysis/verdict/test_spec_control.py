@@ -22,9 +22,9 @@ from pytest_specdecode.targets.local import LocalProcessTarget
 from pytest_specdecode.targets.systemd.unitfile import render_dropin
 from pytest_specdecode.targets.systemd.units import SETTINGS_LINES, SystemdUnit
 
-from ..support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
-from ..support.synthetic import settings
-from .test_engine_settings import gpu_lines
+from ....support.scripted_target import Script, ScriptedTarget, Speed, measure_arms
+from ....support.synthetic import settings
+from ...record.test_engine_settings import gpu_lines
 
 PROMPTS = ("the coding prompt", "the math prompt")
 

@@ -34,7 +34,7 @@ from pytest_specdecode.targets.systemd.beside import systemd_run_argv
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 from pytest_specdecode.targets.systemd.watchdog import RESTORE_SCRIPT
 
-DATA = Path(__file__).parents[1] / "data" / "nvidia-smi-h200"
+DATA = Path(__file__).parents[3] / "data" / "nvidia-smi-h200"
 UNIT = """# /etc/systemd/system/vllm.service
 [Service]
 Environment=VLLM_CPU_KVCACHE_SPACE=2 VLLM_PORT=8000
