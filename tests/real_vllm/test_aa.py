@@ -20,8 +20,9 @@ def test_aa_with_two_starts_per_arm_reports_the_noise_and_calls_nothing(
 ) -> None:
     require_embedded()
     # alpha 0.01: a false alarm is a chance event even where the noise model holds (alpha
-    # per side at most; tests/unit/test_calibration.py pins the rate). At 0.01 this test's own
-    # chance of one is under 1% up to a restart noise of 10% (this machine's: 7-9%).
+    # per side at most; tests/unit/analysis/variance/test_calibration.py pins the rate).
+    # At 0.01 this test's own chance of one is under 1% up to a restart noise of 10% (this
+    # machine's: 7-9%).
     # The assumption set to this machine's restart noise (7-9%, docs/statistics.md), as a user
     # who knows the host writes it: with the default 5%, simulated runs of this design called a
     # false difference in 1-4.5% of runs at 8-10% noise, over alpha; with 8%, in 0-0.5%. The

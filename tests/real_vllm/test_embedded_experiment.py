@@ -338,7 +338,7 @@ def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pyt
     """A cancelled job's SIGTERM; Ctrl-C's SIGINT is sent on the systemd host
     (real_host/test_remote_host.py, test_production_units.py), through the same handler. The
     cut run says so at the top of summary.md, report.html and the terminal, and in results.json
-    (the scripted SIGINT's: unit/test_cut_run.py)."""
+    (the scripted SIGINT's: unit/report/test_cut_run.py)."""
     sig = signal.SIGTERM
     exp = write_experiment(pytester, run={**RUN, "samples": 6})
     cmd = [sys.executable, "-m", "pytest", *exp.args("--spec-config", "ngram")]

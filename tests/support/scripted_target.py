@@ -399,7 +399,7 @@ def measure_arms(
 ) -> RunStore:
     """The experiment over a scripted target: each arm measured in order, stored under
     `where/run`; returns the store once the restore has run. `probe`: the serving host's
-    samples, scripted (tests/unit/test_host_load.py)."""
+    samples, scripted (tests/unit/measure/test_host_load.py)."""
     (where / "run").mkdir()
     store = RunStore(where / "run", record(s))
     with experiment_services(

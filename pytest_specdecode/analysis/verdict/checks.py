@@ -45,7 +45,7 @@ def acceptance_cross_check(
     # before check_stop trims the step's tokens at max_tokens or EOS (Scheduler.
     # update_from_output), so a last step that starts one token before max_tokens delivers
     # that one token, the step's "one", and cuts all it accepted: k when every draft token was
-    # (reached in tests/unit/test_metrics.py).
+    # (reached in tests/unit/measure/test_metrics.py).
     slack = requests * num_speculative_tokens
     if traffic.generation_tokens is not None and traffic.decode_steps is not None:
         delivered = traffic.generation_tokens - requests - traffic.decode_steps
