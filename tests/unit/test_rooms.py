@@ -60,3 +60,13 @@ def test_the_maps_name_only_files_that_exist(page: str) -> None:
         if not ((REPO / n).exists() or (PACKAGE / n).exists() or ("/" not in n and n in anywhere))
     )
     assert missing == []
+
+
+def test_no_unit_test_folder_holds_more_than_fifteen_test_files() -> None:
+    """tests/unit mirrors the package's rooms; a folder past 15 test files is split by room."""
+    crowded = {
+        str(folder.relative_to(REPO)): n
+        for folder in [REPO / "tests" / "unit", *(REPO / "tests" / "unit").rglob("*/")]
+        if folder.is_dir() and (n := len(list(folder.glob("test_*.py")))) > 15
+    }
+    assert crowded == {}
