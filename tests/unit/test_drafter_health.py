@@ -221,6 +221,8 @@ def test_too_few_drafted_asks_for_more_up_to_the_cap_then_says_so_and_goes_on(
     assert check.acceptance.draft_tokens == cap * 6
     assert "not enough drafted to judge" in check.text
     assert DRAFT_NAME in store.record.phases
+    warnings = analyze(store.record).warnings
+    assert any("drafter check" in w and "not enough drafted" in w for w in warnings)
 
 
 def test_more_requests_decide_where_the_first_ones_drafted_too_few(tmp_path: Path) -> None:
