@@ -29,6 +29,7 @@ from pytest_specdecode.targets.lifecycle import experiment_services
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed
 from ..support.synthetic import record, settings
+from .test_interleaved_order import together_experiment
 
 DRAFT = '{"method": "draft_model", "model": "/m/cut-6-layers", "num_speculative_tokens": 3}'
 DRAFT_NAME = "draft_model-k3"
@@ -244,3 +245,20 @@ def test_a_check_of_no_requests_is_off(tmp_path: Path) -> None:
     )
     store, errors = _run(target, s, tmp_path, "baseline", DRAFT_NAME)
     assert not errors and not store.record.drafter_checks
+
+
+def test_beside_the_original_a_broken_drafter_fails_its_group_and_the_baseline_is_measured_alone(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "run").mkdir()
+    broken = _drafter(Speed(tokens=40, tokens_per_chunk=1), drafted=3)
+    target = ScriptedTarget(Script(), {DRAFT_NAME: broken})
+    s = settings(tmp_path, candidates=[DRAFT], prompts=PROMPTS, run_extra='arms = "together"')
+    board, exp, store = together_experiment(tmp_path, target, s)
+    with pytest.raises(BrokenDrafter, match="before its timed windows"):
+        exp.arm(DRAFT_NAME)
+    board.restore()
+    assert _streams(target, DRAFT_NAME) == s.run.drafter_check_requests
+    assert list(store.record.phases) == ["baseline"]  # measured alone, after the group failed
+    assert all(m.samples for m in store.record.phases["baseline"].measurements.values())
+    assert store.record.drafter_checks[DRAFT_NAME].verdict == BROKEN
