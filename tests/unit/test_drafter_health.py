@@ -25,6 +25,7 @@ from pytest_specdecode.record.counters import Acceptance, from_counts
 from pytest_specdecode.record.drafter_check import BROKEN, HEALTHY, NO_COUNTERS, TOO_FEW
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
+from pytest_specdecode.report.rows import checks
 from pytest_specdecode.targets.lifecycle import experiment_services
 
 from ..support.scripted_target import Script, ScriptedTarget, Speed
@@ -197,6 +198,8 @@ def test_a_healthy_drafter_goes_on_and_its_check_enters_no_window(tmp_path: Path
     assert phase.acceptance.drafts == measured * 13
     assert check.acceptance.drafts == s.run.drafter_check_requests * 13
     assert all(m.samples for m in phase.measurements.values())
+    shown = [c.text for c in checks(store.record, analyze(store.record))]
+    assert any(t.startswith(f"Drafter check, {DRAFT_NAME} (4 requests") for t in shown)
 
 
 def test_an_ngram_candidate_is_never_checked(tmp_path: Path) -> None:
