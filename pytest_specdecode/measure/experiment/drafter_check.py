@@ -61,6 +61,7 @@ def check_drafter(ctx: RunContext, start: str, spec: SpecConfig, service: Servic
     ctx.record.drafter_checks[start] = check
     ctx.store.flush()
     if check.stopped:
+        ctx.progress(f"{where}: broken: {check.text}")
         host = getattr(service, "label", service.api_base)
         raise BrokenDrafter(
             f"candidate {spec.name!r} stopped by the drafter check before its timed windows, "
