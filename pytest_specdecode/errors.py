@@ -32,3 +32,12 @@ class StartDied(ServiceError):
         self.cause = cause
         self.after_s = after_s
         self.refused = refused
+
+
+class BrokenDrafter(ServiceError):
+    """A candidate whose drafter served but accepted almost nothing on its first requests (the
+    drafter check before its timed windows); `check`: the check's figures (record/drafter_check)."""
+
+    def __init__(self, message: str, *, check: object) -> None:
+        super().__init__(message)
+        self.check = check

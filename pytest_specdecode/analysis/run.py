@@ -13,6 +13,7 @@ from typing import Any
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
 from ..config.break_even import point_of
 from ..config.vllm_argv import option_value
+from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
 from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
 from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
@@ -423,6 +424,11 @@ def _warnings(
 ) -> list[str]:
     """What a reviewer should not miss, one sentence each."""
     out = [f"{arm} failed: {why}" for arm, why in record.failures.items()]
+    out += [
+        f"{c.start}: the drafter check before its timed windows could not judge: {c.text}"
+        for c in record.drafter_checks.values()
+        if c.verdict == TOO_FEW
+    ]
     if record.environment.get("speed_against_profile"):
         out.append(str(record.environment["speed_against_profile"]))
     watch = record.traffic_watch

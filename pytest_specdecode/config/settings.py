@@ -110,6 +110,10 @@ class RunConfig:
     regime_tolerance: float = 0.05
     sequential: bool = True  # side by side: a cell stops once decided (analysis/verdict/)
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
+    # a drafter with a model: its first requests' acceptance on the counters, before its timed
+    # windows (measure/experiment/drafter_check.py); below the floor, the candidate is stopped
+    drafter_floor: float = 0.05
+    drafter_check_requests: int = 4
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):
@@ -337,6 +341,10 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
     positive_int(run.beside, "beside", where, minimum=1)
     positive_int(run.regime_slots, "regime_slots", where, minimum=0)
+    positive_int(run.drafter_check_requests, "drafter_check_requests", where, minimum=0)
+    floor = run.drafter_floor
+    if isinstance(floor, bool) or not isinstance(floor, float | int) or not 0 <= floor < 1:
+        raise ConfigError(f"{where}: drafter_floor must be in [0, 1), got {floor!r}")
     tolerance = run.regime_tolerance
     if (
         isinstance(tolerance, bool)

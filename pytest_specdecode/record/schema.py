@@ -18,6 +18,7 @@ from ..config.load import SLO, LoadLevel
 from ..config.settings import PromptType, RunConfig
 from ..errors import ConfigError
 from .counters import Acceptance, Traffic, TrafficWatch, client_accepted_tokens, combine
+from .drafter_check import DrafterCheck
 from .ending import DiedStart, Measured, RestoreReport, RunCut, RunEnding
 from .engine_settings import EngineSettings
 from .host_env import WindowEnvironment
@@ -409,6 +410,8 @@ class RunRecord:
     search: SearchRecord | None = None  # --spec-search: its reloads and why
     cut: RunCut | None = None  # ended early: by what, when, in which step (record/ending.py)
     regime: RegimeWindow | None = None  # beside two or more: the baseline beside one first
+    # a drafter with a model: each candidate start's check before its timed windows, by start
+    drafter_checks: dict[str, DrafterCheck] = field(default_factory=dict)
     schema: int = SCHEMA
 
     @property
@@ -460,6 +463,7 @@ class RunRecord:
                 "search": _optional(self.search),
                 "cut": _optional(self.cut),
                 "regime": _optional(self.regime),
+                "drafter_checks": {k: c.to_dict() for k, c in self.drafter_checks.items()},
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -491,6 +495,10 @@ class RunRecord:
                 search=_read(SearchRecord, data.get("search")),
                 cut=_read(RunCut, data.get("cut")),
                 regime=_read(RegimeWindow, data.get("regime")),
+                drafter_checks={
+                    k: DrafterCheck.from_dict(c)
+                    for k, c in (data.get("drafter_checks") or {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

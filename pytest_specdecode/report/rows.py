@@ -14,6 +14,7 @@ from ..analysis.verdict.compare import PromptTypeVerdict, start_prompts
 from ..analysis.verdict.stats import Verdict
 from ..config.arms import BASELINE
 from ..record.counters import ACCEPTED_PER_DRAFT
+from ..record.drafter_check import HEALTHY
 from ..record.schema import RunRecord
 from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text
 
@@ -204,6 +205,15 @@ def checks(record: RunRecord, analysis: RunAnalysis) -> list[Check]:
         Check(p.died_start.describe(p.name, p.startup_s), True)
         for p in record.phases.values()
         if p.died_start is not None
+    ]
+    out += [  # a drafter's first requests, judged before its timed windows (a stop: a warning)
+        Check(
+            f"Drafter check, {c.start} ({c.requests} requests before its timed windows): "
+            f"{c.verdict}: {c.text}",
+            False,
+        )
+        for c in record.drafter_checks.values()
+        if c.verdict == HEALTHY
     ]
     restore = record.restore
     if restore is not None and (restore.errors or restore.failed):

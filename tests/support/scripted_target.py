@@ -65,6 +65,9 @@ class Script:
     batch_cost: float = 0.0  # each step takes (1 + batch_cost x (requests in flight - 1)) gaps
     start_log: tuple[str, ...] = ()  # the log of each start (its settings are read from it)
     crowded: float = 0.0  # each step takes (1 + crowded x (servers beside - 1)) gaps
+    # draft tokens counted each step (0: tokens_per_chunk - 1); above what its chunks accept, a
+    # drafter that accepts little (tokens_per_chunk 1: a broken drafter, accepting nothing)
+    drafted: int = 0
 
     def speed(self, prompt: str) -> Speed:
         return self.speeds.get(prompt, Speed())
@@ -345,10 +348,11 @@ class ScriptedTarget:
         k = service.script.speeds and max(
             s.tokens_per_chunk for s in service.script.speeds.values()
         )
-        if not k or k < 2 or service.name == "original":
+        drafted = service.script.drafted or (k - 1 if k else 0)
+        if drafted < 1 or service.name == "original":
             return
         self._add("drafts", 1)
-        self._add("draft_tokens", k - 1)
+        self._add("draft_tokens", drafted)
         self._add("accepted", accepted)
         for position in range(accepted):
             self._add(f"pos{position}", 1)

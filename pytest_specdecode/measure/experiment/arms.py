@@ -26,6 +26,7 @@ from ...targets.base import Progress, Service, Transports
 from ...targets.lifecycle import Switchboard
 from ..host_load import Probe
 from .context import RunContext
+from .drafter_check import check_drafter
 from .order import RoundOrder, order_seed
 from .regime import regime_window
 from .rounds import Rounds, Start
@@ -196,6 +197,8 @@ class Experiment:
     def _measure(self, name: str, arm: str, spec: SpecConfig | None, *, restart: bool) -> None:
         self._ctx.step(f"starting {name}")
         service = self.board.activate(spec, restart=restart)
+        if spec is not None:  # a drafter with a model: its first requests, before any window
+            check_drafter(self._ctx, name, spec, service)
         phase = self._new_phase(name, arm, spec, service, startup_s=self.board.last_startup_s)
         if self.settings.run.order == "blocked":
             for prompt_type in self.settings.prompt_types.values():
@@ -223,6 +226,8 @@ class Experiment:
                 original,
                 seconds,
             ):
+                for (name, _), spec, second in zip(group, specs, seconds, strict=True):
+                    check_drafter(self._ctx, name, spec, second)  # before any window
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
                 cands = [
                     self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
