@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..analysis.drafter import check_drafter, describe_drafter
-from ..config.safetensors_io import TensorOut, write_safetensors
 from ..errors import ConfigError
+from ..record.safetensors_io import TensorOut, write_safetensors
 from .drafter_make import (
     WEIGHTS,
     Made,

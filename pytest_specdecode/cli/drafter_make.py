@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..analysis.drafter import AUX_KEY, default_aux_ids, text_config
-from ..config.safetensors_io import SafetensorsFile, TensorOut, bf16_bytes, chunked
 from ..errors import ConfigError
+from ..record.safetensors_io import SafetensorsFile, TensorOut, bf16_bytes, chunked
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS = "model.safetensors"

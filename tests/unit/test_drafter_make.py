@@ -12,7 +12,7 @@ import pytest
 
 from pytest_specdecode.analysis.drafter import check_drafter
 from pytest_specdecode.cli.drafter import main
-from pytest_specdecode.config.safetensors_io import (
+from pytest_specdecode.record.safetensors_io import (
     SafetensorsFile,
     TensorOut,
     bf16_bytes,

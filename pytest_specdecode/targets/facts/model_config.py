@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config.safetensors_io import shapes_of_header
 from ...config.vllm_argv import ServerCommand, option_value
 from ...errors import ConfigError, HostError
+from ...record.safetensors_io import shapes_of_header
 from ..hosts.base import Host
 
 CONFIG_LIMIT = 1 << 20  # a config.json larger than this is not a config
