@@ -188,9 +188,9 @@ def eagle3_tensors(config: Mapping[str, Any], seed: int) -> list[TensorOut]:
             ones = bf16_bytes(np.ones(count, dtype=np.float32))
             out.append(TensorOut(name, dtype, shape, lambda b=ones: [b]))
         else:
-            # drawn now, in this order: the same seed gives the same head
-            data = b"".join(_random_bf16(rng, count))
-            out.append(TensorOut(name, dtype, shape, lambda b=data: [b]))
+            # drawn as it is written, in the file's order, a chunk at a time: the same seed gives
+            # the same head, and a large vocabulary's lm_head is never whole in memory
+            out.append(TensorOut(name, dtype, shape, lambda n=count: _random_bf16(rng, n)))
     return out
 
 
