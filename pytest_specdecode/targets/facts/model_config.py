@@ -17,6 +17,7 @@ from typing import Any
 
 from ...config.vllm_argv import ServerCommand, option_value
 from ...errors import ConfigError, HostError
+from ...record.safetensors_io import shapes_of_header
 from ..hosts.base import Host
 
 CONFIG_LIMIT = 1 << 20  # a config.json larger than this is not a config
@@ -170,10 +171,4 @@ def tensor_shapes(header: str) -> dict[str, tuple[int, ...]] | None:
         found = json.loads(header)
     except json.JSONDecodeError:
         return None
-    if not isinstance(found, dict):
-        return None
-    return {
-        name: tuple(int(n) for n in entry["shape"])
-        for name, entry in found.items()
-        if isinstance(entry, dict) and isinstance(entry.get("shape"), list)
-    }
+    return shapes_of_header(found) if isinstance(found, dict) else None

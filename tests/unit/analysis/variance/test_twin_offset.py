@@ -133,9 +133,9 @@ def test_a_baseline_served_beside_is_the_candidates_twin_through_results_json(
     from pytest_specdecode.record.schema import RunRecord
     from pytest_specdecode.record.store import RunStore
 
-    from ...measure.test_beside_many import ManyBoard
     from ....support.scripted_target import Script, ScriptedTarget, Speed
     from ....support.synthetic import record, settings
+    from ...measure.test_beside_many import ManyBoard
 
     (tmp_path / "run").mkdir()
     s = settings(
