@@ -20,6 +20,7 @@ from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.sections.cut import result_label
 
 from ...support.synthetic import add_phase, record, settings
+from ..plugin.test_gate import CONFIG  # the real suite over scripted services, two prompt types
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -150,25 +151,6 @@ def test_the_terminal_opens_with_the_cut(tmp_path: Path) -> None:
 
 # -- the whole path: the real suite over scripted services --------------------------------------
 
-CONFIG = """
-reports_dir = "{reports}"
-[target]
-api_base = "http://scripted.invalid:8000"
-model = "smollm2-135m-instruct"
-command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
-startup_timeout_s = 5
-[run]
-samples = 5
-warmup = 1
-max_tokens = 8
-max_samples = 5
-[presets]
-ngram = {{ method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 4 }}
-[prompt_types.coding]
-prompt = "coding"
-[prompt_types.math]
-prompt = "math"
-"""
 
 # SIGINT as a terminal's Ctrl-C finds it (an xdist worker's children inherit it ignored); sent
 # to this very process at the Nth timed request, or as a test of the suite's own begins.
