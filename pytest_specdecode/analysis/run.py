@@ -400,9 +400,11 @@ def _assumed_noise_warning(record: RunRecord, prior: RestartNoise) -> str:
         return "restart noise " + prior.source
     starts = sum(1 for p in record.phases.values() if not p.reused_from)
     _, unused, note = prior.source.partition("; not used")
+    kind = "a prior from another machine" if prior.is_prior else "assumed"
     before = (
-        f"no restart noise was measured before this run (its prior: assumed {prior.sd:.0%}, "
-        f"weighted as {prior.df:g} degrees of freedom{'; not used' + note if unused else ''})"
+        f"no restart noise was measured on this machine before this run (its prior: {kind}, "
+        f"{prior.sd:.1%}, weighted as {prior.df:g} degrees of freedom"
+        f"{'; not used' + note if unused else ''})"
     )
     if noise.is_aa_run(record):
         return (

@@ -147,6 +147,20 @@ def test_a_gpu_aa_run_writes_its_own_profile_not_the_cpus(tmp_path: Path) -> Non
     assert json.loads(path.read_text())["entries"][0]["gpus"] == [H200_LINE]
 
 
+def test_another_machines_noise_is_a_prior_in_the_runs_warning_not_assumed(tmp_path: Path) -> None:
+    """The fresh clone's main job of 2026-12-04: the plan named the committed profile a prior of
+    2.8%, and the warning under the table said "its prior: assumed 3%"."""
+    rec = aa_record(tmp_path, machine_facts(None, "AMD EPYC"))
+    source = "a prior of 2.8%, weighted as 7 degrees of freedom: measured on another machine"
+    rec.restart_noise_prior = {
+        m: {"sd": 0.028, "df": 7.0, "source": source, "measured": False}
+        for m in ("throughput", "tpot")
+    }
+    text = " ".join(analyze(rec).warnings)
+    assert "its prior: a prior from another machine, 2.8%, weighted as 7" in text, text
+    assert "assumed" not in text, text
+
+
 def machine_facts(gpus: list[str] | None, cpu: str | None) -> dict:
     found = accelerator_of(gpus, cpu)
     return {"gpus": gpus, "cpu": cpu, "accelerator": found.to_json() if found else None}
