@@ -107,3 +107,11 @@ def _one(spec: SpecConfig, site: ModelSite, target_files: ModelFiles | None) -> 
     )
     line = describe_drafter(method, files.path, files.config, size_bytes=files.size_bytes)
     return Drafter(check, line)
+
+
+def drafters_environment(drafters: Sequence[Drafter]) -> dict[str, dict[str, list[str]]]:
+    """results.json's environment `drafters`: each candidate's drafter named, with its warnings
+    (docs/drafters.md); nothing where no candidate drafts with a model."""
+    if not drafters:
+        return {}
+    return {"drafters": {d.check.candidate: [d.description, *d.check.warnings] for d in drafters}}

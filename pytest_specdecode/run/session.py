@@ -63,7 +63,7 @@ from ..targets.facts.vllm import (
 from ..targets.host_env import HostProbe, busiest
 from ..targets.lifecycle import RunEnding, experiment_services
 from .arms import choose_arms, with_arms, with_regime
-from .drafters import check_drafters
+from .drafters import check_drafters, drafters_environment
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
 from .replicas import replicas_dry_run
@@ -463,9 +463,7 @@ class SpecDecodeSession:
                     besides=(self.host_noise.profiles,),
                 ),
                 "vllm": self.vllm_facts.record() if self.vllm_facts else None,
-                "drafters": {  # each drafter named, with its warnings (docs/drafters.md)
-                    d.check.candidate: [d.description, *d.check.warnings] for d in self.drafters
-                },
+                **drafters_environment(self.drafters),  # each named, with its warnings
             },
         )
         reuse = self.config.getoption("spec_baseline_from")
