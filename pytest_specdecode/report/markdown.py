@@ -45,8 +45,10 @@ def summary(
         *([""] if not_decided else []),
         *regime.markdown_lines(analysis),
     ]
-    if failed:
-        lines += [f"**Failed tests ({len(failed)}):** " + ", ".join(f"`{f}`" for f in failed), ""]
+    if failed:  # an undecided test fails the gate too; the head says how many were undecided
+        open_ = sum(f.endswith(" (undecided)") for f in failed)
+        count = f"{len(failed)}" + (f", {open_} of them undecided" if open_ else "")
+        lines += [f"**Failed tests ({count}):** " + ", ".join(f"`{f}`" for f in failed), ""]
     for name in analysis.verdicts:
         spec = record.candidates.get(name)
         lines += [

@@ -154,6 +154,7 @@ def test_no_verdict_is_not_green(pytester: pytest.Pytester) -> None:
     # The run's own reports say so too: summary.md's list, pytest-html's result column.
     (run_dir,) = (pytester.path / "reports").iterdir()
     md = (run_dir / "summary.md").read_text()
+    assert "**Failed tests (1, 1 of them undecided):** `test_speculation_does_not" in md, md
     assert "`test_speculation_does_not_regress[ngram-coding] (undecided)`" in md, md
     rows = html_tests((run_dir / "report.html").read_text())
     row = "".join(rows["test_speculation_does_not_regress[ngram-coding]"]["resultsTableRow"])
