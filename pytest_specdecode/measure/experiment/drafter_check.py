@@ -12,9 +12,10 @@ from ...errors import BrokenDrafter
 from ...record.counters import Acceptance
 from ...record.drafter_check import DrafterCheck
 from ...targets.base import Service
-from ..requests.loadgen import RequestSpec, run_level
+from ..requests.loadgen import planned_specs, run_level
 from ..server_metrics import acceptance_between
 from .context import RunContext
+from .windows import request_base
 
 ONE_AT_A_TIME = LoadLevel(concurrency=1)
 
@@ -78,21 +79,10 @@ def _send(ctx: RunContext, start: str, service: Service, batch: list[tuple[str, 
     run = ctx.settings.run
     for name, index in batch:
         prompt_type = ctx.settings.prompt_types[name]
-        prompt = prompt_type.prompts[index]
-        spec = RequestSpec(
-            api_base=service.api_base,
-            model=service.model,
-            prompt=prompt.text,
-            messages=prompt.messages,
-            max_tokens=prompt_type.max_tokens,
-            endpoint=run.endpoint,
-            ignore_eos=run.ignore_eos,
-            timeout_s=run.request_timeout_s,
-            read_timeout_s=run.read_timeout_s,
-        )
+        base = request_base(run, service, prompt_type)
         ctx.clock.run(
             run_level(
-                [spec],
+                planned_specs(base, prompt_type.prompts, [index]),
                 ONE_AT_A_TIME,
                 prompt_type=name,
                 phase=f"{start}@drafter-check",

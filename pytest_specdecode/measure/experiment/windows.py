@@ -17,7 +17,7 @@ from ...analysis.verdict.compare import METRICS, questions_of
 from ...analysis.verdict.sequential import decided
 from ...config.arms import cell_key
 from ...config.prompts import RequestPlan, request_plan
-from ...config.settings import PromptType
+from ...config.settings import PromptType, RunConfig
 from ...record.counters import Acceptance
 from ...record.requests.samples import RequestSample
 from ...record.schema import ClientLoad, Measurement, Phase, SequentialLooks
@@ -41,6 +41,24 @@ class Window:
     @property
     def where(self) -> str:
         return f"[{self.phase.name}] {self.m.key}"
+
+
+def request_base(
+    run: RunConfig, service: Service, prompt_type: PromptType, *, return_token_ids: bool = False
+) -> RequestSpec:
+    """A prompt type's request to this server as the run sends it: its prompt, max_tokens, the
+    run's endpoint and timeouts (loadgen's `planned_specs` sets each request's own prompt)."""
+    return RequestSpec(
+        api_base=service.api_base,
+        model=service.model,
+        prompt=prompt_type.prompt,
+        max_tokens=prompt_type.max_tokens,
+        endpoint=run.endpoint,
+        ignore_eos=run.ignore_eos,
+        timeout_s=run.request_timeout_s,
+        read_timeout_s=run.read_timeout_s,
+        return_token_ids=return_token_ids,
+    )
 
 
 class WindowSender:
@@ -74,18 +92,9 @@ class WindowSender:
     def windows(self, phase: Phase, prompt_type: PromptType, service: Service) -> list[Window]:
         """A prompt type's window at each load level, each a new measurement of the phase."""
         settings = self._ctx.settings
-        run, levels = settings.run, settings.run.levels
-        base = RequestSpec(
-            api_base=service.api_base,
-            model=service.model,
-            prompt=prompt_type.prompt,
-            max_tokens=prompt_type.max_tokens,
-            endpoint=run.endpoint,
-            ignore_eos=run.ignore_eos,
-            timeout_s=run.request_timeout_s,
-            read_timeout_s=run.read_timeout_s,
-            return_token_ids=True,  # every request's own ids, for the replay at every level
-        )
+        levels = settings.run.levels
+        # every request's own ids, for the replay at every level
+        base = request_base(settings.run, service, prompt_type, return_token_ids=True)
         windows = []
         for level in levels:
             key = cell_key(prompt_type.name, level, several=len(levels) > 1)
