@@ -24,7 +24,7 @@ from pytest_specdecode.record.store import RunStore
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed
 from ...support.synthetic import record, settings
-from ..measure.test_beside_many import ManyBoard
+from ..measure.test_beside_many import ManyBoard, three_specs
 from ..targets.test_arms_together import H200, alive, local_target, sleeping_vllm  # noqa: F401
 
 K = [f'{{"method":"ngram","num_speculative_tokens":{k}}}' for k in (2, 3, 4)]
@@ -252,12 +252,10 @@ def test_together_all_calls_the_regime_window_once_the_first_serves_before_the_o
     tmp_path: Path,
     sleeping_vllm: None,  # noqa: F811
 ) -> None:
-    from pytest_specdecode.config.specconfig import SpecConfig
     from pytest_specdecode.targets.lifecycle import experiment_services
 
     target = local_target(tmp_path, gpus=(H200,))
-    specs = [SpecConfig(n, {"method": "ngram", "num_speculative_tokens": k})
-             for n, k in zip(NAMES, (2, 3, 4), strict=True)]  # fmt: skip
+    specs = three_specs()
     lines: list[str] = []
     seen: list[tuple[bool, bool, list[str]]] = []
 

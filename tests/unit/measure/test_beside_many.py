@@ -147,6 +147,12 @@ def _slot(phase: Phase, k: int) -> list:
 # -- the local backend: places for four, and a Ctrl-C that stops them all ----------------------
 
 
+def three_specs() -> list[SpecConfig]:
+    """n-gram at k = 2, 3 and 4, named as NAMES: three servers beside the original."""
+    return [SpecConfig(n, {"method": "ngram", "num_speculative_tokens": k})
+            for n, k in zip(NAMES, (2, 3, 4), strict=True)]  # fmt: skip
+
+
 def _cmdline(pid: int | None) -> list[str]:
     assert pid is not None
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
@@ -157,8 +163,7 @@ def test_three_beside_the_original_on_one_gpu_each_get_a_share_and_ctrl_c_stops_
     sleeping_vllm: None,  # noqa: F811
 ) -> None:
     target = local_target(tmp_path, gpus=(H200,))
-    specs = [SpecConfig(n, {"method": "ngram", "num_speculative_tokens": k})
-             for n, k in zip(NAMES, (2, 3, 4), strict=True)]  # fmt: skip
+    specs = three_specs()
     assert room_beside(target, specs[0], of=3) is None
     busy = local_target(tmp_path, gpus=(used(H200, 21099),))  # another process's 21 GiB
     why = room_beside(busy, specs[0], of=3)
