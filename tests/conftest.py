@@ -92,24 +92,39 @@ def _own_host_profiles(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Non
     monkeypatch.setenv("SPECDECODE_HOST_PROFILES", str(folder))
 
 
-@pytest.fixture(scope="session")
-def testbed() -> Iterator[Testbed]:
-    """Boots scripts/testbed/systemd-host if it is down, and stops it again if it booted it."""
+def _booted(instance: int) -> Iterator[Testbed]:
+    """scripts/testbed/systemd-host --instance N: booted if it is down, and stopped again if
+    this booted it."""
     script = REPO / "scripts" / "testbed" / "systemd-host"
-    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
+    cmd = ["bash", str(script), "--instance", str(instance)]
+    was_up = subprocess.run([*cmd, "status"], capture_output=True).returncode == 0
     if not was_up:
-        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True)
+        up = subprocess.run([*cmd, "up"], capture_output=True, text=True)
         if up.returncode != 0:
             pytest.fail(
-                f"the systemd test host did not come up:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
+                f"the systemd test host {instance} did not come up:\n"
+                f"{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
             )
-    bed = Testbed.from_script(script)
+    bed = Testbed.from_script(script, instance)
     try:
         yield bed
     finally:
         bed.close()
         if not was_up:
-            subprocess.run(["bash", str(script), "down"], capture_output=True)
+            subprocess.run([*cmd, "down"], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """Boots scripts/testbed/systemd-host if it is down, and stops it again if it booted it."""
+    yield from _booted(1)
+
+
+@pytest.fixture(scope="session")
+def second_testbed(testbed: Testbed) -> Iterator[Testbed]:
+    """A second host, a replica of the first (`systemd-host --instance 2`: its rootfs copied,
+    its own keys and ports), booted after it if it is down, and stopped again if this booted it."""
+    yield from _booted(2)
 
 
 @pytest.fixture(scope="session")

@@ -46,9 +46,12 @@ class Testbed:
     _ssh: SSHHost | None = field(default=None, repr=False)
 
     @classmethod
-    def from_script(cls, script: Path) -> Testbed:
+    def from_script(cls, script: Path, instance: int = 1) -> Testbed:
         out = subprocess.run(
-            ["bash", str(script), "env"], capture_output=True, text=True, check=True
+            ["bash", str(script), "--instance", str(instance), "env"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         env = dict(
             shlex.split(line.removeprefix("export "))[0].split("=", 1)
@@ -115,6 +118,32 @@ class Testbed:
             "--spec-model",
             self.model,
         ]
+
+    def replica_keys(self) -> dict[str, str]:
+        """What reaches this host's unit, as a `[[target.replicas]]` entry's keys: the values
+        `options()` passes on the command line (which a target of replicas refuses)."""
+        return {
+            "host": self.host,
+            "unit": self.unit,
+            "identity_file": str(self.identity),
+            "known_hosts": str(self.known_hosts),
+            "api_base": self.api_base,
+        }
+
+    def invocations_since(self, epoch_s: str) -> dict[str, float]:
+        """Each invocation of the unit whose journal has entries since `epoch_s` (the host's
+        `date +%s`), with the time of its first entry (s): one per start of the unit."""
+        out = self.ssh(
+            "journalctl", "-u", self.unit, "--since", f"@{epoch_s}", "-o", "json", "--no-pager"
+        ).stdout
+        first: dict[str, float] = {}
+        for line in out.splitlines():
+            entry = json.loads(line)
+            inv = entry.get("_SYSTEMD_INVOCATION_ID") or entry.get("INVOCATION_ID")
+            if isinstance(inv, str) and inv:
+                at = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+                first[inv] = min(first.get(inv, at), at)
+        return first
 
     def serves(self) -> bool:
         try:
@@ -199,8 +228,11 @@ def write_remote_experiment(
     run: dict[str, object] | None = None,
     target: dict[str, object] | None = None,
     thresholds: str = "",
+    replicas: dict[str, Testbed] | None = None,
 ) -> Path:
-    """A suite copy and a config whose target is the test host's production unit."""
+    """A suite copy and a config whose target is the test host's production unit; with
+    `replicas` ({name: host}, in order), a target of those replicas instead, each entry with
+    its host's SSH settings (`replica_args` runs it: the command line sets no host)."""
     import shutil
 
     shutil.copytree(
@@ -225,12 +257,18 @@ def write_remote_experiment(
     table = lambda d: "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items())  # noqa: E731
     seed = (REPO / "suites" / "specdecode.toml").read_text()
     config = pytester.path / "remote.toml"
+    where = f'api_base = "{bed.api_base}"'
+    if replicas:
+        where = "".join(
+            f"[[target.replicas]]\nname = {json.dumps(name)}\n{table(host.replica_keys())}\n"
+            for name, host in replicas.items()
+        )
     config.write_text(f"""
 reports_dir = "{pytester.path / "reports"}"
 [target]
-api_base = "{bed.api_base}"
 model = "{bed.model}"
 {table(target_values)}
+{where}
 [run]
 {table(run_values)}
 [thresholds]
@@ -276,6 +314,20 @@ def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: st
         "--spec-file",
         str(config),
         *bed.options(),
+        "-p",
+        "no:cacheprovider",
+        "--spec-workload",
+        "coding",
+        *extra,
+    ]
+
+
+def replica_args(pytester: pytest.Pytester, config: Path, *extra: str) -> list[str]:
+    """`suite_args` for a target of replicas: every host is in the spec file."""
+    return [
+        str(pytester.path / "suites"),
+        "--spec-file",
+        str(config),
         "-p",
         "no:cacheprovider",
         "--spec-workload",
