@@ -69,17 +69,31 @@ def crossover_config(pytester: pytest.Pytester, beds: dict[str, Testbed], sample
 
 
 def start(pytester: pytest.Pytester, config: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest", *replica_args(pytester, config, "--spec-config", "ngram")],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_signals,  # the test sends it Ctrl-C, as a terminal would
-    )
+    """The run in a subprocess: its progress (stderr) piped, its report into stdout.log (a
+    pipe nobody reads while the test waits for progress could fill and stop the run)."""
+    with (pytester.path / "stdout.log").open("w") as stdout:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                *replica_args(pytester, config, "--spec-config", "ngram"),
+            ],
+            cwd=pytester.path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=default_signals,  # the test sends it Ctrl-C, as a terminal would
+        )
 
 
-def read_until(proc: subprocess.Popen[str], marker: str, seen: list[str]) -> None:
+def stdout_of(pytester: pytest.Pytester) -> str:
+    return (pytester.path / "stdout.log").read_text()
+
+
+def read_until(
+    pytester: pytest.Pytester, proc: subprocess.Popen[str], marker: str, seen: list[str]
+) -> None:
     """Progress (stderr) until `marker`; fails with what was seen if it never comes."""
     deadline = time.monotonic() + 900
     assert proc.stderr is not None
@@ -90,8 +104,8 @@ def read_until(proc: subprocess.Popen[str], marker: str, seen: list[str]) -> Non
         if time.monotonic() > deadline:
             break
     proc.kill()
-    out, _ = finish(proc, 60)
-    pytest.fail(f"never saw {marker!r}:\n{''.join(seen)}\n{out[-4000:]}")
+    _, rest = finish(proc, 60)
+    pytest.fail(f"never saw {marker!r}:\n{''.join(seen)}{rest}\n{stdout_of(pytester)[-4000:]}")
 
 
 def wait_for_period_sample(pytester: pytest.Pytester, period: int, timeout_s: float = 300) -> None:
@@ -147,13 +161,13 @@ def test_crossover_on_two_hosts_restarts_each_at_most_twice_and_restores_both(
     config = crossover_config(pytester, beds, samples=5)
     seen: list[str] = []
     proc = start(pytester, config)
-    read_until(proc, PERIOD_1, seen)
+    read_until(pytester, proc, PERIOD_1, seen)
     # Period 1: A keeps serving its original, never restarted; B serves the candidate.
     assert invocation(beds["A"]) == first["A"], "A was restarted before period 2"
     assert invocation(beds["B"]) != first["B"], "B was not restarted into the candidate"
-    read_until(proc, PERIOD_2, seen)
-    out, rest = finish(proc, 900)
-    err = "".join(seen) + rest
+    read_until(pytester, proc, PERIOD_2, seen)
+    _, rest = finish(proc, 900)
+    out, err = stdout_of(pytester), "".join(seen) + rest
     assert proc.returncode in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), out + err
 
     data = results_of(pytester)
@@ -205,12 +219,12 @@ def test_ctrl_c_in_period_2_restores_both_replicas(pytester: pytest.Pytester, ho
     config = crossover_config(pytester, beds, samples=40)
     seen: list[str] = []
     proc = start(pytester, config)
-    read_until(proc, PERIOD_2, seen)
+    read_until(pytester, proc, PERIOD_2, seen)
     wait_for_period_sample(pytester, 2)  # a period-2 request is done, more are under way
     assert proc.poll() is None, "the run ended before the signal"
     proc.send_signal(signal.SIGINT)
-    out, rest = finish(proc, 600)
-    err = "".join(seen) + rest
+    _, rest = finish(proc, 600)
+    out, err = stdout_of(pytester), "".join(seen) + rest
     assert proc.returncode not in (None, pytest.ExitCode.OK), out + err
     # Both put back (the fixture checks each is active, serves, and holds nothing of the tool's).
     for name, bed in beds.items():
