@@ -92,7 +92,7 @@ def send_period(
             for client in clients:
                 await client.aclose()
 
-    asyncio.run(period())
+    clock.run(period())
 
 
 async def _together(
