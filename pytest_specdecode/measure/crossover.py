@@ -72,10 +72,11 @@ def send_period(
     clock: Clock = MACHINE,
     on_slot: SlotDone,
     first_sent: Callable[[], None] = lambda: None,
+    before_slot: Callable[[Slot], None] = lambda slot: None,
 ) -> None:
     """Every slot's prompt to every replica's service at once (`arms`: what each serves, the
     samples' phase); `on_slot` gets each slot's samples, in replica order, as they come back;
-    `first_sent` is called as the first measured slot is sent."""
+    `first_sent` is called as the first measured slot is sent, `before_slot` before each."""
     ways = list(transports) or [None] * len(services)
 
     async def period() -> None:
@@ -86,6 +87,7 @@ def send_period(
                 if not slot.warmup and not told:
                     first_sent()
                     told = True
+                before_slot(slot)
                 samples = await _together(clients, services, arms, slot, run, clock)
                 on_slot(slot, samples)
         finally:

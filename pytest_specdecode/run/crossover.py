@@ -76,12 +76,14 @@ class CrossoverRun:
         *,
         progress: Any,
         headers: dict[str, str] | None,
+        step: Any = None,
     ) -> None:
         self.settings = settings
         self.replicas = list(replicas)
         self.store = store
         self.held: ReplicaSet | None = None
         self._progress = progress
+        self._step = step or (lambda text: None)  # what the run is doing: a cut run says it
         self._headers = headers
         self.arms = [BASELINE, *(c.name for c in settings.candidates)]
         self.periods: tuple[Period, ...] = crossover_periods([r.name for r in replicas], self.arms)
@@ -101,6 +103,7 @@ class CrossoverRun:
         for period in self.periods:
             serving = ", ".join(f"{r} serves {arm}" for r, arm in period.serving)
             head = f"[crossover] period {period.number} of {total}"
+            self._step(f"crossover period {period.number}: switching the replicas ({serving})")
             self._progress(f"{head}: switching the replicas ({serving})")
             services = self.held.serve({r: specs[arm] for r, arm in period.serving})
             self._progress(
@@ -117,6 +120,11 @@ class CrossoverRun:
                 clock=self.replicas[0].target.transports().clock,
                 on_slot=lambda slot, samples, p=period: self._stored(p, slot, samples),
                 first_sent=lambda h=head, s=serving: self._progress(f"{h}: {s}"),
+                before_slot=lambda slot, n=period.number: self._step(
+                    f"crossover period {n}: sending slot {slot.index + 1}"
+                    + (" (warm-up)" if slot.warmup else "")
+                    + " to every replica"
+                ),
             )
         self.done = True
 
@@ -233,7 +241,12 @@ class CrossoverSession(SpecDecodeSession):
         replicas = [r for r, _ in opened]
         store.extra["replicas"] = [r.to_json() for r in replicas]
         run = CrossoverRun(
-            settings, replicas, store, progress=self.progress, headers=api_headers(settings)
+            settings,
+            replicas,
+            store,
+            progress=self.progress,
+            headers=api_headers(settings),
+            step=self.progress.step,
         )
         self.crossover = run
         lock = threading.Lock()

@@ -211,6 +211,19 @@ name = "b"
 api_base = "http://10.0.0.2:8000"
 """
 
+CUT_IN_PERIOD_2 = """    async def _stream(self, request):
+        import os, signal
+        original = self.original()
+        if os.environ.get("SPEC_CUT") and self.api_base.endswith(".2:8000") and (
+            original.starts == 2 and original.active
+        ):  # b serves its original again: period 2; after its warm-up, Ctrl-C as a user would
+            self.sent_in_2 = getattr(self, "sent_in_2", 0) + 1
+            if self.sent_in_2 == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        return await super()._stream(request)
+
+    def close(self):"""
+
 RUN = """
 [run]
 samples = 3
@@ -230,8 +243,9 @@ def crossover(pytester: pytest.Pytester, replicas: str, *args: str) -> pytest.Ru
         "http://10.0.0.2:8000": {"vllm": "0.11.0", "nvidia_smi": smi(1)},
     }
     (pytester.path / "facts.json").write_text(json.dumps(facts))
-    pytester.makeconftest(CONFTEST.replace("super().__init__(Script())",
-                                           "super().__init__(Script(), running=True)"))  # fmt: skip
+    conftest = CONFTEST.replace("super().__init__(Script())",
+                                "super().__init__(Script(), running=True)")  # fmt: skip
+    pytester.makeconftest(conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1))
     text = 'reports_dir = "reports"\n' + HEAD.format(extra="") + RUN + replicas
     pytester.makefile(".toml", specdecode=text)
     return pytester.runpytest_subprocess("--spec-config", "ngram", "-rs", *args)
@@ -280,3 +294,28 @@ def test_a_run_across_replicas_reports_the_change_and_both_effects(
     assert {(s["period"], s["replica"]) for s in samples} == {
         (1, "a"), (1, "b"), (2, "a"), (2, "b")
     }  # fmt: skip
+
+
+@pytest.mark.usefixtures("_importable_support")
+def test_a_ctrl_c_in_period_2_restores_both_and_says_the_run_was_cut(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPEC_CUT", "1")
+    result = crossover(pytester, TWO)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret not in (pytest.ExitCode.OK, pytest.ExitCode.USAGE_ERROR), out
+    assert "[crossover] period 2 of 2: a serves ngram, b serves baseline" in out
+    assert "[crossover] restoring replica a (scripted-host), replica b (scripted-host)" in out
+    (path,) = (pytester.path / "reports").glob("*/results.json")
+    results = json.loads(path.read_text())
+    assert [(r["name"], r["starts"], r["left"]) for r in results["replicas"]] == [
+        ("a", 2, "active, serving"),
+        ("b", 2, "active, serving"),
+    ]
+    assert results["cut"] is not None and results["crossover"] is None
+    assert results["crossover_missing"] == "period 2 not measured"
+    assert results["cut"]["step"] == "crossover period 2: sending slot 1 to every replica"
+    assert "Run cut short" in (path.parent / "summary.md").read_text()
+    events = [json.loads(e) for e in (pytester.path / "events.jsonl").read_text().splitlines()]
+    started = [[e for e in ev[1] if e.startswith("start")] for ev in events if len(ev[1]) > 1]
+    assert sorted(started) == [["start ngram", "start original"]] * 2  # each: twice, back
