@@ -209,7 +209,7 @@ class CrossoverSession(SpecDecodeSession):
         opened: list[tuple[Replica, Target]] = []
         try:  # nothing is touched until every replica passed
             for config in settings.replicas:
-                target = self._replica_target(config.target)
+                target = self._replica_target(config.target, config.name)
                 unit = config.target.unit if config.target.backend == "systemd" else None
                 replica = Replica(config.name, target, config.drain, config.undrain, unit=unit)
                 opened.append((replica, target))
@@ -235,6 +235,8 @@ class CrossoverSession(SpecDecodeSession):
             self._discard_run_dir()
             pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for config in settings.replicas:
+            (self.run_dir / f"replica-{config.name}").mkdir(exist_ok=True)
         self.progress.open(self.run_dir / RUN_LOG)
         self.progress(f"run folder {self.run_dir}")
         store = RunStore(self.run_dir, self._new_record(opened[0][1]))
@@ -274,10 +276,15 @@ class CrossoverSession(SpecDecodeSession):
                 store.extra["replicas"] = [r.to_json() for r in replicas]
                 store.flush()
 
-    def _replica_target(self, target_config: Any) -> Target:
+    def _replica_target(self, target_config: Any, name: str) -> Target:
+        """A replica's target, its servers' logs in a folder of its own (made once the run
+        starts: a refused run leaves no folder)."""
         settings = dataclasses.replace(self.settings, target=target_config)
         return self.config.hook.pytest_specdecode_open_target(
-            config=self.config, settings=settings, log_dir=self.run_dir, progress=self.progress
+            config=self.config,
+            settings=settings,
+            log_dir=self.run_dir / f"replica-{name}",
+            progress=self.progress,
         )
 
     def _schedule(self) -> list[str]:
