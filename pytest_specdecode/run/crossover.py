@@ -197,7 +197,24 @@ class CrossoverSession(SpecDecodeSession):
     _result: dict[str, Any] | None = None
 
     def check_before_start(self) -> None:
-        """The reports folder; the candidates are checked on each replica as the run starts."""
+        """The reports folder, and what a crossover does not do; the candidates are checked on
+        each replica as the run starts."""
+        run, option = self.settings.run, self.config.getoption
+        given = [
+            name
+            for name, on in (
+                ("--spec-search", run.search),
+                ("--spec-break-even", run.break_even),
+                ("--spec-baseline-from", option("spec_baseline_from")),
+                ("--spec-aba", option("spec_aba")),
+            )
+            if on
+        ]
+        if given:
+            raise ConfigError(
+                f"[target] has replicas: {', '.join(given)} is not run across replicas (the "
+                "crossover's period effect is its drift check); nothing was touched"
+            )
         check_writable(self.settings.reports_dir)
 
     @contextlib.contextmanager
@@ -209,14 +226,19 @@ class CrossoverSession(SpecDecodeSession):
         opened: list[tuple[Replica, Target]] = []
         try:  # nothing is touched until every replica passed
             for config in settings.replicas:
-                target = self._replica_target(config.target, config.name)
+                try:
+                    target = self._replica_target(config.target, config.name)
+                except SpecDecodeError as exc:
+                    raise ConfigError(f"replica {config.name}: {exc}") from None
                 unit = config.target.unit if config.target.backend == "systemd" else None
                 replica = Replica(config.name, target, config.drain, config.undrain, unit=unit)
                 opened.append((replica, target))
-            facts = [
-                replica_facts(c, t, self.progress, settings.candidates)
-                for c, (_, t) in zip(settings.replicas, opened, strict=True)
-            ]
+            facts = []
+            for config, (replica, target) in zip(settings.replicas, opened, strict=True):
+                try:
+                    facts.append(replica_facts(config, target, self.progress, settings.candidates))
+                except SpecDecodeError as exc:
+                    raise ConfigError(f"{replica.where}: {exc}") from None
             found = alike(facts)
             for line in [*alike_lines(found), *self._schedule()]:
                 self.progress(f"plan: {line}")
@@ -227,7 +249,10 @@ class CrossoverSession(SpecDecodeSession):
                 )
             for replica, target in opened:
                 self.progress.step(f"preflight of {replica.where}")
-                target.preflight()
+                try:
+                    target.preflight()
+                except SpecDecodeError as exc:
+                    raise ConfigError(f"{replica.where}: {exc}") from None
         except SpecDecodeError as exc:
             for _, target in opened:
                 target.close()

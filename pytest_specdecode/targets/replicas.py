@@ -232,6 +232,8 @@ def replica_services(
             replica.board = services.__enter__()
             entered.append((replica, services))
             replica.was = "active" if replica.board.was_active else "inactive"
+            if not replica.board.was_active:
+                replica.serving = "nothing (its original was stopped)"
         yield held
     except BaseException:
         info = sys.exc_info()
@@ -270,6 +272,7 @@ def _leave_all(
             replica.restore = report
             if back and report is not None and report.observed:
                 replica.starts += 1
+            replica.starts += len(board.died_starts)  # a died start, started once more
             replica.left = _left(report)
             replica.serving = "its original" if report and not report.failed else replica.left
             if replica.drained and replica.undrain:

@@ -319,3 +319,13 @@ def test_a_ctrl_c_in_period_2_restores_both_and_says_the_run_was_cut(
     events = [json.loads(e) for e in (pytester.path / "events.jsonl").read_text().splitlines()]
     started = [[e for e in ev[1] if e.startswith("start")] for ev in events if len(ev[1]) > 1]
     assert sorted(started) == [["start ngram", "start original"]] * 2  # each: twice, back
+
+
+@pytest.mark.usefixtures("_importable_support")
+def test_what_a_crossover_does_not_run_is_refused_before_anything_is_touched(
+    pytester: pytest.Pytester,
+) -> None:
+    result = crossover(pytester, TWO, "--spec-aba")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--spec-aba is not run across replicas" in result.stderr.str()
+    assert not (pytester.path / "events.jsonl").exists()  # no replica was even opened
