@@ -146,9 +146,8 @@ def crossover_json(result: CrossoverResult, candidates: Sequence[str]) -> dict[s
                 "verdict": m.verdict.value,
                 "reason": m.reason,
             }
+        entry.update(slots=result.slots, periods=result.periods, replicas=result.replicas)
         out[name] = entry
-    out["slots"] = result.slots
-    out["periods"] = result.periods
     return out
 
 
@@ -176,8 +175,6 @@ def crossover_lines(
         lines.append(f"crossover: no analysis ({why_none or 'nothing was measured'})")
     else:
         for name, entry in crossover.items():
-            if not isinstance(entry, Mapping):
-                continue
             lines.append(f"crossover: {name} against the baseline: {entry['verdict']}")
             for metric in ("throughput", "tpot"):
                 found = entry.get(metric)

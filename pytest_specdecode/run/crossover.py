@@ -185,7 +185,8 @@ class CrossoverRun:
         except ValueError as exc:
             return None, f"the crossover could not be analysed: {exc}"
         found = crossover_json(result, self.arms[1:])
-        found["restart_noise"] = noise.source
+        for entry in found.values():
+            entry["restart_noise"] = noise.source
         return found, None
 
 

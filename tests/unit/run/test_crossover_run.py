@@ -274,8 +274,10 @@ def test_a_run_across_replicas_reports_the_change_and_both_effects(
     assert out.index("period 1 of 2: a serves") < out.index("period 2 of 2: a serves")
     (path,) = (pytester.path / "reports").glob("*/results.json")
     results = json.loads(path.read_text())
+    assert set(results["crossover"]) == {"ngram"}  # per candidate, nothing else
     entry = results["crossover"]["ngram"]
     assert entry["scale"] == "log-ratio" and entry["verdict"]
+    assert (entry["slots"], entry["periods"], entry["replicas"]) == (6, 2, 2)
     for key in ("change", "replica_effect", "period_effect"):
         assert set(entry["throughput"][key]) >= {"estimate", "low", "high", "df"}
     assert [(r["name"], r["starts"], r["was"], r["left"]) for r in results["replicas"]] == [
