@@ -49,10 +49,14 @@ def two(tmp_path: Path, *, drains: bool = False):
     return run, a, b, log
 
 
-def hold(run: CrossoverRun, log: list[str], runner=None):
+def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0):
     kwargs = {"runner": runner} if runner else {}
     return replica_services(
-        run.replicas, ready_timeout_s=2.0, restore_timeout_s=2.0, progress=log.append, **kwargs
+        run.replicas,
+        ready_timeout_s=2.0,
+        restore_timeout_s=restore_s,
+        progress=log.append,
+        **kwargs,
     )
 
 
@@ -331,3 +335,30 @@ def test_what_a_crossover_does_not_run_is_refused_before_anything_is_touched(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--spec-aba is not run across replicas" in result.stderr.str()
     assert not (pytester.path / "events.jsonl").exists()  # no replica was even opened
+
+
+def test_a_host_away_at_the_restore_is_waited_for_while_the_other_is_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, a, b, log = two(tmp_path)
+    cut_in_period_2(monkeypatch, Cut("the link to a dropped"))
+    original = a.original()
+    real_start, away = original.start, [2]
+
+    def start() -> None:  # a's SSH connection is gone for its first two tries
+        if away[0]:
+            away[0] -= 1
+            raise HostError("ssh: connect to host gpu-a port 22: Connection refused")
+        real_start()
+
+    original.start = start  # type: ignore[method-assign]
+    a.reachable = lambda: away[0] == 0  # type: ignore[method-assign]
+    barrier = parallel_closes(a, b)
+    with pytest.raises(Cut), hold(run, log, restore_s=60.0) as held:
+        run.held = held
+        run.measure_all()
+    assert not barrier.broken and original.is_active() and b.original().is_active()
+    assert [r.left for r in run.replicas] == ["active, serving", "active, serving"]
+    retries = [line for line in log if line.startswith("[a] restore: starting the original")]
+    assert len(retries) == 2 and "the host is unreachable, retrying" in retries[0]
+    assert not any(line.startswith("[b] restore: starting") for line in log)
