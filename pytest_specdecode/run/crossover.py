@@ -52,6 +52,7 @@ from .replicas import replica_facts
 from .session import SpecDecodeSession
 from .tests_seen import cut_of, failed_tests
 
+PROGRESS_EVERY_S = 15.0  # a slot's line at most this often, and the period's last
 PER_PROMPT_TYPE = (
     "a crossover across replicas decides each candidate over the whole prompt set "
     "(test_crossover_does_not_regress); it measures no arm on one server, so per-arm "
@@ -90,6 +91,8 @@ class CrossoverRun:
         self.slots: list[dict[str, Any]] = []  # each measured slot, as results.json keeps it
         self.done = False
         self._lock = threading.Lock()
+        self._said = time.monotonic()  # the last slot's progress line
+        self._slots = 0  # measured slots per period
 
     def measure_all(self) -> None:
         """Every period: the replicas switched at once, then every slot to all at once."""
@@ -99,6 +102,7 @@ class CrossoverRun:
         specs: dict[str, SpecConfig | None] = {BASELINE: None}
         specs.update({c.name: c for c in self.settings.candidates})
         warm, slots = crossover_slots(self.settings)
+        self._slots = len(slots)
         total = len(self.periods)
         for period in self.periods:
             serving = ", ".join(f"{r} serves {arm}" for r, arm in period.serving)
@@ -153,6 +157,17 @@ class CrossoverRun:
         with self._lock:
             self.store.extra["crossover_slots"] = self.slots
             self.store.flush()
+        now = time.monotonic()
+        if now - self._said >= PROGRESS_EVERY_S or slot.index + 1 == self._slots:
+            self._said = now
+            speeds = ", ".join(
+                f"{r} {s.tokens_per_s:.1f} tok/s"
+                for (r, _), s in zip(period.serving, samples, strict=True)
+            )
+            self._progress(
+                f"[crossover] period {period.number}: slot {slot.index + 1} of {self._slots} "
+                f"measured ({speeds})"
+            )
 
     def analysed(self) -> tuple[dict[str, Any] | None, str | None]:
         """results.json's `crossover`, or None and why (a period not measured)."""
