@@ -409,8 +409,8 @@ class CrossoverSession(SpecDecodeSession):
         head = ["# Speculative decoding across replicas: the crossover", ""]
         if record.cut is not None:
             head += [f"**Run cut short:** {record.cut.headline()}", ""]
-        body = [f"- {line.strip()}" for line in self._lines()]
-        plan = [f"- {line.strip()}" for line in self._schedule()]
+        body = [_bullet(line) for line in self._lines()]
+        plan = [_bullet(line) for line in self._schedule()]
         tail = ["", "## Failed tests", *(f"- {t}" for t in failed)] if failed else []
         return "\n".join([*head, "## Result", *body, "", "## Plan", *plan, *tail]) + "\n"
 
@@ -429,3 +429,8 @@ class CrossoverSession(SpecDecodeSession):
         if self.written is not None:
             lines.append(f"summary: {self.written.summary}")
         return [redact_text(line) for line in lines]
+
+
+def _bullet(line: str) -> str:
+    """A line as a markdown item; an indented one as an item under the one before."""
+    return f"  - {line.strip()}" if line.startswith("  ") else f"- {line.strip()}"

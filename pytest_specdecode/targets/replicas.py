@@ -85,6 +85,7 @@ class Replica:
             "drain": list(self.drain),
             "undrain": list(self.undrain),
             "notes": list(self.notes),
+            "restore": self.restore.describe() if self.restore is not None else None,
         }
 
 
