@@ -4,7 +4,9 @@ Each replica keeps its own `Switchboard` from `experiment_services` (targets/lif
 its teardown is that replica's restore, and its host's watchdog takes the restore over on a
 signal, as for one host. `replica_services` enters them all, and on any exit (an exception,
 Ctrl-C, SIGTERM, one host's connection gone) leaves them all at once, one thread each, so one
-slow or unreachable host does not hold up the other's restore. Each replica's `drain` command
+slow or unreachable host does not hold up the other's restore. Each replica's switches and its
+restore run in a thread of its own that lives as long as the run holds it: a local server dies
+with the thread that started it (PR_SET_PDEATHSIG). Each replica's `drain` command
 (argv, run on this controller without a shell, with a timeout) runs before it is restarted into
 a candidate, and its `undrain` once its original serves again, or after its restore, whatever
 happens.
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -89,33 +91,11 @@ class Replica:
         }
 
 
-def in_parallel(
-    calls: Sequence[Callable[[], Any]],
-    *,
-    name: str,
-    running: list[threading.Thread] | None = None,
-) -> list[BaseException | None]:
-    """Each call in a thread of its own, all at once; each one's exception (or None), in order.
-    A KeyboardInterrupt while waiting leaves the threads running (non-daemon, listed in
-    `running`) and is raised."""
-    errors: list[BaseException | None] = [None] * len(calls)
-
-    def one(i: int) -> None:
-        try:
-            calls[i]()
-        except BaseException as exc:
-            errors[i] = exc
-
-    threads = [
-        threading.Thread(target=one, args=(i,), name=f"{name}-{i}") for i in range(len(calls))
-    ]
-    if running is not None:
-        running[:] = threads
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return errors
+def all_of(futures: Sequence[Future[Any]]) -> list[BaseException | None]:
+    """Wait for every future; each one's exception (or None), in order. A KeyboardInterrupt
+    while waiting is raised, and the work goes on in its thread."""
+    wait(futures)
+    return [f.exception() for f in futures]
 
 
 class ReplicaSet:
@@ -133,24 +113,36 @@ class ReplicaSet:
         self._progress = progress
         self._runner = runner
         self._timeout_s = command_timeout_s
-        self.switching: list[threading.Thread] = []  # the last switch's, while it runs
+        # One thread per replica for the whole run, which starts all its servers: a local
+        # server dies with the thread that started it (PR_SET_PDEATHSIG), not with the run.
+        self.workers = {
+            r.name: ThreadPoolExecutor(1, thread_name_prefix=f"specdecode-{r.name}")
+            for r in replicas
+        }
+        self.switching: dict[str, Future[Any]] = {}  # each replica's last switch
+
+    def close(self) -> None:
+        """The replicas' threads end once their work is done (after the restore)."""
+        for worker in self.workers.values():
+            worker.shutdown(wait=False)
 
     def serve(self, wanted: Mapping[str, SpecConfig | None]) -> dict[str, Service]:
         """Each named replica serving its original (None) or a candidate, all switched at once;
         a replica that serves it already is not restarted. Raises the first failure, naming the
         replica, its host and unit, and what it was doing."""
         by_name = {r.name: r for r in self.replicas}
-        served: dict[str, Service] = {}
         order = [by_name[name] for name in wanted]
 
-        def switch(replica: Replica) -> Callable[[], None]:
-            return lambda: served.__setitem__(
-                replica.name, self._switch(replica, wanted[replica.name])
+        for replica in order:
+            spec = wanted[replica.name]
+            self.switching[replica.name] = self.workers[replica.name].submit(
+                self._switch, replica, spec
             )
-
-        errors = in_parallel(
-            [switch(r) for r in order], name="specdecode-switch", running=self.switching
-        )
+        futures = [self.switching[r.name] for r in order]
+        errors = all_of(futures)
+        served = {
+            r.name: f.result() for r, f in zip(order, futures, strict=True) if not f.exception()
+        }
         failed = [e for e in errors if e is not None]
         if failed:
             raise failed[0]
@@ -254,10 +246,13 @@ def _leave_all(
     progress: Progress,
 ) -> list[str]:
     """Every replica's restore (its context's teardown) at once, then its undrain."""
-    for thread in held.switching:  # a start still under way (an interrupt cut the wait)
-        if thread.is_alive():
-            progress(f"[crossover] restore: waiting for {thread.name} to return")
-            thread.join(JOIN_AFTER_INTERRUPT_S)
+    busy = []  # a replica whose start is still under way (an interrupt cut the wait)
+    for name, switch in held.switching.items():
+        if not switch.done():
+            progress(f"[crossover] restore: waiting for replica {name}'s start to return")
+            wait([switch], timeout=JOIN_AFTER_INTERRUPT_S)
+        if not switch.done():
+            busy.append(name)
     if entered:
         names = ", ".join(r.where for r, _ in entered)
         progress(f"[crossover] restoring {names}, in parallel")
@@ -280,9 +275,18 @@ def _leave_all(
                 held.command(replica, replica.undrain, "undrain")
                 replica.drained = False
 
-    errors = in_parallel(
-        [lambda r=r, s=s: leave(r, s) for r, s in entered], name="specdecode-restore"
-    )
+    futures = []  # each restore in its replica's own thread, or a new one where it is busy
+    spare = []
+    for replica, services in entered:
+        worker = held.workers[replica.name]
+        if replica.name in busy:
+            worker = ThreadPoolExecutor(1, thread_name_prefix=f"specdecode-restore-{replica.name}")
+            spare.append(worker)
+        futures.append(worker.submit(leave, replica, services))
+    errors = all_of(futures)
+    held.close()
+    for worker in spare:
+        worker.shutdown(wait=False)
     return [
         f"{replica.where}: {error}"
         for (replica, _), error in zip(entered, errors, strict=True)

@@ -362,3 +362,40 @@ def test_a_host_away_at_the_restore_is_waited_for_while_the_other_is_restored(
     retries = [line for line in log if line.startswith("[a] restore: starting the original")]
     assert len(retries) == 2 and "the host is unreachable, retrying" in retries[0]
     assert not any(line.startswith("[b] restore: starting") for line in log)
+
+
+def test_each_replica_s_servers_are_started_by_a_thread_that_outlives_its_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local server dies with the thread that started it (PR_SET_PDEATHSIG): the thread that
+    started a replica's server must still run while that server is measured."""
+    run, a, b, log = two(tmp_path)
+    starters: list[threading.Thread] = []
+    for target in (a, b):
+        made = target.candidate
+
+        def candidate(spec, made=made):
+            service = made(spec)
+            real = service.start
+
+            def start() -> None:
+                starters.append(threading.current_thread())
+                real()
+
+            service.start = start  # type: ignore[method-assign]
+            return service
+
+        target.candidate = candidate  # type: ignore[method-assign]
+    alive: list[bool] = []
+    real_send = crossover_module.send_period
+
+    def send(*args, **kwargs):
+        alive.append(all(t.is_alive() for t in starters))
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(crossover_module, "send_period", send)
+    with hold(run, log) as held:
+        run.held = held
+        run.measure_all()
+    assert len(starters) == 2 and starters[0] is not threading.main_thread()
+    assert alive == [True, True]  # both periods measured while their starters lived
