@@ -60,6 +60,10 @@ def pytest_html_results_summary(
         return
     written = found.finish(int(session.exitstatus))  # idempotent: may be written already
     analysis = found.analysis()
+    section = getattr(found, "html_section", None)  # a crossover across replicas: its own
+    if section is not None and (text := section()):
+        prefix.append(text)
+        return
     if found.experiment is None or analysis is None:
         return
     record = found.experiment.record

@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .options import settings_from_options
 from .record.search import slot_name
 from .run import outcome
+from .run.crossover import new_session
 from .run.session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
@@ -286,7 +287,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "on one host at once. Run without -n"
         )
     try:
-        session = SpecDecodeSession(config, settings_from_options(config))
+        session = new_session(config, settings_from_options(config))
         session.check_before_start()
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None

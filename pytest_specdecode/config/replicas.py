@@ -3,7 +3,7 @@
 Each entry takes the keys a `[target]` takes for its backend (a systemd unit on a host reached
 over SSH, or a local server), plus a `name` and optional `drain` / `undrain` commands; the keys
 of `[target]` itself are every entry's defaults. The crossover across replicas (docs/replicas.md)
-is planned, not yet run: `refuse_replica_run` stops a run before anything is touched.
+runs in run/crossover.py.
 """
 
 from __future__ import annotations
@@ -153,19 +153,6 @@ def _distinct(replicas: Sequence[ReplicaConfig], where: str) -> None:
                     f"{where} [[target.replicas]] entry {index} ({replica.name!r}) and {other} "
                     f"share the {kind} {value!r}: each replica needs its own"
                 )
-
-
-def refuse_replica_run(replicas: Sequence[ReplicaConfig]) -> None:
-    """A run (not a dry run) with replicas stops here, before anything is touched: the
-    crossover is planned but not yet built."""
-    if replicas:
-        names = ", ".join(r.name for r in replicas)
-        raise ConfigError(
-            f"[target] has {len(replicas)} replicas ({names}): the crossover run across "
-            "replicas is planned but not yet built, so nothing was touched. --spec-dry-run "
-            "shows the plan: each replica, whether they are alike, and the crossover's periods "
-            "(docs/replicas.md)"
-        )
 
 
 @dataclass(frozen=True)

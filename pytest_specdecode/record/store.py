@@ -30,16 +30,19 @@ class RunStore:
         self.record = record
         self.path = run_dir / RESULTS_FILE
         self.analysis: Mapping[str, Any] | None = None  # derived; written for readers only
+        self.extra: dict[str, Any] = {}  # top-level keys of a run of its own kind (a crossover)
         self.flush()
 
-    def add_sample(self, phase: str, sample: RequestSample) -> None:
-        """Journal one finished request at once; results.json follows at the next flush."""
-        data = redact_data(_finite({"phase": phase, **sample.to_json()}))
+    def add_sample(self, phase: str, sample: RequestSample, **tags: Any) -> None:
+        """Journal one finished request at once; results.json follows at the next flush.
+        `tags`: where it was measured, beside its own fields (a crossover's period, replica)."""
+        data = redact_data(_finite({"phase": phase, **tags, **sample.to_json()}))
         with (self.run_dir / JOURNAL_FILE).open("a") as journal:
             journal.write(json.dumps(data, allow_nan=False) + "\n")
 
     def flush(self) -> None:
         data = self.record.to_json()
+        data.update(_finite(dict(self.extra)))
         if self.analysis is not None:
             data["analysis"] = _finite(dict(self.analysis))
         text = json.dumps(redact_data(data), indent=1, default=str, allow_nan=False)

@@ -3,10 +3,14 @@ crossover's periods in words (docs/replicas.md)."""
 
 from __future__ import annotations
 
+import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from ..analysis.replicas import CrossoverMetric, CrossoverResult, Effect
 from ..analysis.replicas_alike import Alike, ReplicaFacts
+from ..analysis.verdict.stats import Verdict
 from ..config.replicas import ReplicaConfig, crossover_periods, restarts_of
 
 STATISTICS = 'docs/statistics.md, "Across replicas: the crossover"'
@@ -45,8 +49,8 @@ def replicas_plan(
     lines += alike_lines(found)
     lines += schedule_lines([r.name for r in replicas], baseline, candidates)
     lines.append(
-        "not yet built: the crossover run itself; a run (without --spec-dry-run) stops before "
-        "anything is touched"
+        "a run (without --spec-dry-run) checks the replicas again, then runs these periods; "
+        "each replica is restored at the end, all at once, whatever happens"
     )
     return lines
 
@@ -93,3 +97,105 @@ def _serves(replica: str, arm: str, baseline: str, first: bool) -> str:
         return f"{replica} candidate {arm}"
     how = "its original, not restarted" if first else "its original, restarted back"
     return f"{replica} the {baseline} ({how})"
+
+
+# --------------------------------------------------------------------------- after the run
+
+SCALE = "log-ratio"  # every estimate: log(candidate / baseline); exp(x) - 1 is the percent
+
+
+def candidate_verdict(metrics: Sequence[CrossoverMetric]) -> Verdict:
+    """One candidate's verdict over its metrics: regressed where any metric regressed;
+    improved where one improved and none regressed; equivalent where all are; else
+    inconclusive (the gate fails on it, as on any undecided verdict)."""
+    found = {m.verdict for m in metrics}
+    if Verdict.REGRESSED in found:
+        return Verdict.REGRESSED
+    if Verdict.IMPROVED in found:
+        return Verdict.IMPROVED
+    if found == {Verdict.EQUIVALENT}:
+        return Verdict.EQUIVALENT
+    return Verdict.INCONCLUSIVE
+
+
+def _bounds(estimate: float, low: float, high: float, df: float) -> dict[str, float]:
+    return {"estimate": estimate, "low": low, "high": high, "df": df}
+
+
+def _effect(effect: Effect) -> dict[str, Any]:
+    return {"name": effect.name, **_bounds(effect.estimate, effect.low, effect.high, effect.df)}
+
+
+def crossover_json(result: CrossoverResult, candidates: Sequence[str]) -> dict[str, Any]:
+    """results.json's `crossover`: per candidate, per metric, the change, the replica effect and
+    the period effect, each with its interval and df (log-ratio), and the candidate's verdict."""
+    out: dict[str, Any] = {}
+    for arm, name in enumerate(candidates, start=1):
+        metrics = [m for m in result.metrics if m.arm == arm]
+        entry: dict[str, Any] = {"scale": SCALE, "verdict": candidate_verdict(metrics).value}
+        for m in metrics:
+            c = m.change
+            entry[m.metric] = {
+                "scale": SCALE,
+                "change": _bounds(c.estimate, c.low, c.high, c.df),
+                "replica_effect": _effect(m.replicas[0]) if m.replicas else None,
+                "period_effect": _effect(m.periods[0]) if m.periods else None,
+                "replica_effects": [_effect(e) for e in m.replicas],
+                "period_effects": [_effect(e) for e in m.periods],
+                "confidence": c.confidence,
+                "verdict": m.verdict.value,
+                "reason": m.reason,
+            }
+        entry.update(slots=result.slots, periods=result.periods, replicas=result.replicas)
+        out[name] = entry
+    return out
+
+
+def _pct(x: Mapping[str, float]) -> str:
+    return (
+        f"{math.expm1(x['estimate']):+.1%} [{math.expm1(x['low']):+.1%}, "
+        f"{math.expm1(x['high']):+.1%}] ({x['df']:.0f} df)"
+    )
+
+
+def crossover_lines(
+    crossover: Mapping[str, Any] | None,
+    replicas: Sequence[Mapping[str, Any]],
+    *,
+    names: Sequence[str],
+    why_none: str | None = None,
+) -> list[str]:
+    """The crossover's result in words, for the terminal and summary.md: per candidate and
+    metric the change, the replica effect and the period effect with their intervals (each
+    replica and period against the first, named); per replica, what it was and how it was
+    left, and its starts."""
+    lines: list[str] = []
+    first, second = (names[0], names[1]) if len(names) > 1 else ("the first", "the second")
+    if crossover is None:
+        lines.append(f"crossover: no analysis ({why_none or 'nothing was measured'})")
+    else:
+        for name, entry in crossover.items():
+            lines.append(f"crossover: {name} against the baseline: {entry['verdict']}")
+            for metric in ("throughput", "tpot"):
+                found = entry.get(metric)
+                if not found:
+                    continue
+                lines.append(f"  {metric}: change {_pct(found['change'])}: {found['verdict']}")
+                if found.get("replica_effect"):
+                    lines.append(
+                        f"  {metric}: replica effect ({second} against {first}) "
+                        f"{_pct(found['replica_effect'])}"
+                    )
+                if found.get("period_effect"):
+                    lines.append(
+                        f"  {metric}: period effect (period 2 against period 1) "
+                        f"{_pct(found['period_effect'])}"
+                    )
+                lines.append(f"  {metric}: {found['reason']}")
+    for replica in replicas:
+        unit = f"unit {replica['unit']} on " if replica.get("unit") else ""
+        lines.append(
+            f"replica {replica['name']} ({unit}{replica['host']}): was {replica['was']}, "
+            f"left {replica['left']}; {replica['starts']} start(s) by this run"
+        )
+    return lines

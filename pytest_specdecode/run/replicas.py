@@ -1,6 +1,7 @@
 """The dry run of a target of several replicas: each replica's facts read through its own
 target (reads only), the alike check (analysis/replicas_alike.py), the plan's lines
-(report/replicas.py). The crossover run itself is not yet built (config/replicas.py)."""
+(report/replicas.py). The run itself: run/crossover.py, which reads and checks each replica
+through `replica_facts` again before anything is touched."""
 
 from __future__ import annotations
 

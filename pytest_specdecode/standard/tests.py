@@ -68,6 +68,37 @@ def test_speculation_does_not_regress(
         raise Undecided(f"no verdict for {name} ({v.verdict}{where}): {row}")
 
 
+def test_crossover_does_not_regress(
+    specdecode_session: SpecDecodeSession, specdecode_experiment: object
+) -> None:
+    """Across replicas (collected only there): each candidate's crossover verdict over the
+    prompt set (analysis/replicas.py → `crossover_of`). A regression fails the gate; no
+    verdict is undecided, as per prompt type on one host."""
+    verdicts = getattr(specdecode_session, "crossover_verdicts", None)
+    if verdicts is None:
+        pytest.skip("no crossover: the target has no [[target.replicas]]")
+    found, why = verdicts()
+    if found is None:
+        raise Undecided(f"no crossover verdict: {why}")
+    entries = dict(found)
+    said = "; ".join(f"{name} {_crossover_text(e)}" for name, e in entries.items())
+    regressed = [name for name, e in entries.items() if e["verdict"] == "regressed"]
+    if regressed:
+        pytest.fail(
+            f"speculation {', '.join(regressed)} regressed across replicas: {said}", pytrace=False
+        )
+    undecided = [
+        name for name, e in entries.items() if e["verdict"] not in ("improved", "equivalent")
+    ]
+    if undecided:
+        raise Undecided(f"no verdict across replicas for {', '.join(undecided)}: {said}")
+
+
+def _crossover_text(entry: dict) -> str:
+    metrics = [f"{m} {entry[m]['verdict']}" for m in ("throughput", "tpot") if m in entry]
+    return f"{entry['verdict']} ({', '.join(metrics)})"
+
+
 def test_baseline_did_not_drift(
     specdecode_session: SpecDecodeSession, specdecode_experiment: object
 ) -> None:

@@ -1,7 +1,7 @@
 """A target of several replicas (issue 43): `[[target.replicas]]` parsed and validated per entry,
 the alike check over each replica's facts (on real nvidia-smi output), the crossover's periods,
-and the dry run through the plugin, which reads each replica and touches none. A run (not a dry
-run) with replicas stops before anything is touched: the crossover is planned, not yet built."""
+and the dry run through the plugin, which reads each replica and touches none. The run itself:
+tests/unit/run/test_crossover_run.py."""
 
 from __future__ import annotations
 
@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.analysis.replicas_alike import ReplicaFacts, alike
-from pytest_specdecode.config.replicas import (
-    crossover_periods,
-    refuse_replica_run,
-    restarts_of,
-)
+from pytest_specdecode.config.replicas import crossover_periods, restarts_of
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.report.replicas import schedule_lines
@@ -175,13 +171,6 @@ def test_systemd_replicas_validate_unit_and_host_as_a_target_does(tmp_path: Path
 def test_command_line_target_options_are_refused_with_replicas(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="the command line's host, unit would apply"):
         settings_of(tmp_path, TWO, target_overrides={"host": "gpu", "unit": "v.service"})
-
-
-def test_a_run_with_replicas_stops_before_anything_is_touched(tmp_path: Path) -> None:
-    settings = settings_of(tmp_path, TWO)
-    with pytest.raises(ConfigError, match=r"planned but not yet built.*--spec-dry-run shows"):
-        refuse_replica_run(settings.replicas)
-    refuse_replica_run(())  # no replicas: nothing to refuse
 
 
 # -- the alike check ----------------------------------------------------------------------------
@@ -382,20 +371,6 @@ def test_the_plan_refuses_replicas_with_different_models_and_names_a_different_d
     assert "replica b runs the NVIDIA driver 570.86.15, replica a 580.159.04" in out
     assert all(json.loads(e)[1] == ["close"]
                for e in (pytester.path / "events.jsonl").read_text().splitlines())  # fmt: skip
-
-
-@pytest.mark.usefixtures("_importable_support")
-def test_a_run_with_replicas_stops_with_a_config_error_and_touches_nothing(
-    pytester: pytest.Pytester,
-) -> None:
-    bases = ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
-    facts = {b: {"vllm": "0.11.0", "nvidia_smi": smi(1)} for b in bases}
-    result = dry_run(pytester, facts, TWO)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "planned but not yet built" in result.stderr.str()
-    assert "--spec-dry-run shows the plan" in result.stderr.str()
-    assert not (pytester.path / "events.jsonl").exists()  # no replica was even opened
-    assert not (pytester.path / "reports").exists()
 
 
 @pytest.mark.usefixtures("_importable_support")
