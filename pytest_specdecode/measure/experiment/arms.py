@@ -14,7 +14,7 @@ from ...analysis.verdict.adaptive import target_se
 from ...analysis.verdict.side_changes import control_name, control_plan
 from ...config.arms import BASELINE, BASELINE_AFTER, planned_order, together_groups
 from ...config.settings import Settings
-from ...config.specconfig import SpecConfig
+from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.vllm_argv import REQUEST_METRICS_FLAG
 from ...errors import ServiceError
 from ...record.counters import Traffic, combine
@@ -49,11 +49,13 @@ class Experiment:
         transports: Transports | None = None,
         outside: Mapping[str, RestartNoise] | None = None,
         request_metrics_note: str | None = None,
+        facts: VllmFacts | None = None,
         probe: Probe | None = None,
         step: Progress | None = None,
     ) -> None:
         self.settings = settings
         self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
+        self.facts = facts  # the serving vLLM's, where it was asked: its side-change rules
         self.board = board
         self.store = store
         self.progress = progress
@@ -118,7 +120,7 @@ class Experiment:
                 f"control {name!r} not started: candidate {spec.name!r} failed, so its side "
                 "changes are unknown"
             )
-        found = control_plan(self.record, spec, version=self._known_version())
+        found = control_plan(self.record, spec, version=self._known_version(), facts=self.facts)
         self.progress(f"[{name}] {found.text}")
         return SpecConfig(
             name=name,
