@@ -16,7 +16,7 @@ from ...config.arms import BASELINE, BASELINE_AFTER, planned_order, together_gro
 from ...config.settings import Settings
 from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.vllm_argv import REQUEST_METRICS_FLAG
-from ...errors import ServiceError
+from ...errors import BrokenDrafter, ServiceError
 from ...record.counters import Traffic, combine
 from ...record.engine_settings import EngineSettings, from_server_info, parse_engine_log
 from ...record.host_env import WindowEnvironment
@@ -228,36 +228,35 @@ class Experiment:
                 original,
                 seconds,
             ):
-                for (name, _), spec, second in zip(group, specs, seconds, strict=True):
-                    check_drafter(self._ctx, name, spec, second)  # before any window
+                live = self._drafters_checked(group, specs, seconds)  # before any window
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
                 cands = [
                     self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
-                    for (name, arm), spec, second in zip(group, specs, seconds, strict=True)
+                    for _, (name, arm), spec, second in live
                 ]
                 base.together_with = cands[0].name
                 seed = order_seed(self.settings.run.seed, cands[0].name)
                 base.order_seed = seed
                 base.position = 1 if self.board.swapped else 0
-                for place, cand in enumerate(cands, start=1):
+                for (place, _, _, _), cand in zip(live, cands, strict=True):
                     cand.together_with, cand.order_seed = base.name, seed
-                    cand.position = (place + 1) % (len(cands) + 1) if self.board.swapped else place
+                    cand.position = (place + 1) % (len(group) + 1) if self.board.swapped else place
                 where = " and ".join(
                     f"[{p.name}] on {_where(s)}"
-                    for p, s in zip([base, *cands], [original, *seconds], strict=True)
+                    for p, s in zip([base, *cands], [original, *(x[3] for x in live)], strict=True)
                 )
                 self.progress(
                     f"arms side by side: {where}, each slot sent to one after the other, never "
                     "two at once"
                 )
                 starts = [Start(base, original)]
-                starts += [Start(c, s) for c, s in zip(cands, seconds, strict=True)]
+                starts += [Start(c, live[i][3]) for i, c in enumerate(cands)]
                 self._rounds.measure(starts, RoundOrder(seed))
                 self.store.flush()
         except Exception as exc:
             for _, arm in group:
-                self._errors[arm] = exc
-                self.record.failures[arm] = _first_line(exc)
+                self._errors.setdefault(arm, exc)  # a broken drafter's own error stays
+                self.record.failures.setdefault(arm, _first_line(exc))
             self.store.flush()
             if not self.record.arm_phases(BASELINE):  # the baseline alone, as one at a time
                 names = ", ".join(arm for _, arm in group)
@@ -265,6 +264,31 @@ class Experiment:
                     f"[{base_name}] measured alone: {names} could not be served beside it"
                 )
                 self._start_and_measure(base_name, BASELINE)
+
+    def _drafters_checked(
+        self, group: list[tuple[str, str]], specs: list[SpecConfig], seconds: list[Service]
+    ) -> list[tuple[int, tuple[str, str], SpecConfig, Service]]:
+        """The group's candidates whose drafter check passed, each with its place (1: the first
+        beside the original). A broken drafter fails its own arm only; the rest are measured
+        beside the original, the broken one's server left idle, as every server is between its
+        turns. All broken: the first one's BrokenDrafter, for the group."""
+        live = []
+        broken: list[BrokenDrafter] = []
+        for place, ((name, arm), spec, second) in enumerate(
+            zip(group, specs, seconds, strict=True), start=1
+        ):
+            try:
+                check_drafter(self._ctx, name, spec, second)
+            except BrokenDrafter as exc:
+                broken.append(exc)
+                self._errors[arm] = exc
+                self.record.failures[arm] = _first_line(exc)
+                self.store.flush()
+                continue
+            live.append((place, (name, arm), spec, second))
+        if not live:
+            raise broken[0]
+        return live
 
     @contextlib.contextmanager
     def _served(
