@@ -16,7 +16,7 @@ from ...config.arms import BASELINE, BASELINE_AFTER, planned_order, together_gro
 from ...config.settings import Settings
 from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.vllm_argv import REQUEST_METRICS_FLAG
-from ...errors import BrokenDrafter, ServiceError
+from ...errors import ServiceError
 from ...record.counters import Traffic, combine
 from ...record.engine_settings import EngineSettings, from_server_info, parse_engine_log
 from ...record.host_env import WindowEnvironment
@@ -26,7 +26,7 @@ from ...targets.base import Progress, Service, Transports
 from ...targets.lifecycle import Switchboard
 from ..host_load import Probe
 from .context import RunContext
-from .drafter_check import check_drafter
+from .drafter_check import check_beside, check_drafter
 from .order import RoundOrder, order_seed
 from .regime import regime_window
 from .rounds import Rounds, Start
@@ -228,7 +228,11 @@ class Experiment:
                 original,
                 seconds,
             ):
-                live = self._drafters_checked(group, specs, seconds)  # before any window
+                live, broken = check_beside(self._ctx, group, specs, seconds)  # before windows
+                for arm, exc in broken.items():  # a broken drafter fails its own arm only
+                    self._errors[arm], self.record.failures[arm] = exc, _first_line(exc)
+                if not live:
+                    raise next(iter(broken.values()))
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
                 cands = [
                     self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
@@ -264,31 +268,6 @@ class Experiment:
                     f"[{base_name}] measured alone: {names} could not be served beside it"
                 )
                 self._start_and_measure(base_name, BASELINE)
-
-    def _drafters_checked(
-        self, group: list[tuple[str, str]], specs: list[SpecConfig], seconds: list[Service]
-    ) -> list[tuple[int, tuple[str, str], SpecConfig, Service]]:
-        """The group's candidates whose drafter check passed, each with its place (1: the first
-        beside the original). A broken drafter fails its own arm only; the rest are measured
-        beside the original, the broken one's server left idle, as every server is between its
-        turns. All broken: the first one's BrokenDrafter, for the group."""
-        live = []
-        broken: list[BrokenDrafter] = []
-        for place, ((name, arm), spec, second) in enumerate(
-            zip(group, specs, seconds, strict=True), start=1
-        ):
-            try:
-                check_drafter(self._ctx, name, spec, second)
-            except BrokenDrafter as exc:
-                broken.append(exc)
-                self._errors[arm] = exc
-                self.record.failures[arm] = _first_line(exc)
-                self.store.flush()
-                continue
-            live.append((place, (name, arm), spec, second))
-        if not live:
-            raise broken[0]
-        return live
 
     @contextlib.contextmanager
     def _served(
