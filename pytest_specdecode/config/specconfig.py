@@ -140,6 +140,7 @@ class VllmFacts:
     async_kept: frozenset[str] | None = None
     v2_unsupported: frozenset[str] | None = None
     triton: bool | None = None
+    async_never: str | None = None  # why no start schedules asynchronously there (a CPU build)
 
     @property
     def offline(self) -> bool:
@@ -180,6 +181,7 @@ class VllmFacts:
                 sorted(self.v2_unsupported) if self.v2_unsupported is not None else None
             ),
             "triton": self.triton,
+            "async_never": self.async_never,
         }
 
 

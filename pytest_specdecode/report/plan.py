@@ -247,7 +247,7 @@ def side_change_plan(
         expected = foreseen_text(spec.method, version, facts)
         out.append(
             f"side changes of {spec.name}: "
-            + (expected or "none foreseen by the known rules")
+            + (expected or _none_foreseen(facts))
             + "; what the start actually runs with is read from its log and shown beside "
             "its verdict"
         )
@@ -259,6 +259,12 @@ def side_change_plan(
                 f"{rules.describe()})"
             )
     return out
+
+
+def _none_foreseen(facts: VllmFacts | None) -> str:
+    if facts is not None and facts.async_never:
+        return f"none foreseen ({facts.async_never}, the original's too)"
+    return "none foreseen by the known rules"
 
 
 def service_plan(settings: Settings, target: Target) -> list[str]:

@@ -168,7 +168,9 @@ def foreseen(method: str, version: str | None, facts: VllmFacts | None = None) -
         return known
     told = f"read from vLLM {facts.version}'s vllm/config/vllm.py on {facts.host}"
     out = [r for r in known if r.setting == ASYNC] if facts.async_kept is None else []
-    if facts.async_kept is not None and method not in facts.async_kept:
+    if facts.async_never:  # off at every start, the original's too: no side change
+        out = []
+    elif facts.async_kept is not None and method not in facts.async_kept:
         why = f"it keeps async scheduling on only with {_names(facts.async_kept)} ({told})"
         out.append(Rule(ASYNC, "disabled", "enabled", frozenset({method}), why))
     if facts.triton is False:  # every start runs the V1 model runner: no side change

@@ -215,6 +215,16 @@ try:
                 rules["v2_unsupported"] = compared(node, ("In", "Eq")) or None
         if "HAS_TRITON" in names:
             rules["triton"] = bool(names["HAS_TRITON"])
+        try:  # a platform that turns async scheduling off at every start, the original's too
+            from vllm.platforms import current_platform
+            said = "scheduler_config.async_scheduling = False"
+            if current_platform.is_cpu() and said in inspect.getsource(type(current_platform)):
+                rules["async_never"] = (
+                    "vLLM %s's CPU platform turns async scheduling off at every start "
+                    "(vllm/platforms/cpu.py)" % out["version"]
+                )
+        except Exception:
+            pass
         out["side_rules"] = rules
     except Exception as exc:
         out["side_rules"] = {"note": "%s: %s" % (type(exc).__name__, exc)}
@@ -295,6 +305,7 @@ def parse_facts(
         async_kept=_names(rules.get("async_kept")),
         v2_unsupported=_names(rules.get("v2_unsupported")),
         triton=rules["triton"] if isinstance(rules.get("triton"), bool) else None,
+        async_never=str(rules["async_never"]) if rules.get("async_never") else None,
         host=host,
         interpreter=interpreter,
         seconds=seconds,

@@ -227,6 +227,14 @@ def test_without_triton_no_start_changes_its_model_runner() -> None:
     assert settings_of(foreseen("suffix", None, cpu)) == [("async scheduling", "disabled")]
 
 
+def test_a_platform_that_turns_async_scheduling_off_everywhere_foresees_no_async_change() -> None:
+    """vLLM 0.32's CPU platform: the original runs without it too, so n-gram changes nothing."""
+    never = "vLLM 0.32.0's CPU platform turns async scheduling off at every start"
+    cpu = replace(V032, triton=False, async_never=never)
+    assert foreseen("ngram", None, cpu) == [] and foreseen("suffix", None, cpu) == []
+    assert settings_of(foreseen("ngram", None, V032)) == [("async scheduling", "disabled")]
+
+
 def test_rules_not_read_fall_back_to_the_known_ones_for_the_version() -> None:
     """An answer without the side rules (or the offline list): the known rules by version."""
     unread = asked("0.26.0")

@@ -381,6 +381,7 @@ def test_the_side_rules_of_a_vllm_shaped_as_0_32_are_read_from_its_source(tmp_pa
     # `in (…)` only: the `not in ("dflash", "dspark")` of parallel drafting is no method's rule
     assert facts.v2_unsupported == {"suffix", "medusa", "mlp_speculator", "custom_class"}
     assert facts.triton is True
+    assert facts.async_never is None  # no vllm.platforms in the stand-in: not said
     assert facts.record()["async_kept"] == sorted(facts.async_kept)
 
 

@@ -149,6 +149,10 @@ def test_the_plan_foresees_by_the_serving_vllms_own_rules(tmp_path: Path) -> Non
     assert "async scheduling disabled" in lines[0] and "model runner" not in lines[0], lines
     assert "read from vLLM 0.26.0's vllm/config/vllm.py on root@gpu:22" in lines[0], lines
     assert "--no-async-scheduling" in lines[1] and RUNNER_ENV not in lines[1], lines
+    never = "vLLM 0.32.0's CPU platform turns async scheduling off at every start"
+    cpu = replace(kept_off, version="0.32.0", async_never=never, triton=False)
+    lines = side_change_plan(s, "0.32.0", cpu)
+    assert lines[0].startswith(f"side changes of ngram: none foreseen ({never}, the original's")
 
 
 CONTROL = SpecConfig(
