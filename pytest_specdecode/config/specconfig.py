@@ -133,6 +133,14 @@ class VllmFacts:
     per_request_note: str | None = None  # why it could not be told, where it could not
     synthetic_note: str | None = None  # why synthetic acceptance cannot run there (a CPU build)
     remembered: str | None = None  # the cache file of an earlier ask (targets/facts/cache.py)
+    # the side changes per method, read from this vLLM's own vllm/config/vllm.py (None: not
+    # told; the known rules of analysis/verdict/side_changes.py stand in): the methods with
+    # which it keeps async scheduling on, those its Model Runner V2 does not support, and
+    # whether it has Triton (without it, every start runs the V1 model runner)
+    async_kept: frozenset[str] | None = None
+    v2_unsupported: frozenset[str] | None = None
+    triton: bool | None = None
+    async_never: str | None = None  # why no start schedules asynchronously there (a CPU build)
 
     @property
     def offline(self) -> bool:
@@ -168,6 +176,12 @@ class VllmFacts:
             "per_request_spec_decode_metrics": (
                 list(self.per_request_metrics) if self.per_request_metrics is not None else None
             ),
+            "async_kept": sorted(self.async_kept) if self.async_kept is not None else None,
+            "v2_unsupported": (
+                sorted(self.v2_unsupported) if self.v2_unsupported is not None else None
+            ),
+            "triton": self.triton,
+            "async_never": self.async_never,
         }
 
 

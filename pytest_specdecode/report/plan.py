@@ -30,7 +30,7 @@ from ..analysis.verdict.side_changes import (
 )
 from ..config.arms import BASELINE
 from ..config.settings import RunConfig, Settings
-from ..config.specconfig import SpecConfig
+from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ConfigError
 from ..record.profile import Accelerator, ProfileLookup, recorded_accelerator, speed_of
 from ..record.schema import RunRecord
@@ -234,28 +234,37 @@ def design_seconds(
     )[0]
 
 
-def side_change_plan(settings: Settings, version: str | None) -> list[str]:
-    """Per candidate, the side changes the known rules foresee (analysis/verdict/side_changes.py),
-    and with --spec-control what its control arm would add; worded as expected, not measured."""
+def side_change_plan(
+    settings: Settings, version: str | None, facts: VllmFacts | None = None
+) -> list[str]:
+    """Per candidate, the side changes foreseen (analysis/verdict/side_changes.py: the serving
+    vLLM's own rules where it was asked, else the known ones), and with --spec-control what its
+    control arm would add; worded as expected, not measured."""
     out = []
     for spec in settings.candidates:
         if spec.is_original:
             continue
-        expected = foreseen_text(spec.method, version)
+        expected = foreseen_text(spec.method, version, facts)
         out.append(
             f"side changes of {spec.name}: "
-            + (expected or "none foreseen by the known rules")
+            + (expected or _none_foreseen(facts))
             + "; what the start actually runs with is read from its log and shown beside "
             "its verdict"
         )
         if settings.run.control:
-            rules = reproduce(from_rules(foreseen(spec.method, version)))
+            rules = reproduce(from_rules(foreseen(spec.method, version, facts)))
             out.append(
                 f"control arm {control_name(spec.name)}: after {spec.name}, the original again "
                 f"with {spec.name}'s side changes as measured at its start (foreseen: "
                 f"{rules.describe()})"
             )
     return out
+
+
+def _none_foreseen(facts: VllmFacts | None) -> str:
+    if facts is not None and facts.async_never:
+        return f"none foreseen ({facts.async_never}, the original's too)"
+    return "none foreseen by the known rules"
 
 
 def service_plan(settings: Settings, target: Target) -> list[str]:

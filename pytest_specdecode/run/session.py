@@ -203,7 +203,7 @@ class SpecDecodeSession:
                 else stored_prediction(settings, host=target.host_name)
             ),
             design=self._design_lines(target),
-            side_changes=side_change_plan(settings, self._target_version()),
+            side_changes=side_change_plan(settings, self._target_version(), self.vllm_facts),
             arms=arms,
         )
         write_line("\n".join(lines), stream=sys.stdout)
@@ -268,7 +268,7 @@ class SpecDecodeSession:
             self.progress(f"plan: restart noise: {self.host_noise.noise_plan(target)}")
             for line in self._design_lines(target):
                 self.progress(f"plan: {line}")
-            for line in side_change_plan(settings, self._target_version()):
+            for line in side_change_plan(settings, self._target_version(), self.vllm_facts):
                 self.progress(f"plan: {line}")
             for line in drafter_plan(self.drafters):
                 self.progress(f"plan: drafter: {line}")
@@ -311,6 +311,7 @@ class SpecDecodeSession:
                     transports=transports,
                     outside=self.host_noise.known(self.host_noise.plan_key(target)),
                     request_metrics_note=self.request_metrics_note,
+                    facts=self.vllm_facts,
                     probe=HostProbe(target.host),
                     step=self.progress.step,
                 )

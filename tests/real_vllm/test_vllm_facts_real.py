@@ -41,6 +41,14 @@ def test_the_embedded_vllm_tells_its_facts(program, tmp_path, monkeypatch):
     # vLLM 0.32's CPU sampler asserts on synthetic acceptance: the break-even map cannot run
     assert facts.synthetic_note and "Synthetic acceptance not supported" in facts.synthetic_note
     assert said[-1].startswith(f"vLLM 0.32.0 on localhost ({facts.interpreter}): 39 speculative")
+    # The side changes per method, from its own vllm/config/vllm.py: async scheduling stays on
+    # for draft_model, eagle3 and ngram_gpu, not ngram; V2 lacks suffix; no Triton on a CPU.
+    kept = facts.async_kept or frozenset()
+    assert {"draft_model", "eagle3", "ngram_gpu", "mtp", "dspark", "dflash"} <= kept, kept
+    assert not {"ngram", "suffix", "medusa"} & kept and kept <= (facts.methods or set())
+    assert facts.v2_unsupported == {"suffix", "medusa", "mlp_speculator", "custom_class"}
+    assert facts.triton is False
+    assert facts.async_never and "CPU platform turns async scheduling off" in facts.async_never
     with pytest.raises(ConfigError, match=r"on localhost \(vLLM 0.32.0\): unknown key\(s\) 'x'"):
         validate_spec_values({**NGRAM, "x": 1}, source="n", facts=facts)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...config.arms import BASELINE
-from ...config.specconfig import SpecConfig
+from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.vllm_argv import REQUEST_METRICS_FLAG
 from ...record.engine_settings import ASYNC, RUNNER, EngineSettings
 from ...record.schema import RunRecord
@@ -153,19 +153,48 @@ FORESEEN_RULES = (
 )
 
 
-def foreseen(method: str, version: str | None) -> list[Rule]:
-    """The known rules for a method on a vLLM version (all versions' where it is unknown)."""
-    parsed = _version(version)
-    return [
+def foreseen(method: str, version: str | None, facts: VllmFacts | None = None) -> list[Rule]:
+    """The rules for a method: those the serving vLLM's own source says where it was asked
+    (`facts`, read by targets/facts/vllm.py), else the known rules for its version (all
+    versions' where it is unknown)."""
+    asked = facts is not None and not facts.offline
+    parsed = _version(facts.version if asked and facts else version)
+    known = [
         r
         for r in FORESEEN_RULES
         if method in r.methods and (r.below is None or parsed is None or parsed < r.below)
     ]
+    if not asked or facts is None:
+        return known
+    told = f"read from vLLM {facts.version}'s vllm/config/vllm.py on {facts.host}"
+    out = [r for r in known if r.setting == ASYNC] if facts.async_kept is None else []
+    if facts.async_never:  # off at every start, the original's too: no side change
+        out = []
+    elif facts.async_kept is not None and method not in facts.async_kept:
+        why = f"it keeps async scheduling on only with {_names(facts.async_kept)} ({told})"
+        out.append(Rule(ASYNC, "disabled", "enabled", frozenset({method}), why))
+    if facts.triton is False:  # every start runs the V1 model runner: no side change
+        return out
+    if facts.v2_unsupported is None:
+        return out + [r for r in known if r.setting == RUNNER]
+    if method in facts.v2_unsupported:
+        why = f"its Model Runner V2 does not support {method} ({told})"
+        out.append(Rule(RUNNER, "V1", "V2", frozenset({method}), why))
+    return out
 
 
-def foreseen_text(method: str, version: str | None) -> str | None:
+def _names(methods: frozenset[str]) -> str:
+    """The methods, each model's own MTP method counted rather than named."""
+    named = sorted(m for m in methods if not m.endswith("_mtp"))
+    mtp = len(methods) - len(named)
+    return ", ".join(named) + (
+        f" and {mtp} MTP method{'s' * (mtp > 1)} (a model's own)" if mtp else ""
+    )
+
+
+def foreseen_text(method: str, version: str | None, facts: VllmFacts | None = None) -> str | None:
     """`expected: async scheduling disabled (…)`, for the plan; None where no rule applies."""
-    rules = foreseen(method, version)
+    rules = foreseen(method, version, facts)
     if not rules:
         return None
     parts = [
@@ -326,14 +355,17 @@ class ControlPlan:
     text: str
 
 
-def control_plan(record: RunRecord, spec: SpecConfig, *, version: str | None) -> ControlPlan:
-    """The control of one candidate, from its measured side changes, else the known rules."""
+def control_plan(
+    record: RunRecord, spec: SpecConfig, *, version: str | None, facts: VllmFacts | None = None
+) -> ControlPlan:
+    """The control of one candidate, from its measured side changes, else the rules (the
+    serving vLLM's own, where it was asked: `foreseen`)."""
     base, mine = arm_settings(record, BASELINE), arm_settings(record, spec.name)
     if base is not None and mine is not None:
         found = reproduce(side_changes(base, mine), mine)
         origin = f"control of {spec.name}: the original's configuration"
     else:
-        found = reproduce(from_rules(foreseen(spec.method, version)))
+        found = reproduce(from_rules(foreseen(spec.method, version, facts)))
         origin = (
             f"control of {spec.name}: the original's configuration, with the side changes the "
             "known rules foresee (the start logs told no settings)"

@@ -14,7 +14,7 @@ from ...analysis.verdict.adaptive import target_se
 from ...analysis.verdict.side_changes import control_name, control_plan
 from ...config.arms import BASELINE, BASELINE_AFTER, planned_order, together_groups
 from ...config.settings import Settings
-from ...config.specconfig import SpecConfig
+from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.vllm_argv import REQUEST_METRICS_FLAG
 from ...errors import ServiceError
 from ...record.counters import Traffic, combine
@@ -26,7 +26,7 @@ from ...targets.base import Progress, Service, Transports
 from ...targets.lifecycle import Switchboard
 from ..host_load import Probe
 from .context import RunContext
-from .drafter_check import check_drafter
+from .drafter_check import check_beside, check_drafter
 from .order import RoundOrder, order_seed
 from .regime import regime_window
 from .rounds import Rounds, Start
@@ -49,11 +49,13 @@ class Experiment:
         transports: Transports | None = None,
         outside: Mapping[str, RestartNoise] | None = None,
         request_metrics_note: str | None = None,
+        facts: VllmFacts | None = None,
         probe: Probe | None = None,
         step: Progress | None = None,
     ) -> None:
         self.settings = settings
         self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
+        self.facts = facts  # the serving vLLM's, where it was asked: its side-change rules
         self.board = board
         self.store = store
         self.progress = progress
@@ -118,7 +120,7 @@ class Experiment:
                 f"control {name!r} not started: candidate {spec.name!r} failed, so its side "
                 "changes are unknown"
             )
-        found = control_plan(self.record, spec, version=self._known_version())
+        found = control_plan(self.record, spec, version=self._known_version(), facts=self.facts)
         self.progress(f"[{name}] {found.text}")
         return SpecConfig(
             name=name,
@@ -226,36 +228,39 @@ class Experiment:
                 original,
                 seconds,
             ):
-                for (name, _), spec, second in zip(group, specs, seconds, strict=True):
-                    check_drafter(self._ctx, name, spec, second)  # before any window
+                live, broken = check_beside(self._ctx, group, specs, seconds)  # before windows
+                for arm, exc in broken.items():  # a broken drafter fails its own arm only
+                    self._errors[arm], self.record.failures[arm] = exc, _first_line(exc)
+                if not live:
+                    raise next(iter(broken.values()))
                 base = self._new_phase(base_name, BASELINE, None, original, startup_s=None)
                 cands = [
                     self._new_phase(name, arm, spec, second, startup_s=self.board.last_startup_s)
-                    for (name, arm), spec, second in zip(group, specs, seconds, strict=True)
+                    for _, (name, arm), spec, second in live
                 ]
                 base.together_with = cands[0].name
                 seed = order_seed(self.settings.run.seed, cands[0].name)
                 base.order_seed = seed
                 base.position = 1 if self.board.swapped else 0
-                for place, cand in enumerate(cands, start=1):
+                for (place, _, _, _), cand in zip(live, cands, strict=True):
                     cand.together_with, cand.order_seed = base.name, seed
-                    cand.position = (place + 1) % (len(cands) + 1) if self.board.swapped else place
+                    cand.position = (place + 1) % (len(group) + 1) if self.board.swapped else place
                 where = " and ".join(
                     f"[{p.name}] on {_where(s)}"
-                    for p, s in zip([base, *cands], [original, *seconds], strict=True)
+                    for p, s in zip([base, *cands], [original, *(x[3] for x in live)], strict=True)
                 )
                 self.progress(
                     f"arms side by side: {where}, each slot sent to one after the other, never "
                     "two at once"
                 )
                 starts = [Start(base, original)]
-                starts += [Start(c, s) for c, s in zip(cands, seconds, strict=True)]
+                starts += [Start(c, live[i][3]) for i, c in enumerate(cands)]
                 self._rounds.measure(starts, RoundOrder(seed))
                 self.store.flush()
         except Exception as exc:
             for _, arm in group:
-                self._errors[arm] = exc
-                self.record.failures[arm] = _first_line(exc)
+                self._errors.setdefault(arm, exc)  # a broken drafter's own error stays
+                self.record.failures.setdefault(arm, _first_line(exc))
             self.store.flush()
             if not self.record.arm_phases(BASELINE):  # the baseline alone, as one at a time
                 names = ", ".join(arm for _, arm in group)

@@ -5,6 +5,8 @@ analysis/drafter_health.py. The check's requests are kept in no window and no ve
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ...analysis.drafter_health import MOST_ROUNDS, drafter_health, first_prompts, judged
 from ...config.load import LoadLevel
 from ...config.specconfig import SpecConfig
@@ -72,6 +74,30 @@ def check_drafter(ctx: RunContext, start: str, spec: SpecConfig, service: Servic
             check=check,
         )
     ctx.progress(f"{where}: {check.verdict}: {check.text}")
+
+
+def check_beside(
+    ctx: RunContext,
+    group: Sequence[tuple[str, str]],
+    specs: Sequence[SpecConfig],
+    seconds: Sequence[Service],
+) -> tuple[list[tuple[int, tuple[str, str], SpecConfig, Service]], dict[str, BrokenDrafter]]:
+    """Each candidate of a group served beside the original, checked: those that passed, each
+    with its place (1: the first beside the original), and the broken ones' errors by arm. A
+    broken one fails its own arm only; the others are measured beside the original as planned,
+    its server left idle, as every server is between its turns."""
+    live = []
+    broken: dict[str, BrokenDrafter] = {}
+    for place, ((name, arm), spec, second) in enumerate(
+        zip(group, specs, seconds, strict=True), start=1
+    ):
+        try:
+            check_drafter(ctx, name, spec, second)
+        except BrokenDrafter as exc:
+            broken[arm] = exc
+            continue
+        live.append((place, (name, arm), spec, second))
+    return live, broken
 
 
 def _send(ctx: RunContext, start: str, service: Service, batch: list[tuple[str, int]]) -> None:

@@ -171,6 +171,63 @@ try:
                 )
     except Exception:
         pass
+    try:  # the side changes per method, from this vLLM's own vllm/config/vllm.py
+        import ast
+        import vllm.config.vllm as vc
+        names = vars(vc)
+
+        def flat(tp):
+            found = []
+            for arg in typing.get_args(tp):
+                found.extend([arg] if isinstance(arg, str) else flat(arg))
+            return found
+
+        def compared(tree, ops):
+            # the methods that `….method` is compared with by `ops` anywhere in `tree`
+            found = []
+            for n in ast.walk(tree):
+                left = getattr(n, "left", None)
+                if not isinstance(n, ast.Compare) or getattr(left, "attr", None) != "method":
+                    continue
+                for op, right in zip(n.ops, n.comparators):
+                    if type(op).__name__ not in ops:
+                        continue
+                    items = getattr(right, "elts", [right])
+                    found.extend(e.value for e in items
+                                 if isinstance(e, ast.Constant) and isinstance(e.value, str))
+                    if (isinstance(right, ast.Call) and getattr(right.func, "id", "") == "get_args"
+                            and right.args and isinstance(right.args[0], ast.Name)):
+                        found.extend(flat(names.get(right.args[0].id)))
+            return sorted(set(found))
+
+        def says(body, text):
+            return any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+                       and text in n.value for stmt in body for n in ast.walk(stmt))
+
+        rules = {"source": "vllm/config/vllm.py"}
+        for node in ast.walk(ast.parse(inspect.getsource(vc))):
+            if isinstance(node, ast.If) and says(node.body, "Async scheduling not supported with"):
+                kept = compared(node.test, ("NotIn", "NotEq"))
+                if kept:
+                    rules["async_kept"] = kept
+            if (isinstance(node, ast.FunctionDef)
+                    and node.name == "_get_v2_model_runner_unsupported_features"):
+                rules["v2_unsupported"] = compared(node, ("In", "Eq")) or None
+        if "HAS_TRITON" in names:
+            rules["triton"] = bool(names["HAS_TRITON"])
+        try:  # a platform that turns async scheduling off at every start, the original's too
+            from vllm.platforms import current_platform
+            said = "scheduler_config.async_scheduling = False"
+            if current_platform.is_cpu() and said in inspect.getsource(type(current_platform)):
+                rules["async_never"] = (
+                    "vLLM %s's CPU platform turns async scheduling off at every start "
+                    "(vllm/platforms/cpu.py)" % out["version"]
+                )
+        except Exception:
+            pass
+        out["side_rules"] = rules
+    except Exception as exc:
+        out["side_rules"] = {"note": "%s: %s" % (type(exc).__name__, exc)}
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print("pytest-specdecode-vllm-facts:" + json.dumps(out))
@@ -236,6 +293,7 @@ def parse_facts(
         raise VllmFactsError(f"{where} listed no speculative config keys")
     methods = data.get("methods")
     levels = data.get("per_request_spec_decode_metrics")
+    rules = data.get("side_rules") if isinstance(data.get("side_rules"), dict) else {}
     return VllmFacts(
         version=str(data.get("version") or "unknown"),
         methods=frozenset(map(str, methods)) if isinstance(methods, list) else None,
@@ -244,10 +302,18 @@ def parse_facts(
         per_request_metrics=tuple(map(str, levels)) if isinstance(levels, list) else None,
         per_request_note=str(data["per_request_note"]) if data.get("per_request_note") else None,
         synthetic_note=str(data["synthetic_note"]) if data.get("synthetic_note") else None,
+        async_kept=_names(rules.get("async_kept")),
+        v2_unsupported=_names(rules.get("v2_unsupported")),
+        triton=rules["triton"] if isinstance(rules.get("triton"), bool) else None,
+        async_never=str(rules["async_never"]) if rules.get("async_never") else None,
         host=host,
         interpreter=interpreter,
         seconds=seconds,
     )
+
+
+def _names(value: object) -> frozenset[str] | None:
+    return frozenset(map(str, value)) if isinstance(value, list) else None
 
 
 def check_candidates(specs: Sequence[SpecConfig], facts: VllmFacts) -> None:
@@ -355,7 +421,8 @@ def ask_vllm(
     say = progress or (lambda _message: None)
     key = facts_cache.fingerprint(host, interpreter)
     kept = facts_cache.recall(key)
-    if kept is not None:
+    # an answer kept by an older snippet lacks the side rules, which it never read: ask again
+    if kept is not None and '"side_rules"' in kept[0]:
         answer, path = kept
         try:
             facts = parse_facts(answer, host=host.name, interpreter=shown)

@@ -30,6 +30,7 @@ from pytest_specdecode.targets.lifecycle import experiment_services
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed
 from ...support.synthetic import record, settings
+from ..measure.test_beside_many import ManyBoard
 from ..measure.test_interleaved_order import together_experiment
 
 DRAFT = '{"method": "draft_model", "model": "/m/cut-6-layers", "num_speculative_tokens": 3}'
@@ -265,3 +266,44 @@ def test_beside_the_original_a_broken_drafter_fails_its_group_and_the_baseline_i
     assert list(store.record.phases) == ["baseline"]  # measured alone, after the group failed
     assert all(m.samples for m in store.record.phases["baseline"].measurements.values())
     assert store.record.drafter_checks[DRAFT_NAME].verdict == BROKEN
+
+
+def test_beside_others_a_broken_drafter_fails_its_own_arm_and_the_rest_are_measured(
+    tmp_path: Path,
+) -> None:
+    """`beside = 2`: a broken draft model and an n-gram candidate served beside one baseline
+    start. The broken one's arm fails; the n-gram one and the baseline are measured beside it,
+    by pairs, in one group: no start is lost to another candidate's drafter."""
+    (tmp_path / "run").mkdir()
+    ngram = '{"method": "ngram", "num_speculative_tokens": 3}'
+    broken = _drafter(Speed(tokens=40, tokens_per_chunk=1), drafted=3)
+    target = ScriptedTarget(Script(), {DRAFT_NAME: broken, "ngram-k3": Script()})
+    s = settings(
+        tmp_path,
+        candidates=[DRAFT, ngram],
+        prompts=PROMPTS,
+        run_extra='arms = "together"\nbeside = 2',
+    )
+    store = RunStore(tmp_path / "run", record(s))
+    board = ManyBoard(
+        target, ready_timeout_s=5, restore_timeout_s=5, progress=lambda _: None,
+        transport=target.transports().sync, clock=target.time.clock,
+    )  # fmt: skip
+    exp = Experiment(s, board, store, progress=lambda _: None, transports=target.transports())
+    with pytest.raises(BrokenDrafter, match="before its timed windows"):
+        exp.arm(DRAFT_NAME)
+    exp.arm("ngram-k3")  # measured in the same group, not failed with it
+    board.restore()
+    rec = store.record
+    assert [name for name, _ in board.started] == [DRAFT_NAME, "ngram-k3"]  # one group
+    assert list(rec.phases) == ["baseline", "ngram-k3"]
+    assert rec.phases["ngram-k3"].together_with == "baseline"
+    assert rec.phases["ngram-k3"].position == 2  # its own place, the second beside
+    assert all(m.samples for m in rec.phases["ngram-k3"].measurements.values())
+    # no window of its own: the regime window's requests (the first beside serves in it, as
+    # any neighbour does, before the others start) and the check's, nothing more
+    assert rec.regime is not None and rec.regime.neighbour == DRAFT_NAME
+    regime = sum(len(m.samples) + len(m.warmup) for m in rec.regime.measurements.values())
+    assert _streams(target, DRAFT_NAME) == regime + s.run.drafter_check_requests
+    assert set(rec.failures) == {DRAFT_NAME} and "drafter check" in rec.failures[DRAFT_NAME]
+    assert "ngram-k3" in analyze(rec).verdicts

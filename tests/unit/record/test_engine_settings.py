@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from pytest_specdecode.analysis.verdict.side_changes import (
@@ -14,6 +15,7 @@ from pytest_specdecode.analysis.verdict.side_changes import (
     said_but_same,
     side_changes,
 )
+from pytest_specdecode.config.specconfig import OFFLINE_FACTS, VllmFacts
 from pytest_specdecode.record.engine_settings import (
     EngineSettings,
     from_server_info,
@@ -158,6 +160,90 @@ def test_the_known_rules_foresee_by_method_and_version() -> None:
     assert foreseen_text("eagle", None) is None
     text = foreseen_text("ngram", None) or ""
     assert text.startswith("expected, not measured: async scheduling disabled")
+
+
+def asked(version: str, *, kept=None, v2=None, triton=None) -> VllmFacts:
+    """A serving vLLM's facts with its side rules as read from its source (targets/facts/)."""
+    return replace(
+        OFFLINE_FACTS,
+        version=version,
+        host="root@gpu:22",
+        async_kept=frozenset(kept) if kept is not None else None,
+        v2_unsupported=frozenset(v2) if v2 is not None else None,
+        triton=triton,
+    )
+
+
+# vLLM 0.32's, as its vllm/config/vllm.py says (tests/real_vllm/test_vllm_facts_real.py reads them)
+V032 = asked(
+    "0.32.0",
+    kept={"eagle", "eagle3", "mtp", "deepseek_mtp", "ngram_gpu", "draft_model", "dspark"},
+    v2={"suffix", "medusa", "mlp_speculator", "custom_class"},
+    triton=True,
+)
+
+
+def settings_of(rules) -> list[tuple[str, str]]:
+    return [(r.setting, r.candidate) for r in rules]
+
+
+def test_the_serving_vllms_own_rules_foresee_on_0_32() -> None:
+    """0.32 keeps async scheduling on for draft_model, eagle3 and ngram_gpu; its V2 runner
+    takes ngram and draft_model."""
+    for method in ("draft_model", "eagle3", "ngram_gpu", "deepseek_mtp"):
+        assert foreseen(method, None, V032) == [], method
+    assert settings_of(foreseen("ngram", None, V032)) == [("async scheduling", "disabled")]
+    assert settings_of(foreseen("suffix", None, V032)) == [
+        ("async scheduling", "disabled"),
+        ("model runner", "V1"),
+    ]
+    text = foreseen_text("ngram", "0.26.0", V032) or ""  # the facts' version, not the record's
+    assert "read from vLLM 0.32.0's vllm/config/vllm.py on root@gpu:22" in text, text
+    assert (
+        "draft_model, dspark, eagle, eagle3, mtp, ngram_gpu and 1 MTP method (a model's own)"
+        in text
+    )
+
+
+def test_another_version_is_foreseen_by_its_own_source_not_by_0_32s() -> None:
+    """A vLLM whose source keeps async scheduling on with EAGLE alone and whose V2 runner
+    lacks n-gram and the draft model: the draft model gets both side changes there."""
+    older = asked("0.27.0", kept={"eagle", "eagle3", "mtp"}, v2={"ngram", "draft_model"})
+    assert settings_of(foreseen("draft_model", None, older)) == [
+        ("async scheduling", "disabled"),
+        ("model runner", "V1"),
+    ]
+    assert settings_of(foreseen("ngram", None, older)) == [
+        ("async scheduling", "disabled"),
+        ("model runner", "V1"),
+    ]
+    assert foreseen("eagle3", None, older) == []
+    assert foreseen("draft_model", None, V032) == []  # the same method, on 0.32
+
+
+def test_without_triton_no_start_changes_its_model_runner() -> None:
+    """vLLM's CPU build has no Triton: every start runs V1, so no method changes it."""
+    cpu = replace(V032, triton=False)
+    assert settings_of(foreseen("suffix", None, cpu)) == [("async scheduling", "disabled")]
+
+
+def test_a_platform_that_turns_async_scheduling_off_everywhere_foresees_no_async_change() -> None:
+    """vLLM 0.32's CPU platform: the original runs without it too, so n-gram changes nothing."""
+    never = "vLLM 0.32.0's CPU platform turns async scheduling off at every start"
+    cpu = replace(V032, triton=False, async_never=never)
+    assert foreseen("ngram", None, cpu) == [] and foreseen("suffix", None, cpu) == []
+    assert settings_of(foreseen("ngram", None, V032)) == [("async scheduling", "disabled")]
+
+
+def test_rules_not_read_fall_back_to_the_known_ones_for_the_version() -> None:
+    """An answer without the side rules (or the offline list): the known rules by version."""
+    unread = asked("0.26.0")
+    assert settings_of(foreseen("ngram", None, unread)) == settings_of(foreseen("ngram", "0.26.0"))
+    assert foreseen("ngram", "0.26.0", OFFLINE_FACTS) == foreseen("ngram", "0.26.0")
+    only_async = replace(unread, async_kept=frozenset({"eagle"}))
+    assert settings_of(foreseen("draft_model", None, only_async)) == [
+        ("async scheduling", "disabled")
+    ]
 
 
 def test_a_phase_keeps_its_settings_through_results_json(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ report splits the change in three; what each backend starts the control with."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import pytest
 
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.analysis.verdict.side_changes import RUNNER_ENV
-from pytest_specdecode.config.specconfig import SpecConfig
+from pytest_specdecode.config.specconfig import OFFLINE_FACTS, SpecConfig
 from pytest_specdecode.config.vllm_argv import with_speculative_config
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.record.engine_settings import parse_engine_log
@@ -126,6 +127,32 @@ def test_the_plan_names_foreseen_side_changes_and_the_control(tmp_path: Path) ->
     assert "model runner V1" in lines[0]
     assert "--no-async-scheduling" in lines[1] and f"{RUNNER_ENV}=0" in lines[1]
     assert f"{RUNNER_ENV}" not in side_change_plan(s, "0.32.0")[1]
+
+
+def test_the_plan_foresees_by_the_serving_vllms_own_rules(tmp_path: Path) -> None:
+    """Where the serving vLLM was asked, its source's rules decide, not the version's: a vLLM
+    that reports 0.26 but keeps async scheduling on with n-gram and runs it on V2 foresees
+    nothing; the control then adds nothing either."""
+    s = settings(tmp_path, run_extra="control = true")
+    facts = replace(
+        OFFLINE_FACTS,
+        version="0.26.0",
+        host="root@gpu:22",
+        async_kept=frozenset({"ngram", "eagle3"}),
+        v2_unsupported=frozenset({"suffix"}),
+    )
+    lines = side_change_plan(s, "0.26.0", facts)
+    assert lines[0].startswith("side changes of ngram: none foreseen"), lines
+    assert "(foreseen: nothing to add)" in lines[1], lines
+    kept_off = replace(facts, async_kept=frozenset({"eagle3"}))
+    lines = side_change_plan(s, "0.26.0", kept_off)
+    assert "async scheduling disabled" in lines[0] and "model runner" not in lines[0], lines
+    assert "read from vLLM 0.26.0's vllm/config/vllm.py on root@gpu:22" in lines[0], lines
+    assert "--no-async-scheduling" in lines[1] and RUNNER_ENV not in lines[1], lines
+    never = "vLLM 0.32.0's CPU platform turns async scheduling off at every start"
+    cpu = replace(kept_off, version="0.32.0", async_never=never, triton=False)
+    lines = side_change_plan(s, "0.32.0", cpu)
+    assert lines[0].startswith(f"side changes of ngram: none foreseen ({never}, the original's")
 
 
 CONTROL = SpecConfig(
