@@ -33,7 +33,8 @@ SERVER_ENV_TOML = "\n".join(f"{k} = {json.dumps(v)}" for k, v in SERVER_ENV.item
 # platform turns "uni" back into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING=0 (platforms/cpu.py:
 # the worker's OpenMP binding is set only when it is spawned), so a VLLM::Worker process still
 # starts. With that variable set a start took 19.5 s, not 30.6 (2026-12-04, this machine), but
-# the engine's threads were then bound to no core of their own, which make test relies on.
+# by vLLM's code the engine's threads would then not be bound to their core (its OpenMP binding
+# is set up only for a spawned worker), which make test's two lanes rely on: not checked yet.
 UNIPROC = ("--distributed-executor-backend", "uni")
 
 
