@@ -46,8 +46,13 @@ def test_seed_workflow_baseline_candidate_restore_through_a_dropped_ssh_connecti
     """The whole workflow with two candidates. Mid-way through the first candidate's requests,
     every SSH session on the host is killed: the controller reconnects and goes on."""
     # The candidate's TPOT ceiling is impossible: a failing assertion must still restore.
+    # 16 tokens a request, not 32: three windows of what the assertions read (phases, starts,
+    # acceptance present), not of how fast
     config = write_remote_experiment(
-        pytester, testbed, run={"record_token_ids": True}, thresholds="max_tpot_ms = 1000"
+        pytester,
+        testbed,
+        run={"record_token_ids": True, "max_tokens": 16},
+        thresholds="max_tpot_ms = 1000",
     )
     config.write_text(
         config.read_text().replace(
@@ -91,9 +96,14 @@ def test_seed_workflow_baseline_candidate_restore_through_a_dropped_ssh_connecti
     assert testbed.state()["MainPID"] != before["MainPID"]
 
 
+# The tests of a candidate that fails measure nothing that they read: their baseline's
+# requests are as short as a request may be here (8 tokens: busy_host's too), not 32.
+FAILING_CANDIDATE_RUN = {"samples": 5, "warmup": 0, "max_tokens": 8}
+
+
 def test_candidate_crash_loop_is_detected_and_restored(pytester, testbed):
     # vLLM accepts the JSON, then the engine exits: the unit restarts it again and again.
-    config = write_remote_experiment(pytester, testbed, run={"samples": 5, "warmup": 0})
+    config = write_remote_experiment(pytester, testbed, run=FAILING_CANDIDATE_RUN)
     result = pytester.runpytest_subprocess(
         *suite_args(pytester, testbed, config, "--spec-config", "suffix")
     )
@@ -111,7 +121,7 @@ def test_candidate_crash_loop_is_detected_and_restored(pytester, testbed):
 
 def test_candidate_that_never_gets_healthy_times_out_and_restores(pytester, testbed):
     config = write_remote_experiment(
-        pytester, testbed, run={"samples": 5, "warmup": 0}, target={"startup_timeout_s": 12}
+        pytester, testbed, run=FAILING_CANDIDATE_RUN, target={"startup_timeout_s": 12}
     )
     # The baseline is already up, so only the candidate's start can take longer than 12 s.
     result = pytester.runpytest_subprocess(
@@ -124,7 +134,7 @@ def test_candidate_that_never_gets_healthy_times_out_and_restores(pytester, test
 
 
 def test_exception_in_the_fixture_restores(pytester, testbed):
-    config = write_remote_experiment(pytester, testbed, run={"samples": 5, "warmup": 0})
+    config = write_remote_experiment(pytester, testbed, run=FAILING_CANDIDATE_RUN)
     pytester.makeconftest("""
         from pytest_specdecode.measure.experiment.arms import Experiment
         original = Experiment._new_phase
@@ -153,8 +163,10 @@ RESTORED_WITHIN_S = WATCHDOG_S / 3
 def test_ctrl_c_in_a_terminal_on_pytest_piped_to_tee_restores(pytester, testbed):
     """Ctrl-C reaches the whole foreground process group: tee dies and the pipe breaks. The
     first signal mid-candidate hands the restore to the host; the run records how it ended."""
+    # Ctrl-C comes once a candidate request has ended (wait_for_sample): 16 tokens a request
+    # leave 7 more under way, and the baseline's 9 requests cost half of what 32 did
     config = write_remote_experiment(
-        pytester, testbed, run={"samples": 8, "max_tokens": 32}, target={"watchdog_s": WATCHDOG_S}
+        pytester, testbed, run={"samples": 8, "max_tokens": 16}, target={"watchdog_s": WATCHDOG_S}
     )
     suite = [sys.executable, "-m", "pytest"]
     suite += suite_args(pytester, testbed, config, "--spec-config", "ngram")
@@ -228,8 +240,10 @@ def test_github_actions_cancel_sequence_restores_without_the_watchdog(pytester, 
 
 def test_sigkilled_controller_is_restored_by_the_host_watchdog(pytester, testbed):
     watchdog_s = 20
+    # killed at the candidate's first line: its window's length does not matter, the
+    # baseline's 9 requests of 16 tokens cost half of what 32 did
     config = write_remote_experiment(
-        pytester, testbed, run={"samples": 8, "max_tokens": 32}, target={"watchdog_s": watchdog_s}
+        pytester, testbed, run={"samples": 8, "max_tokens": 16}, target={"watchdog_s": watchdog_s}
     )
     proc = run_until(pytester, testbed, config, "[ngram] coding:")
     assert testbed.ssh("systemctl", "is-active", testbed.unit).stdout.strip() == "active"

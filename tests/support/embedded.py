@@ -29,8 +29,12 @@ CPUS = os.cpu_count() or 1
 CPU_BIND = str(CPUS - 1) if CPUS > 1 else "auto"
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": CPU_BIND}
 SERVER_ENV_TOML = "\n".join(f"{k} = {json.dumps(v)}" for k, v in SERVER_ENV.items())
-# The engine's worker in the engine core's process, not a third one: a start a third faster here
-# (30 s, not 45: one import of vLLM fewer), the same outputs. The embedded default keeps vLLM's.
+# Asks for the engine's worker in the engine core's process, not a third one. vLLM 0.32's CPU
+# platform turns "uni" back into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING=0 (platforms/cpu.py:
+# the worker's OpenMP binding is set only when it is spawned), so a VLLM::Worker process still
+# starts. With that variable set a start took 19.5 s, not 30.6 (2026-12-04, this machine), but
+# by vLLM's code the engine's threads would then not be bound to their core (its OpenMP binding
+# is set up only for a spawned worker), which make test's two lanes rely on: not checked yet.
 UNIPROC = ("--distributed-executor-backend", "uni")
 
 

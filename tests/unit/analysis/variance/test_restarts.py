@@ -13,6 +13,7 @@ from pytest_specdecode.analysis.variance.restarts import (
     fit_starts,
     pooled,
     restart_noise_of,
+    t_quantile,
 )
 
 
@@ -98,3 +99,20 @@ def test_a_measured_noise_has_an_interval_from_its_degrees_of_freedom() -> None:
     (lo_few, hi_few), (lo_many, hi_many) = few.interval(), many.interval()
     assert lo_few <= lo_many < 0.02 < hi_many < hi_few
     assert all(math.isnan(x) for x in RestartNoise.assumed(0.05).interval())  # not measured
+
+
+def test_t_quantile_is_scipys_t_ppf_at_every_probability_and_df() -> None:
+    """The fast path gives exactly what `scipy.stats.t.ppf` gives: fractional and large df,
+    both tails, the ends of (0, 1), a df that is no df; the normal's where df is infinite."""
+    from scipy import stats
+
+    rng = np.random.default_rng(7)
+    ps = [*rng.uniform(0.0, 1.0, 200), 1e-12, 0.025, 0.5, 0.975, 1 - 1e-12, 0.0, 1.0]
+    dfs = [*rng.uniform(0.3, 60.0, 40), 1.0, 2.0, 1e6, 1e300, 0.0, -1.0]
+    for df in dfs:
+        for p in ps:
+            expected = float(stats.t.ppf(p, df))
+            got = t_quantile(p, df)
+            assert got == expected or (math.isnan(got) and math.isnan(expected)), (p, df)
+    for p in ps:
+        assert t_quantile(p, math.inf) == float(stats.norm.ppf(p)), p
