@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "real_vllm/test_levels_real.py",
     "real_vllm/test_adoption_wheel.py",
     "real_vllm/test_traffic.py",
+    "real_vllm/test_drafter_real.py",
 )
 
 
