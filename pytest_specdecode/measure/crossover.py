@@ -58,7 +58,7 @@ def crossover_slots(settings: Settings) -> tuple[list[Slot], list[Slot]]:
     )
 
 
-SlotDone = Callable[[Slot, list[RequestSample]], None]
+SlotDone = Callable[[Slot, list[RequestSample]], "bool | None"]
 
 
 def send_period(
@@ -76,7 +76,8 @@ def send_period(
 ) -> None:
     """Every slot's prompt to every replica's service at once (`arms`: what each serves, the
     samples' phase); `on_slot` gets each slot's samples, in replica order, as they come back;
-    `first_sent` is called as the first measured slot is sent, `before_slot` before each."""
+    `first_sent` is called as the first measured slot is sent, `before_slot` before each (and
+    before each sending again: where `on_slot` returns True, the slot is sent again)."""
     ways = list(transports) or [None] * len(services)
 
     async def period() -> None:
@@ -87,9 +88,11 @@ def send_period(
                 if not slot.warmup and not told:
                     first_sent()
                     told = True
-                before_slot(slot)
-                samples = await _together(clients, services, arms, slot, run, clock)
-                on_slot(slot, samples)
+                again = True
+                while again:
+                    before_slot(slot)
+                    samples = await _together(clients, services, arms, slot, run, clock)
+                    again = bool(on_slot(slot, samples))
         finally:
             for client in clients:
                 await client.aclose()

@@ -8,7 +8,9 @@
    `experiment_services`, restored all at once whatever happens, drained and undrained);
 3. each period (config/replicas.py → `crossover_periods`) switches the replicas at once, then
    sends each slot's prompt to every replica at once (measure/crossover.py), every sample
-   journalled as it comes with its period and replica;
+   journalled as it comes with its period and replica; each replica's other clients and other
+   work are watched through each slot (measure/crossover_watch.py), a contaminated slot sent
+   again once or marked;
 4. the analysis is analysis/replicas.py → `crossover_of`; results.json's `crossover` and
    `replicas`, summary.md and the terminal say the change, the replica and period effects.
 """
@@ -36,6 +38,8 @@ from ..config.settings import Settings
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError, SpecDecodeError
 from ..measure.crossover import Slot, crossover_slots, send_period
+from ..measure.crossover_watch import CrossoverWatch, watch_lines
+from ..measure.host_load import Probe
 from ..progress import write_line
 from ..record.ending import RunEnding
 from ..record.requests.samples import RequestSample
@@ -45,6 +49,7 @@ from ..report import SUMMARY_FILE, Written
 from ..report.plan import RUN_LOG
 from ..report.replicas import alike_lines, crossover_json, crossover_lines, schedule_lines
 from ..targets.base import Target
+from ..targets.host_env import HostProbe
 from ..targets.lifecycle import INTERRUPTS
 from ..targets.replicas import Replica, ReplicaSet, replica_services
 from .folder import api_headers, check_writable
@@ -78,6 +83,7 @@ class CrossoverRun:
         progress: Any,
         headers: dict[str, str] | None,
         step: Any = None,
+        probes: Sequence[Probe | None] | None = None,
     ) -> None:
         self.settings = settings
         self.replicas = list(replicas)
@@ -93,6 +99,16 @@ class CrossoverRun:
         self._lock = threading.Lock()
         self._said = time.monotonic()  # the last slot's progress line
         self._slots = 0  # measured slots per period
+        self._tries: dict[tuple[int, int], int] = {}  # (period, slot): times sent
+        self.watch = CrossoverWatch(
+            settings,
+            store,
+            names=[r.name for r in self.replicas],
+            transports=[r.target.transports() for r in self.replicas],
+            probes=list(probes) if probes is not None else [None] * len(self.replicas),
+            progress=progress,
+            headers=headers,
+        )
 
     def measure_all(self) -> None:
         """Every period: the replicas switched at once, then every slot to all at once."""
@@ -110,6 +126,10 @@ class CrossoverRun:
             self._step(f"crossover period {period.number}: switching the replicas ({serving})")
             self._progress(f"{head}: switching the replicas ({serving})")
             services = self.held.serve({r: specs[arm] for r, arm in period.serving})
+            if period is self.periods[0]:
+                self._step("crossover: watching each replica's host before the run")
+                self.watch.before_run(services)
+            watched = [(r, services[r]) for r, _ in period.serving]
             self._progress(
                 f"{head}: {len(warm)} warm-up and {len(slots)} measured slots, each sent to "
                 f"{len(period.serving)} replicas at once"
@@ -124,21 +144,34 @@ class CrossoverRun:
                 clock=self.replicas[0].target.transports().clock,
                 on_slot=lambda slot, samples, p=period: self._stored(p, slot, samples),
                 first_sent=lambda h=head, s=serving: self._progress(f"{h}: {s}"),
-                before_slot=lambda slot, n=period.number: self._step(
-                    f"crossover period {n}: sending slot {slot.index + 1}"
-                    + (" (warm-up)" if slot.warmup else "")
-                    + " to every replica"
-                ),
+                before_slot=lambda slot, n=period.number, w=watched: self._before(n, slot, w),
             )
+        self.watch.close()
         self.done = True
+
+    def _before(self, number: int, slot: Slot, watched: list[tuple[str, Any]]) -> None:
+        self._step(
+            f"crossover period {number}: sending slot {slot.index + 1}"
+            + (" (warm-up)" if slot.warmup else "")
+            + " to every replica"
+        )
+        self.watch.begin(watched)
 
     def _replica(self, name: str) -> Replica:
         return next(r for r in self.replicas if r.name == name)
 
-    def _stored(self, period: Period, slot: Slot, samples: Sequence[RequestSample]) -> None:
-        """One slot's samples, journalled at once, each with its period and replica."""
+    def _stored(self, period: Period, slot: Slot, samples: Sequence[RequestSample]) -> bool:
+        """One slot's samples, journalled at once, each with its period and replica; True
+        where other clients or other work on a replica have it sent again."""
+        other, busy = self.watch.end(samples)
         if slot.warmup:
-            return
+            return False
+        key = (period.number, slot.index)
+        self._tries[key] = attempt = self._tries.get(key, 0) + 1
+        where = f"[crossover] period {period.number}, slot {slot.index + 1}"
+        action = self.watch.settle(where, other, busy, attempt=attempt)
+        if action == "again":
+            return True
         arms = [arm for _, arm in period.serving]
         for (replica, arm), sample in zip(period.serving, samples, strict=True):
             self.store.add_sample(arm, sample, period=period.number, replica=replica)
@@ -154,6 +187,12 @@ class CrossoverRun:
                 "tpot": [s.tpot_s for s in samples],
             }
         )
+        if action == "mark":
+            self.slots[-1]["contaminated"] = {
+                r: "; ".join(n for n in (other.get(r), busy.get(r)) if n)
+                for r, _ in period.serving
+                if other.get(r) or busy.get(r)
+            }
         with self._lock:
             self.store.extra["crossover_slots"] = self.slots
             self.store.flush()
@@ -168,6 +207,11 @@ class CrossoverRun:
                 f"[crossover] period {period.number}: slot {slot.index + 1} of {self._slots} "
                 f"measured ({speeds})"
             )
+        return False
+
+    def replicas_json(self) -> list[dict[str, Any]]:
+        """results.json's `replicas`: each one's restore and what was seen on it."""
+        return [{**r.to_json(), **self.watch.seen[r.name].to_json()} for r in self.replicas]
 
     def analysed(self) -> tuple[dict[str, Any] | None, str | None]:
         """results.json's `crossover`, or None and why (a period not measured)."""
@@ -290,6 +334,7 @@ class CrossoverSession(SpecDecodeSession):
             progress=self.progress,
             headers=api_headers(settings),
             step=self.progress.step,
+            probes=[HostProbe(r.target.host) for r in replicas],
         )
         self.crossover = run
         lock = threading.Lock()
@@ -314,7 +359,7 @@ class CrossoverSession(SpecDecodeSession):
                 yield run
         finally:
             with lock:
-                store.extra["replicas"] = [r.to_json() for r in replicas]
+                store.extra["replicas"] = run.replicas_json()
                 store.flush()
 
     def _replica_target(self, target_config: Any, name: str) -> Target:
@@ -378,7 +423,7 @@ class CrossoverSession(SpecDecodeSession):
             store.extra["crossover"] = self._result
             if self._why_none:
                 store.extra["crossover_missing"] = self._why_none
-            store.extra["replicas"] = [r.to_json() for r in run.replicas]
+            store.extra["replicas"] = run.replicas_json()
             store.record.environment["run_s"] = time.monotonic() - self._started
             store.flush()
             text = self._summary(failed_tests(self.config))
@@ -395,12 +440,16 @@ class CrossoverSession(SpecDecodeSession):
 
     def _lines(self) -> list[str]:
         assert self.crossover is not None
-        return crossover_lines(
-            self._result,
-            [r.to_json() for r in self.crossover.replicas],
-            names=[r.name for r in self.crossover.replicas],
-            why_none=self._why_none,
-        )
+        run = self.crossover
+        return [
+            *crossover_lines(
+                self._result,
+                [r.to_json() for r in run.replicas],
+                names=[r.name for r in run.replicas],
+                why_none=self._why_none,
+            ),
+            *watch_lines([run.watch.seen[r.name] for r in run.replicas]),
+        ]
 
     def _summary(self, failed: Sequence[str]) -> str:
         """summary.md: the crossover's change, replica and period effects, and each replica."""
