@@ -291,6 +291,10 @@ def test_a_run_across_replicas_reports_the_change_and_both_effects(
     summary = (path.parent / "summary.md").read_text()
     assert "replica effect" in summary and "period effect" in summary
     assert "replica a" in summary and "left active, serving" in summary
+    for r in results["replicas"]:  # watched per replica; nothing seen: nothing said but that
+        assert r["traffic"] == {"seen": [], "quiet": True} and r["other_work"]["quiet"]
+        assert f"- replica {r['name']}: other clients and other work: none seen" in summary
+    assert "contaminated" not in summary and "sent again" not in summary
     html = (path.parent / "report.html").read_text()
     assert "Across replicas: the crossover" in html and "period effect" in html
     # the per-arm and per-prompt-type tests skip, saying why; the crossover's test decides
