@@ -120,33 +120,35 @@ class CrossoverRun:
         warm, slots = crossover_slots(self.settings)
         self._slots = len(slots)
         total = len(self.periods)
-        for period in self.periods:
-            serving = ", ".join(f"{r} serves {arm}" for r, arm in period.serving)
-            head = f"[crossover] period {period.number} of {total}"
-            self._step(f"crossover period {period.number}: switching the replicas ({serving})")
-            self._progress(f"{head}: switching the replicas ({serving})")
-            services = self.held.serve({r: specs[arm] for r, arm in period.serving})
-            if period is self.periods[0]:
-                self._step("crossover: watching each replica's host before the run")
-                self.watch.before_run(services)
-            watched = [(r, services[r]) for r, _ in period.serving]
-            self._progress(
-                f"{head}: {len(warm)} warm-up and {len(slots)} measured slots, each sent to "
-                f"{len(period.serving)} replicas at once"
-            )
-            send_period(
-                [services[r] for r, _ in period.serving],
-                [arm for _, arm in period.serving],
-                [*warm, *slots],
-                run=self.settings.run,
-                headers=self._headers,
-                transports=[self._replica(r).target.transports().async_ for r, _ in period.serving],
-                clock=self.replicas[0].target.transports().clock,
-                on_slot=lambda slot, samples, p=period: self._stored(p, slot, samples),
-                first_sent=lambda h=head, s=serving: self._progress(f"{h}: {s}"),
-                before_slot=lambda slot, n=period.number, w=watched: self._before(n, slot, w),
-            )
-        self.watch.close()
+        with contextlib.closing(self.watch):  # no host left sampled, whatever happens
+            for period in self.periods:
+                serving = ", ".join(f"{r} serves {arm}" for r, arm in period.serving)
+                head = f"[crossover] period {period.number} of {total}"
+                self._step(f"crossover period {period.number}: switching the replicas ({serving})")
+                self._progress(f"{head}: switching the replicas ({serving})")
+                services = self.held.serve({r: specs[arm] for r, arm in period.serving})
+                if period is self.periods[0]:
+                    self._step("crossover: watching each replica's host before the run")
+                    self.watch.before_run(services)
+                watched = [(r, services[r]) for r, _ in period.serving]
+                self._progress(
+                    f"{head}: {len(warm)} warm-up and {len(slots)} measured slots, each sent to "
+                    f"{len(period.serving)} replicas at once"
+                )
+                send_period(
+                    [services[r] for r, _ in period.serving],
+                    [arm for _, arm in period.serving],
+                    [*warm, *slots],
+                    run=self.settings.run,
+                    headers=self._headers,
+                    transports=[
+                        self._replica(r).target.transports().async_ for r, _ in period.serving
+                    ],
+                    clock=self.replicas[0].target.transports().clock,
+                    on_slot=lambda slot, samples, p=period: self._stored(p, slot, samples),
+                    first_sent=lambda h=head, s=serving: self._progress(f"{h}: {s}"),
+                    before_slot=lambda slot, n=period.number, w=watched: self._before(n, slot, w),
+                )
         self.done = True
 
     def _before(self, number: int, slot: Slot, watched: list[tuple[str, Any]]) -> None:
