@@ -8,6 +8,7 @@ support/    helpers, no tests
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,18 @@ from pathlib import Path
 # would bring exception classes that httpx no longer maps (raw httpcore errors would escape).
 import httpcore  # noqa: F401
 import pytest
+
+# The same for the plugin's pytest-html hooks, imported at a run's configure: an in-process
+# pytester run would drop the module, and the next run's register finds no sys.modules entry.
+# And matplotlib's, which the reports import at their first plot: dropped after a run, a later
+# plot would mix two copies of its classes ("Legend needs either Axes or FigureBase").
+with contextlib.suppress(ImportError):  # no pytest-html: the plugin never imports them
+    import pytest_specdecode.html_hooks  # noqa: F401
+import matplotlib.axes
+import matplotlib.colors
+import matplotlib.figure
+import matplotlib.patches
+import matplotlib.ticker  # noqa: F401
 
 from .support.testbed import REPO, Reach, Testbed
 

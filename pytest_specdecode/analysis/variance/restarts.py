@@ -205,27 +205,23 @@ def fit_starts(
 
 def _paired(starts: Sequence[np.ndarray], prompts: Sequence[Sequence[int]]) -> StartFit | None:
     labels = sorted({i for start in prompts for i in start})
-    if len(labels) < 2:
-        return None
-    column = {label: j for j, label in enumerate(labels[1:])}  # the first prompt: the reference
+    if len(labels) < 2 or not _linked(prompts):
+        return None  # the starts' effects and the prompts' levels are not all estimable
+    index = {label: j for j, label in enumerate(labels)}  # the first prompt: the reference
     n_starts = len(starts)
     n_cols = n_starts + len(labels) - 1
-    rows = sum(len(p) for p in prompts)
-    x = np.zeros((rows, n_cols))
-    r = 0
-    for s, start in enumerate(prompts):
-        for label in start:
-            x[r, s] = 1.0
-            if label in column:
-                x[r, n_starts + column[label]] = 1.0
-            r += 1
+    sizes = [len(p) for p in prompts]
+    rows = np.arange(sum(sizes))
+    column = np.array([index[label] for start in prompts for label in start], dtype=int)
+    x = np.zeros((rows.size, n_cols))
+    x[rows, np.repeat(np.arange(n_starts), sizes)] = 1.0
+    other = column > 0
+    x[rows[other], n_starts + column[other] - 1] = 1.0
     y = np.concatenate(starts)
-    xtx = x.T @ x
-    rank = int(np.linalg.matrix_rank(xtx))
-    df = y.size - rank
-    if rank < n_cols or df <= 0:
+    df = y.size - n_cols
+    if df <= 0:
         return None
-    inverse = np.linalg.inv(xtx)
+    inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ (x.T @ y)
     residual = y - x @ beta
     return StartFit(
@@ -235,6 +231,28 @@ def _paired(starts: Sequence[np.ndarray], prompts: Sequence[Sequence[int]]) -> S
         cov=inverse[:n_starts, :n_starts],
         paired=True,
     )
+
+
+def _linked(prompts: Sequence[Sequence[int]]) -> bool:
+    """Whether shared prompts join every start to every other (the design has full rank).
+
+    The columns of `start + prompt` less one reference prompt are independent exactly when the
+    graph of starts and the prompts they sent is connected; a start with no requests is not.
+    """
+    parent = list(range(len(prompts)))
+    first: dict[int, int] = {}  # a prompt: the first start that sent it
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for s, start in enumerate(prompts):
+        for label in start:
+            other = first.setdefault(label, s)
+            parent[root(s)] = root(other)
+    return len({root(s) for s in range(len(prompts))}) == 1 and all(len(p) for p in prompts)
 
 
 # --------------------------------------------------------------------------- restart noise

@@ -9,6 +9,8 @@ import pytest
 
 from pytest_specdecode.cli import init
 
+from ...support.inprocess import run_in_process
+
 TARGET = """
 [target]
 model = "m"
@@ -61,7 +63,7 @@ def test_the_configuration_is_found_where_pytest_users_look(
         (pytester.path / "conf").mkdir()
         (pytester.path / "conf" / "exp.toml").write_text(TARGET)
         pytester.makeini("[pytest]\nspecdecode_file = conf/exp.toml\n")
-    result = pytester.runpytest_subprocess("--spec-config", "ngram", "--spec-dry-run")
+    result = run_in_process(pytester, "--spec-config", "ngram", "--spec-dry-run")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     assert "candidates: ngram" in out
@@ -70,13 +72,13 @@ def test_the_configuration_is_found_where_pytest_users_look(
 
 def test_collecting_and_refusing_write_nothing(pytester: pytest.Pytester) -> None:
     pytester.makefile(".toml", specdecode=TARGET)
-    collect = pytester.runpytest_subprocess("--spec-config", "ngram", "--collect-only", "-q")
+    collect = run_in_process(pytester, "--spec-config", "ngram", "--collect-only", "-q")
     assert collect.ret == pytest.ExitCode.OK
     assert "specdecode::test_speculation_does_not_regress[ngram-coding]" in collect.stdout.str()
     assert "Generated html report" not in collect.stdout.str()
-    helped = pytester.runpytest_subprocess("--spec-config", "ngram", "--help")
+    helped = run_in_process(pytester, "--spec-config", "ngram", "--help")
     assert helped.ret == pytest.ExitCode.OK
-    refused = pytester.runpytest_subprocess("--spec-config", "nope")
+    refused = run_in_process(pytester, "--spec-config", "nope")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     assert not (pytester.path / "reports").exists()
     pytesters = ("runpytest-", "stdout", "stderr")  # pytester's own
@@ -85,6 +87,6 @@ def test_collecting_and_refusing_write_nothing(pytester: pytest.Pytester) -> Non
 
 
 def test_no_configuration_says_where_it_looked(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess("--spec-config", "ngram")
+    result = run_in_process(pytester, "--spec-config", "ngram")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: no experiment is configured for *specdecode init*"])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ...support.embedded import write_experiment
+from ...support.inprocess import run_in_process
 
 INJECTION = '{"method":"ngram","num_speculative_tokens":5,"x":"\'; touch /tmp/pwned; \'"}'
 
@@ -21,7 +22,7 @@ def experiment(pytester: pytest.Pytester):
 
 
 def run(pytester: pytest.Pytester, experiment, *extra: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(*experiment.args(*extra))
+    return run_in_process(pytester, *experiment.args(*extra))
 
 
 def assert_untouched(experiment) -> None:
@@ -56,8 +57,13 @@ def test_bad_spec_configs_stop_pytest_before_anything_starts(pytester, experimen
 
 
 def test_missing_config_file_is_a_usage_error(pytester, experiment):
-    result = pytester.runpytest_subprocess(
-        str(experiment.dir / "suites"), "--spec-file", "nope.toml", "--spec-config", "ngram"
+    result = run_in_process(
+        pytester,
+        str(experiment.dir / "suites"),
+        "--spec-file",
+        "nope.toml",
+        "--spec-config",
+        "ngram",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: configuration file *nope.toml does not exist*"])

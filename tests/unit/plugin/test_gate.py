@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ...support.inprocess import run_in_process
 from ..run.test_undecided_outcome import html_tests
 
 REPO = Path(__file__).resolve().parents[3]
@@ -67,7 +68,7 @@ def write_gate(pytester: pytest.Pytester, conftest: str, config: str = CONFIG) -
 
 def run_gate(pytester: pytest.Pytester, base_coding: str, cand_coding: str) -> pytest.RunResult:
     conftest = CONFTEST.format(base_coding=base_coding, cand_coding=cand_coding)
-    return pytester.runpytest_subprocess(*write_gate(pytester, conftest))
+    return run_in_process(pytester, *write_gate(pytester, conftest))
 
 
 def failed_ids(result: pytest.RunResult) -> set[str]:
@@ -119,7 +120,7 @@ def pytest_specdecode_open_target(config, settings, log_dir):
 
 
 def test_a_refused_run_leaves_nothing_behind(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess(*write_gate(pytester, REFUSING))
+    result = run_in_process(pytester, *write_gate(pytester, REFUSING))
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     assert "pytest-specdecode: unit x on h is inactive/dead, not active" in out
@@ -130,7 +131,7 @@ def test_a_refused_run_leaves_nothing_behind(pytester: pytest.Pytester) -> None:
 
 def test_collect_only_writes_nothing(pytester: pytest.Pytester) -> None:
     conftest = CONFTEST.format(base_coding="Speed()", cand_coding="Speed()")
-    result = pytester.runpytest_subprocess(*write_gate(pytester, conftest), "--collect-only")
+    result = run_in_process(pytester, *write_gate(pytester, conftest), "--collect-only")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out
     assert "<Function test_speculation_does_not_regress[ngram-coding]>" in out
@@ -176,7 +177,7 @@ def test_a_drifting_baseline_fails_the_gate(pytester: pytest.Pytester) -> None:
     # The candidate looks 2x faster, but the original, started again last, is 2x slower than
     # at first: the comparison cannot be trusted, and the gate says so. The drift is restart
     # noise too, so the candidate's intervals widen to match: no verdict either.
-    result = pytester.runpytest_subprocess(*write_gate(pytester, DRIFTING), "--spec-aba")
+    result = run_in_process(pytester, *write_gate(pytester, DRIFTING), "--spec-aba")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     assert "test_baseline_did_not_drift" in failed_ids(result), out  # drift fails, not undecided
@@ -195,7 +196,7 @@ def pytest_specdecode_open_target(config, settings, log_dir):
 def test_an_aa_run_passes_unless_it_calls_a_false_difference(pytester: pytest.Pytester) -> None:
     args = write_gate(pytester, AA)
     args[args.index("ngram")] = "baseline"  # --spec-config baseline: the A/A candidate
-    result = pytester.runpytest_subprocess(*args, "-v")
+    result = run_in_process(pytester, *args, "-v")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out
     for prompt_type in ("coding", "math"):  # each ran, and passed: no false difference
@@ -216,7 +217,7 @@ TRAFFIC_RUN = "\ntraffic_watch_s = 0.2\nquiet_wait_s = 0.5\ntraffic_attempts = 2
 def traffic_gate(pytester: pytest.Pytester, neighbour: int) -> pytest.RunResult:
     config = CONFIG.replace("max_tokens = 8\n", "max_tokens = 8" + TRAFFIC_RUN)
     args = write_gate(pytester, TRAFFIC.format(neighbour=neighbour), config)
-    return pytester.runpytest_subprocess(*args)
+    return run_in_process(pytester, *args)
 
 
 def test_other_clients_in_every_window_give_no_verdict(pytester: pytest.Pytester) -> None:
@@ -260,13 +261,13 @@ def test_a_busy_running_service_is_refused_before_anything_is_touched(
 ) -> None:
     config = CONFIG.replace("max_tokens = 8\n", "max_tokens = 8" + TRAFFIC_RUN)
     args = write_gate(pytester, BUSY, config)
-    result = pytester.runpytest_subprocess(*args)
+    result = run_in_process(pytester, *args)
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     assert "traffic before the run: 300.0 requests/min" in out
     assert "is serving other clients" in out and "--spec-allow-traffic" in out
     assert "stopping" not in out  # the original was never touched
-    allowed = pytester.runpytest_subprocess(*args, "--spec-allow-traffic")
+    allowed = run_in_process(pytester, *args, "--spec-allow-traffic")
     assert "is serving other clients" not in allowed.stdout.str() + allowed.stderr.str()
     assert "contaminated" in allowed.stdout.str()  # each window then shows the other client
 
@@ -276,7 +277,7 @@ def test_a_design_that_cannot_reach_a_verdict_is_refused_before_anything_starts(
 ) -> None:
     # 2 prompt types x 2 metrics: Holm over 4 comparisons needs 5 requests a side at least.
     conftest = CONFTEST.format(base_coding="Speed()", cand_coding="Speed()")
-    result = pytester.runpytest_subprocess(*write_gate(pytester, conftest), "--spec-samples", "4")
+    result = run_in_process(pytester, *write_gate(pytester, conftest), "--spec-samples", "4")
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     assert (
@@ -298,7 +299,7 @@ def test_the_example_tests_fixture_is_one_shape_at_several_levels_and_starts(
     config = config.replace("warmup = 1\n", "warmup = 1\nrepeats = 2\n")
     conftest = CONFTEST.format(base_coding="Speed()", cand_coding="Speed(gap_s=0.005)")
     args = write_gate(pytester, conftest, config)
-    result = pytester.runpytest_subprocess(*args, "-k", "first_token", "-rA")
+    result = run_in_process(pytester, *args, "-k", "first_token", "-rA")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     passed = set(re.findall(r"^PASSED \S+::(\S+)", out, re.M))

@@ -12,6 +12,7 @@ from pytest_specdecode.report import plan
 from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 
+from ...support.inprocess import run_in_process
 from ..record.test_stored_runs import stored_run
 
 CONFIG = """
@@ -44,8 +45,14 @@ def config(pytester: pytest.Pytester) -> Path:
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, config) -> None:
-    result = pytester.runpytest_subprocess(
-        "--spec-file", str(config), "--spec-config", "ngram", "--spec-dry-run", "--spec-aba"
+    result = run_in_process(
+        pytester,
+        "--spec-file",
+        str(config),
+        "--spec-config",
+        "ngram",
+        "--spec-dry-run",
+        "--spec-aba",
     )
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
@@ -76,7 +83,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pytester: pytest.Pytester, 
 def test_dry_run_says_what_the_design_can_call_and_what_would_call_a_named_change(
     pytester: pytest.Pytester, config
 ) -> None:
-    result = pytester.runpytest_subprocess(
+    result = run_in_process(pytester,
         "--spec-file", str(config), "--spec-config", "ngram", "--spec-dry-run",
         "--spec-detect", "25%",
     )  # fmt: skip
@@ -87,21 +94,20 @@ def test_dry_run_says_what_the_design_can_call_and_what_would_call_a_named_chang
     assert "restart noise assumed 5% (weighted as 8 df)" in out
     found = re.search(r"to call a 25% change with 80% power: --spec-repeats (\d+) ", out)
     assert found and int(found.group(1)) > 1, out
-    bad = pytester.runpytest_subprocess("--spec-file", str(config), "--spec-detect", "lots")
+    bad = run_in_process(pytester, "--spec-file", str(config), "--spec-detect", "lots")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "not a relative change: 'lots' (say 10% or 0.1)" in bad.stderr.str()
 
 
 def test_dry_run_without_pytest_html(pytester: pytest.Pytester, config) -> None:
-    result = pytester.runpytest_subprocess(
-        "--spec-file", str(config), "--spec-dry-run", "-p", "no:html"
-    )
+    result = run_in_process(pytester, "--spec-file", str(config), "--spec-dry-run", "-p", "no:html")
     assert result.ret == pytest.ExitCode.OK
     assert "candidates: none" in result.stdout.str()
 
 
 def test_baseline_from_is_checked_before_anything_starts(pytester: pytest.Pytester, config) -> None:
-    result = pytester.runpytest_subprocess(
+    result = run_in_process(
+        pytester,
         "--spec-file",
         str(config),
         "--spec-config",
@@ -121,7 +127,8 @@ def test_baseline_from_a_stored_run_in_the_plan(
     path = stored_run(
         tmp_path / "old", rates={"coding": 20.0, "math": 16.0}, candidate={"coding": 25.0}
     )
-    result = pytester.runpytest_subprocess(
+    result = run_in_process(
+        pytester,
         "--spec-file",
         str(config),
         "--spec-config",

@@ -36,6 +36,7 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.report import plan
 from pytest_specdecode.targets.hosts.base import LocalHost
 
+from ...support.inprocess import run_in_process
 from ...support.synthetic import aa_entry as entry
 from ...support.synthetic import add_phase, record, settings, store
 
@@ -222,7 +223,7 @@ def scripted_run(
     (pytester.path / "suites" / "conftest.py").write_text(CONFTEST)
     config = pytester.path / "experiment.toml"
     config.write_text(CONFIG.format(reports=pytester.path / "reports"))
-    result = pytester.runpytest_subprocess(
+    result = run_in_process(pytester,
         str(pytester.path / "suites"), "--spec-file", str(config), "--spec-config", spec,
         "--spec-host-profiles", str(profiles), "-p", "no:cacheprovider", *args,
     )  # fmt: skip

@@ -21,6 +21,7 @@ from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report import html, markdown, stored_plan, terminal, write_reports
 from pytest_specdecode.report.sections.prediction import HEADER, notes
 
+from ...support.inprocess import run_in_process
 from ...support.synthetic import RECORDED_TYPES, add_phase, record, recorded_run, settings
 from ..plugin.test_report_options import CONFIG
 
@@ -178,8 +179,8 @@ def test_dry_run_through_pytest_shows_the_prediction(pytester: pytest.Pytester) 
         if k in ("coding", "math")
     }
     store(rec, pytester.path / "reports" / "20260101T000000Z-ngram")
-    result = pytester.runpytest_subprocess(
-        "--spec-file", str(config), "--spec-config", "ngram", "--spec-dry-run"
+    result = run_in_process(
+        pytester, "--spec-file", str(config), "--spec-config", "ngram", "--spec-dry-run"
     )
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()

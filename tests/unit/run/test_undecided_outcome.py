@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ...support.inprocess import run_in_process
+
 REPO = Path(__file__).resolve().parents[3]
 
 TESTS = """
@@ -48,8 +50,8 @@ def _this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
 def outcome_run(pytester: pytest.Pytester) -> pytest.RunResult:
     pytester.makepyfile(test_verdicts=TESTS)
     pytester.makeconftest(CONFTEST)
-    return pytester.runpytest_subprocess(
-        "-v", "-p", "no:cacheprovider", "--junitxml=junit.xml", "--html=report.html"
+    return run_in_process(
+        pytester, "-v", "-p", "no:cacheprovider", "--junitxml=junit.xml", "--html=report.html"
     )
 
 
@@ -74,7 +76,7 @@ def test_the_terminal_counts_it_undecided_and_the_session_fails(
 
 def test_the_letter_is_u(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_verdicts=TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = run_in_process(pytester, "-p", "no:cacheprovider")
     assert re.search(r"^test_verdicts.py \.UF", result.stdout.str(), re.M), result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 

@@ -15,6 +15,8 @@ from pytest_specdecode.targets.start_failure import first_errors, last_exception
 from tests.support.scripted_target import Script, ScriptedTarget
 from tests.unit.plugin.test_gate import CONFIG, write_gate
 
+from ...support.inprocess import run_in_process
+
 DATA = Path(__file__).resolve().parents[2] / "data"
 # A real start of the CPU vLLM 0.32 whose worker cannot import its class (`--worker-cls
 # flashinfer.worker.Worker`): the worker, then the engine core, then the API server fail.
@@ -106,7 +108,7 @@ def test_a_candidate_that_fails_to_start_is_shown_once(
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(DATA.parents[1]))  # `tests.support` for the conftest
     conftest = CRASHING.format(log=str(DATA / "vllm-0.32-cpu-worker-import-failure.log"), root=ROOT)
-    result = pytester.runpytest_subprocess(*write_gate(pytester, conftest, CONFIG))
+    result = run_in_process(pytester, *write_gate(pytester, conftest, CONFIG))
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out
     errors = re.findall(r"^ERROR \S+::\S+\[ngram-\S+\]", out, re.M)

@@ -23,6 +23,7 @@ from pytest_specdecode.targets import lifecycle
 from pytest_specdecode.targets.lifecycle import experiment_services
 from pytest_specdecode.targets.start_failure import config_refusal
 
+from ...support.inprocess import run_in_process
 from ...support.scripted_target import Script, ScriptedTarget
 from ...support.synthetic import record, settings
 from ..plugin.test_gate import CONFTEST, REPO, write_gate
@@ -190,7 +191,7 @@ def test_the_run_goes_on_and_its_report_names_both_starts(
         f'{{"ngram": Script(crash_at_start={DIED!r}, crash_starts=1, speeds=',
     )
     assert "crash_starts=1" in conftest
-    result = pytester.runpytest_subprocess(*write_gate(pytester, conftest))
+    result = run_in_process(pytester, *write_gate(pytester, conftest))
     out, err = result.stdout.str(), result.stderr.str()
     assert result.ret == pytest.ExitCode.OK, out + err  # n-gram improved on both: the gate passes
     assert "starting scripted service 'ngram' again" in err, err

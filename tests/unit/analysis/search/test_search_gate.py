@@ -15,6 +15,7 @@ import pytest
 
 from pytest_specdecode.record.store import RunStore
 
+from ....support.inprocess import run_in_process
 from ....support.search_sim import Truth, measure, search_record
 from ...plugin.test_gate import _importable_support, write_gate  # noqa: F401  (PYTHONPATH for the conftest)
 
@@ -100,7 +101,10 @@ def search_args(pytester: pytest.Pytester, *, fail_at: int = 0) -> list[str]:
 
 
 def run_search(pytester: pytest.Pytester, *extra: str, fail_at: int = 0) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(*search_args(pytester, fail_at=fail_at), *extra)
+    args = [*search_args(pytester, fail_at=fail_at), *extra]
+    if fail_at:  # its conftest patches SearchPolicy.next: a process of its own
+        return run_in_process(pytester, *args)
+    return run_in_process(pytester, *args)
 
 
 def outcomes(result: pytest.RunResult) -> dict[str, str]:
@@ -179,7 +183,7 @@ def test_search_with_candidates_is_refused_before_anything_starts(
         CONFTEST.format(fail_at=0),
         CONFIG + '[presets]\nngram = {{ method = "ngram", num_speculative_tokens = 2 }}\n',
     )
-    result = pytester.runpytest_subprocess(*args, "--spec-search", "ngram")
+    result = run_in_process(pytester, *args, "--spec-search", "ngram")
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--spec-search ngram chooses its own candidates: drop --spec-config ngram" in out
@@ -198,8 +202,8 @@ def test_the_dry_run_shows_the_search_and_its_first_reload(pytester: pytest.Pyte
     measure(stored, "k6", {"method": "ngram", "num_speculative_tokens": 6}, TRUTH, seed=3)
     (pytester.path / "reports" / "20261201T090000Z-k2-k6").mkdir(parents=True)
     RunStore(pytester.path / "reports" / "20261201T090000Z-k2-k6", stored)
-    result = pytester.runpytest_subprocess(
-        *args, "--spec-search", "ngram", "--spec-max-reloads", "2", "--spec-dry-run"
+    result = run_in_process(
+        pytester, *args, "--spec-search", "ngram", "--spec-max-reloads", "2", "--spec-dry-run"
     )
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
@@ -225,12 +229,10 @@ def test_a_search_on_a_reused_baseline_learns_its_cost_from_the_stored_run(
     """`--spec-baseline-from` with `--spec-search`: no baseline measured, and the stored run's
     measured config is the cost prior, so the first reload is predicted, not a teaching one."""
     args = [*search_args(pytester), "--spec-max-reloads", "1"]
-    first = pytester.runpytest_subprocess(*args)
+    first = run_in_process(pytester, *args)
     assert first.ret in (0, 1), first.stdout.str()
     (stored,) = (pytester.path / "reports").iterdir()
-    result = pytester.runpytest_subprocess(
-        *args, "--spec-baseline-from", str(stored / "results.json")
-    )
+    result = run_in_process(pytester, *args, "--spec-baseline-from", str(stored / "results.json"))
     out = result.stdout.str()
     assert result.ret in (0, 1), out
     (run,) = [p for p in (pytester.path / "reports").iterdir() if p != stored]

@@ -116,3 +116,67 @@ def test_t_quantile_is_scipys_t_ppf_at_every_probability_and_df() -> None:
             assert got == expected or (math.isnan(got) and math.isnan(expected)), (p, df)
     for p in ps:
         assert t_quantile(p, math.inf) == float(stats.norm.ppf(p)), p
+
+
+def _paired_by_rank(starts: list, prompts: list) -> tuple | None:
+    """The paired fit as it was first written: a row at a time, full rank by the matrix's SVD."""
+    labels = sorted({i for start in prompts for i in start})
+    if len(labels) < 2:
+        return None
+    column = {label: j for j, label in enumerate(labels[1:])}
+    n_starts, n_cols = len(starts), len(starts) + len(labels) - 1
+    x = np.zeros((sum(len(p) for p in prompts), n_cols))
+    r = 0
+    for s, start in enumerate(prompts):
+        for label in start:
+            x[r, s] = 1.0
+            if label in column:
+                x[r, n_starts + column[label]] = 1.0
+            r += 1
+    y = np.concatenate(starts)
+    xtx = x.T @ x
+    rank = int(np.linalg.matrix_rank(xtx))
+    if rank < n_cols or y.size - rank <= 0:
+        return None
+    inverse = np.linalg.inv(xtx)
+    beta = inverse @ (x.T @ y)
+    residual = y - x @ beta
+    return (
+        beta[:n_starts],
+        float(residual @ residual) / (y.size - rank),
+        inverse[:n_starts, :n_starts],
+    )
+
+
+def test_the_paired_fit_is_the_row_by_row_least_squares_on_linked_and_unlinked_designs() -> None:
+    """The fit builds its design at once and reads full rank off the starts' shared prompts:
+    exactly the effects, residual and covariance of the row-by-row build with an SVD rank, and
+    no paired fit wherever that one found the design short of full rank (starts that share no
+    prompt, one prompt, no residual df)."""
+    rng = np.random.default_rng(11)
+    seen = {"paired": 0, "unpaired": 0}
+    for _ in range(400):
+        n_starts = int(rng.integers(1, 6))
+        pool = int(rng.integers(1, 14))
+        prompts = [
+            [int(p) for p in rng.choice(pool, int(rng.integers(1, 9)))] for _ in range(n_starts)
+        ]
+        if rng.uniform() < 0.3:  # two groups of starts on prompts of their own
+            prompts = [[p + 100 * (s % 2) for p in start] for s, start in enumerate(prompts)]
+        starts = [rng.normal(0.0, 0.05, len(p)) for p in prompts]
+        if sum(len(p) for p in prompts) == 0:
+            continue
+        expected = _paired_by_rank(starts, prompts)
+        fit = fit_starts(starts, prompts)
+        seen["paired" if expected is not None else "unpaired"] += 1
+        if expected is None:
+            assert not fit.paired, prompts
+            continue
+        effects, residual_var, cov = expected
+        assert fit.paired, prompts
+        assert np.array_equal(fit.effects, effects), prompts
+        assert fit.residual_var == residual_var or (
+            math.isnan(fit.residual_var) and math.isnan(residual_var)
+        )
+        assert np.array_equal(fit.cov, cov), prompts
+    assert min(seen.values()) >= 50, seen  # both kinds of design were tried
