@@ -17,6 +17,16 @@ from typing import Any
 import pytest
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# Warnings only a run in this process gets, which a run of its own would not: the plugin is
+# already imported (so not rewritten for asserts), and pytester's folder sets no asyncio scope.
+# Without these, a run's summary line counts them ("1 failed, 1 passed, 2 warnings, ...")
+# depending on which test ran first in the worker.
+QUIET = (
+    "-W",
+    "ignore::pytest.PytestAssertRewriteWarning",
+    "-o",
+    "asyncio_default_fixture_loop_scope=function",
+)
 
 
 class _CurrentStderr:
@@ -45,7 +55,7 @@ def run_in_process(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     original = sys.__stderr__
     sys.__stderr__ = _CurrentStderr(original)  # type: ignore[misc,assignment]
     try:
-        return pytester.runpytest_inprocess(*args)
+        return pytester.runpytest_inprocess(*QUIET, *args)
     finally:
         sys.__stderr__ = original  # type: ignore[misc]
         for sig, handler in handlers.items():
