@@ -97,7 +97,8 @@ def engine_cpus(bed: Testbed) -> list[int]:
 def start_hog(bed: Testbed, engine: list[int]) -> None:
     """A real-time busy loop on each of the unit's engine cores, in a transient unit of its own
     (not the server's cgroup), ended by systemd and by `timeout` at the latest. Only the loops
-    are real-time and pinned: `timeout` and the unit's shell run on any core, as systemd does."""
+    are real-time and pinned: `timeout` and the unit's shell run on any core the host allows (the
+    test host's container holds all but the last core: scripts/testbed/systemd-host)."""
     loop = "while :; do :; done"
     loops = " ".join(f"taskset -c {cpu} chrt -f 1 sh -c '{loop}' &" for cpu in engine) + " wait"
     started = bed.ssh(
