@@ -309,17 +309,7 @@ def wait_for_sample(pytester: pytest.Pytester, phase: str, *, timeout_s: float =
 
 def suite_args(pytester: pytest.Pytester, bed: Testbed, config: Path, *extra: str) -> list[str]:
     """Arguments that run the copied suite against the test host, coding prompt only."""
-    return [
-        str(pytester.path / "suites"),
-        "--spec-file",
-        str(config),
-        *bed.options(),
-        "-p",
-        "no:cacheprovider",
-        "--spec-workload",
-        "coding",
-        *extra,
-    ]
+    return replica_args(pytester, config, *bed.options(), *extra)
 
 
 def replica_args(pytester: pytest.Pytester, config: Path, *extra: str) -> list[str]:
