@@ -14,19 +14,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ..config.settings import RunConfig, Settings
 from ..record.requests.samples import RequestSample
 from ..record.store import RunStore
 from ..targets.base import Progress, Service, Transports
 from .experiment.context import RunContext
-from .experiment.watch import QuietWatch
+from .experiment.watch import Action, QuietWatch, after_contamination
 from .host_load import Bounds, Probe, Watch, judge
 from .server_metrics import ServerCounters, traffic_between
 from .traffic import foreign
 
-Action = Literal["keep", "again", "mark"]
 BEFORE_S = 3.0  # each replica's host watched this long before the run: its usual other work
 
 
@@ -37,17 +36,15 @@ def slot_action(
     attempt: int,
     run: RunConfig,
 ) -> Action:
-    """What becomes of a slot: kept, sent again (once, and only where the single-host run would
-    send a round again), or kept and marked contaminated."""
-    seen_other, seen_busy = any(other.values()), any(busy.values())
-    if not seen_other and not seen_busy:
-        return "keep"
-    allowed = (not seen_busy or run.allow_busy_host) and (
-        not seen_other or run.on_traffic == "mark"
+    """What becomes of a slot, per replica what was seen: as the single-host run decides a
+    round (`after_contamination`), sent again once at most."""
+    return after_contamination(
+        any(other.values()),
+        any(busy.values()),
+        attempt=attempt,
+        attempts=min(2, run.traffic_attempts),
+        run=run,
     )
-    if not allowed and attempt < min(2, run.traffic_attempts):
-        return "again"
-    return "mark" if seen_other or not run.allow_busy_host else "keep"
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ..traffic import foreign
 from .context import RunContext
 from .order import CellPlan, RoundOrder, slot_size
 from .token_record import TokenIdRecorder
-from .watch import QuietWatch
+from .watch import QuietWatch, after_contamination
 from .windows import Window, WindowSender
 
 
@@ -192,14 +192,19 @@ class Rounds:
                 ctx.progress(f"{where}: other clients used the server during the window ({other})")
             if busy is not None:
                 ctx.progress(f"{where}: the host was not quiet during the window ({busy})")
-            keep_busy = busy is None or run.allow_busy_host
-            keep_foreign = other is None or run.on_traffic == "mark"
-            if (keep_busy and keep_foreign) or attempt == run.traffic_attempts:
+            action = after_contamination(
+                other is not None,
+                busy is not None,
+                attempt=attempt,
+                attempts=run.traffic_attempts,
+                run=run,
+            )
+            if action != "again":
                 if busy is not None and not run.allow_busy_host:
                     for env in envs:
                         if env is not None:
                             env.contaminated = busy
-                if other is not None or not run.allow_busy_host:
+                if action == "mark":
                     ctx.progress(f"{where}: kept, marked contaminated")
                 else:
                     ctx.progress(f"{where}: kept (--spec-allow-busy-host)")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Literal
 
+from ...config.settings import RunConfig
 from ...record.counters import Traffic
 from ...record.host_env import WindowEnvironment
 from ...record.schema import Measurement, Phase
@@ -13,6 +15,23 @@ from ..host_load import Bounds, Probe, Watch, judge, pair_probe
 from ..server_metrics import traffic_between
 from ..traffic import quiet, rate_text
 from .context import RunContext
+
+Action = Literal["keep", "again", "mark"]
+
+
+def after_contamination(
+    other: bool, busy: bool, *, attempt: int, attempts: int, run: RunConfig
+) -> Action:
+    """What becomes of a round (or a crossover's slot) during which other clients used a server
+    (`other`) or other work kept its host busy (`busy`): kept; sent again, while `attempt` is
+    below `attempts` and the settings do not keep it (`on_traffic = "mark"`, allow_busy_host);
+    or kept and marked contaminated (kept unmarked where only a busy host was allowed)."""
+    if not other and not busy:
+        return "keep"
+    allowed = (not busy or run.allow_busy_host) and (not other or run.on_traffic == "mark")
+    if not allowed and attempt < attempts:
+        return "again"
+    return "mark" if other or not run.allow_busy_host else "keep"
 
 
 class QuietWatch:
