@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_specdecode.analysis.replicas import CrossoverSlot, crossover_of, rotation
-from pytest_specdecode.analysis.verdict.stats import Question, RestartNoise, Verdict, compare_family
+from pytest_specdecode.analysis.verdict.interval import Question
+from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict, compare_family
 
 METRICS = ("throughput", "tpot")
 

@@ -20,7 +20,7 @@ from .run.crossover import new_session
 from .run.session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
-from .targets.lifecycle import interrupt_on_signals
+from .targets.interrupts import interrupt_on_signals
 
 GROUP = "specdecode"
 _CONFIG: list[pytest.Config] = []  # the runs' configs, for the hooks that are not handed one

@@ -14,7 +14,7 @@ The call (the orchestration builds the slots; nothing here touches a replica)::
 
     schedule = rotation(replicas=2, arms=2)      # ((0, 1), (1, 0)): per period, per replica
     result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={"throughput": noise})
-    result.metrics[0].change   # stats.Interval of log(candidate / baseline), by="crossover"
+    result.metrics[0].change   # interval.Interval of log(candidate / baseline), by="crossover"
     result.metrics[0].verdict  # through stats.decide, as every verdict of the project
     result.of("throughput").lines()  # the change, the replica and period effects, as printed
 
@@ -76,7 +76,8 @@ import numpy as np
 from scipy import stats as _st
 
 from .variance.restarts import RestartNoise, _between, t_quantile
-from .verdict.stats import Interval, Verdict, decide, holm_adjust
+from .verdict.interval import Interval
+from .verdict.stats import Verdict, decide, holm_adjust
 
 __all__ = [
     "METRICS",

@@ -50,7 +50,7 @@ from ..report.plan import RUN_LOG
 from ..report.replicas import alike_lines, crossover_json, crossover_lines, schedule_lines
 from ..targets.base import Target
 from ..targets.host_env import HostProbe
-from ..targets.lifecycle import INTERRUPTS
+from ..targets.interrupts import INTERRUPTS
 from ..targets.replicas import Replica, ReplicaSet, replica_services
 from .folder import api_headers, check_writable
 from .replicas import replica_facts

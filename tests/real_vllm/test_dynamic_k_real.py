@@ -42,7 +42,7 @@ from pytest_specdecode.measure.server_metrics import (
 from pytest_specdecode.record.counters import Acceptance
 from pytest_specdecode.targets.facts.vllm import ask_vllm
 from pytest_specdecode.targets.hosts.base import LocalHost
-from pytest_specdecode.targets.local import LocalProcessService
+from pytest_specdecode.targets.local_process import LocalProcessService
 
 from ..support.embedded import (
     MODEL,

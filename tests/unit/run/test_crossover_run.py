@@ -17,7 +17,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.run import crossover as crossover_module
 from pytest_specdecode.run.crossover import CrossoverRun
-from pytest_specdecode.targets.lifecycle import INTERRUPTS
+from pytest_specdecode.targets.interrupts import INTERRUPTS
 from pytest_specdecode.targets.replicas import Replica, replica_services
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed

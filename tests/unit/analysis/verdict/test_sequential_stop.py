@@ -21,13 +21,9 @@ from pytest_specdecode.analysis.variance.spending import (
     nominal_level,
     spent,
 )
+from pytest_specdecode.analysis.verdict.interval import Question, nested_interval
 from pytest_specdecode.analysis.verdict.sequential import Simulated, expected_slots, simulate_cell
-from pytest_specdecode.analysis.verdict.stats import (
-    Question,
-    RestartNoise,
-    Verdict,
-    nested_interval,
-)
+from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.schema import Measurement, SequentialLooks
