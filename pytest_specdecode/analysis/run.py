@@ -16,7 +16,7 @@ from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
 from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
-from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
+from .paying_load import DynamicK, LevelPoint, PayingLoad, paying_load, recommend_dynamic_k
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
 from .regime import Regime, regime_of
@@ -106,9 +106,9 @@ class RunAnalysis:
     measured_noise: dict[str, RestartNoise]  # what this run measured, for the next runs
     warnings: list[str] = field(default_factory=list)
     prediction: RunPrediction | None = None  # the n-gram replay; beside the verdicts, not in them
-    # Several load levels: per candidate and prompt type, where the speedup crosses 1.0; and,
-    # for several k of one method, vLLM's num_speculative_tokens_per_batch_size table
-    crossovers: dict[str, dict[str, Crossover]] = field(default_factory=dict)
+    # Several load levels: per candidate and prompt type, the paying load (where the speedup
+    # crosses 1.0); several k of one method: vLLM's num_speculative_tokens_per_batch_size table
+    paying_loads: dict[str, dict[str, PayingLoad]] = field(default_factory=dict)
     dynamic_k: list[DynamicK] = field(default_factory=list)
     # acceptance per request, prompt and level; the replay checked step by step at each level
     acceptance: AcceptanceByLevel = field(default_factory=AcceptanceByLevel)
@@ -165,9 +165,9 @@ class RunAnalysis:
             },
             "warnings": self.warnings,
             "prediction": self.prediction.to_json() if self.prediction else None,
-            "crossovers": {
+            "paying_loads": {
                 c: {name: x.to_dict() for name, x in per.items()}
-                for c, per in self.crossovers.items()
+                for c, per in self.paying_loads.items()
             },
             "dynamic_k": [d.to_dict() for d in self.dynamic_k],
             "acceptance_by_level": self.acceptance.to_json(),
@@ -236,7 +236,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         + (prediction.warnings if prediction else [])
         + by_level.warnings,
         prediction=prediction,
-        crossovers=_crossovers(points),
+        paying_loads=_paying_loads(points),
         dynamic_k=recommend_dynamic_k(
             {c: record.candidates[c] for c in points}, points, max_num_seqs=max_num_seqs(record)
         )
@@ -374,12 +374,12 @@ def level_points(
     return out
 
 
-def _crossovers(
+def _paying_loads(
     points: Mapping[str, Mapping[str, list[LevelPoint]]],
-) -> dict[str, dict[str, Crossover]]:
+) -> dict[str, dict[str, PayingLoad]]:
     return {
         candidate: {
-            name: crossover(series, prompt_type=name, candidate=candidate)
+            name: paying_load(series, prompt_type=name, candidate=candidate)
             for name, series in per.items()
         }
         for candidate, per in points.items()

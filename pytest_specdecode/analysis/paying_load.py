@@ -1,7 +1,8 @@
-"""Where speculation stops paying: the crossover load, and a dynamic-k table for vLLM. Pure.
+"""Where speculation stops paying: the paying load, and a dynamic-k table for vLLM. Pure.
 
-The crossover of one prompt type and candidate is read off its per-level speedups (candidate
-over baseline, per-request output tok/s) and their confidence intervals:
+The paying load of one prompt type and candidate is the load at which its speedup crosses 1.0:
+where speculation stops paying (or, rising, starts to). It is read off the per-level speedups
+(candidate over baseline, per-request output tok/s) and their confidence intervals:
 
 - the estimate is where the point speedups cross 1.0, interpolated linearly in log(load) vs
   log(ratio) between the two bracketing levels (a level at exactly 1.0 is the crossing itself);
@@ -31,15 +32,15 @@ from ..config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
-    "Crossover",
-    "CrossoverKind",
     "DynamicK",
     "LevelChoice",
     "LevelPoint",
+    "PayingLoad",
+    "PayingLoadKind",
     "batch_boundaries",
-    "crossover",
     "k_families",
     "log_crossing",
+    "paying_load",
     "recommend_dynamic_k",
 ]
 
@@ -101,8 +102,8 @@ class LevelPoint:
         }
 
 
-class CrossoverKind(enum.StrEnum):
-    """What the series of speedups says about a crossover."""
+class PayingLoadKind(enum.StrEnum):
+    """What the series of speedups says about the paying load."""
 
     CROSSING = "crossing"
     FASTER = "always faster"
@@ -114,12 +115,12 @@ class CrossoverKind(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Crossover:
-    """The crossover of one prompt type and candidate, or why there is none."""
+class PayingLoad:
+    """The paying load of one prompt type and candidate, or why none can be told."""
 
     prompt_type: str
     candidate: str
-    kind: CrossoverKind
+    kind: PayingLoadKind
     axis: str  # "concurrency" or "rate"
     points: tuple[LevelPoint, ...]  # the measured levels, in load order
     load: float | None = None  # the estimate
@@ -143,21 +144,21 @@ class Crossover:
     @property
     def text(self) -> str:
         """One phrase for tables."""
-        none = "no crossover in the measured range"
+        none = "the speedup does not cross 1.0 in the measured range"
         span = f"{self.points[0].level} to {self.points[-1].level}" if self.points else ""
-        if self.kind is CrossoverKind.EMPTY:
-            return "no measured level: no crossover can be told"
-        if self.kind is CrossoverKind.SINGLE:
-            return f"one level only ({self.points[0].level}): no crossover can be told"
-        if self.kind is CrossoverKind.FLAT:
+        if self.kind is PayingLoadKind.EMPTY:
+            return "no measured level: the paying load cannot be told"
+        if self.kind is PayingLoadKind.SINGLE:
+            return f"one level only ({self.points[0].level}): the paying load cannot be told"
+        if self.kind is PayingLoadKind.FLAT:
             return f"{none}: the speedup is exactly 1.0 at every level ({span})"
-        if self.kind is CrossoverKind.MIXED:
+        if self.kind is PayingLoadKind.MIXED:
             return (
                 f"{none}: mixed, no clean crossing (the speedup is on both sides of 1.0, "
                 f"its interval includes 1.0 at every level; {span})"
             )
-        if self.kind in (CrossoverKind.FASTER, CrossoverKind.SLOWER):
-            which = "faster" if self.kind is CrossoverKind.FASTER else "slower"
+        if self.kind in (PayingLoadKind.FASTER, PayingLoadKind.SLOWER):
+            which = "faster" if self.kind is PayingLoadKind.FASTER else "slower"
             sig = "" if self.significant else "; not significant at any level"
             return f"{none}: always {which} ({span}{sig})"
         assert self.load is not None
@@ -208,10 +209,10 @@ def log_crossing(x0: float, y0: float, x1: float, y1: float, target: float = 1.0
     return math.exp(math.log(x0) + t * (math.log(x1) - math.log(x0)))
 
 
-def crossover(
+def paying_load(
     points: Sequence[LevelPoint], *, prompt_type: str = "", candidate: str = ""
-) -> Crossover:
-    """The crossover of one prompt type and candidate from its levels (any order)."""
+) -> PayingLoad:
+    """The paying load of one prompt type and candidate from its levels (any order)."""
     axis = _axis(points)
     usable = tuple(sorted((p for p in points if p.measured), key=lambda p: p.load))
     skipped = tuple(p.level for p in points if not p.measured)
@@ -219,19 +220,19 @@ def crossover(
     if len(set(loads)) != len(loads):
         raise ValueError(f"two levels share a load: {', '.join(p.level for p in usable)}")
 
-    def make(kind: CrossoverKind, **extra: Any) -> Crossover:
-        return Crossover(prompt_type, candidate, kind, axis, usable, skipped=skipped, **extra)
+    def make(kind: PayingLoadKind, **extra: Any) -> PayingLoad:
+        return PayingLoad(prompt_type, candidate, kind, axis, usable, skipped=skipped, **extra)
 
     if len(usable) < 2:
-        return make(CrossoverKind.SINGLE if usable else CrossoverKind.EMPTY)
+        return make(PayingLoadKind.SINGLE if usable else PayingLoadKind.EMPTY)
     ratios = [p.ratio for p in usable]
     sides = [(i, 1 if r > 1.0 else -1) for i, r in enumerate(ratios) if r != 1.0]
     pairs = [(a, b) for (a, sa), (b, sb) in pairwise(sides) if sa != sb]
     shape = {"crossings": len(pairs), "monotone": _monotone(ratios)}
     if not sides:
-        return make(CrossoverKind.FLAT, **shape)
+        return make(PayingLoadKind.FLAT, **shape)
     if not pairs:
-        return make(CrossoverKind.FASTER if sides[0][1] > 0 else CrossoverKind.SLOWER, **shape)
+        return make(PayingLoadKind.FASTER if sides[0][1] > 0 else PayingLoadKind.SLOWER, **shape)
     for n, (a, b) in enumerate(pairs):
         falls = ratios[a] > 1.0
         if b > a + 1:  # levels at exactly 1.0 between: the first of them is the crossing
@@ -243,7 +244,7 @@ def crossover(
         if lower is None and upper is None:
             continue  # no interval on either side confirms this crossing
         return make(
-            CrossoverKind.CROSSING,
+            PayingLoadKind.CROSSING,
             load=estimate,
             low=None if lower is None else min(lower, estimate),
             high=None if upper is None else max(upper, estimate),
@@ -251,7 +252,7 @@ def crossover(
             first=n == 0,
             **shape,
         )
-    return make(CrossoverKind.MIXED, **shape)
+    return make(PayingLoadKind.MIXED, **shape)
 
 
 def _lower_end(points: Sequence[LevelPoint], a: int, *, falls: bool) -> float | None:
