@@ -15,11 +15,11 @@ from ..config.break_even import point_of
 from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
-from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
-from .paying_load import DynamicK, LevelPoint, PayingLoad, paying_load, recommend_dynamic_k
+from .map.break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
+from .map.paying_load import DynamicK, LevelPoint, PayingLoad, paying_load, recommend_dynamic_k
+from .map.regime import Regime, regime_of
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
-from .regime import Regime, regime_of
 from .search.answer import SearchAnswer, search_answer
 from .variance.pairs import PositionBias
 from .variance.time_drift import TimeDrift
@@ -126,7 +126,7 @@ class RunAnalysis:
     map_verdicts: dict[str, dict[str, PromptTypeVerdict]] = field(default_factory=dict)
     break_even: BreakEvenMap | None = None
     map_checks: list[MapCheck] = field(default_factory=list)  # the candidates against the map
-    # beside two or more: the baseline beside them all against beside one (analysis/regime.py)
+    # beside two or more: the baseline beside them all against beside one (analysis/map/regime.py)
     regime: Regime | None = None
 
     @property

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analysis.paying_load import LevelPoint, PayingLoad, PayingLoadKind
+from ..analysis.map.paying_load import LevelPoint, PayingLoad, PayingLoadKind
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..record.counters import ACCEPTED_PER_DRAFT

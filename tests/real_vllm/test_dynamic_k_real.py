@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_specdecode.analysis.paying_load import LevelPoint, recommend_dynamic_k
+from pytest_specdecode.analysis.map.paying_load import LevelPoint, recommend_dynamic_k
 from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import shipped_set
 from pytest_specdecode.config.specconfig import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.paying_load import (
+from pytest_specdecode.analysis.map.paying_load import (
     LevelPoint,
     PayingLoad,
     PayingLoadKind,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pytest_specdecode.analysis.paying_load import (
+from pytest_specdecode.analysis.map.paying_load import (
     DEFAULT_MAX_BATCH,
     LevelPoint,
     batch_boundaries,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from ..config.specconfig import BATCH_TABLE_KEY, check_spec_shape
+from ...config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
