@@ -16,7 +16,8 @@ from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
 from .map.break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
-from .map.paying_load import DynamicK, LevelPoint, PayingLoad, paying_load, recommend_dynamic_k
+from .map.dynamic_k import DynamicK, recommend_dynamic_k
+from .map.paying_load import LevelPoint, PayingLoad, paying_load
 from .map.regime import Regime, regime_of
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
