@@ -347,7 +347,7 @@ class RegimeWindow:
     """The regime window: the baseline start `phase` with one server beside it (`neighbour`,
     the first started), measured before the others start; then beside all `beside` of them in
     the main rounds. Kept here, never in `RunRecord.phases`: its requests enter no verdict,
-    figure or prediction; analysis/regime.py compares the two."""
+    figure or prediction; analysis/map/regime.py compares the two."""
 
     phase: str
     beside: int  # servers beside the baseline in the main rounds

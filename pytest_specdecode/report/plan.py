@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from ..analysis.drafter import Drafter
+from ..analysis.drafters.check import Drafter
 from ..analysis.variance.power import MAX_STARTS
 from ..analysis.variance.restarts import PRIOR, RestartNoise
 from ..analysis.variance.time_drift import TimeDrift, drift_text

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from .. import __version__
-from ..analysis.drafter import Drafter
+from ..analysis.drafters.check import Drafter
 from ..analysis.run import RunAnalysis, analyze, max_num_seqs
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design

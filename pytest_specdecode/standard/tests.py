@@ -72,7 +72,7 @@ def test_crossover_does_not_regress(
     specdecode_session: SpecDecodeSession, specdecode_experiment: object
 ) -> None:
     """Across replicas (collected only there): each candidate's crossover verdict over the
-    prompt set (analysis/replicas.py → `crossover_of`). A regression fails the gate; no
+    prompt set (analysis/replicas/crossover.py → `crossover_of`). A regression fails the gate; no
     verdict is undecided, as per prompt type on one host."""
     verdicts = getattr(specdecode_session, "crossover_verdicts", None)
     if verdicts is None:

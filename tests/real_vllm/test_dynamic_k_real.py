@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_specdecode.analysis.crossover import LevelPoint, recommend_dynamic_k
+from pytest_specdecode.analysis.map.dynamic_k import recommend_dynamic_k
+from pytest_specdecode.analysis.map.paying_load import LevelPoint
 from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import shipped_set
 from pytest_specdecode.config.specconfig import (

@@ -32,7 +32,7 @@ from ...config.break_even import point_of
 from ...config.specconfig import BATCH_TABLE_KEY
 from ...record.requests.token_capture import CapturedTokens
 from ...record.schema import Measurement, Phase, RunRecord
-from ..break_even import measured_steps
+from ..map.break_even import measured_steps
 from ..verdict import noise
 from ..verdict.checks import facts
 from .cost_model import (
