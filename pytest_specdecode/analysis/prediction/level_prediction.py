@@ -30,8 +30,9 @@ from typing import Any
 from ...config.arms import BASELINE
 from ...config.break_even import point_of
 from ...config.specconfig import BATCH_TABLE_KEY
+from ...record.measurement import Measurement
 from ...record.requests.token_capture import CapturedTokens
-from ...record.schema import Measurement, Phase, RunRecord
+from ...record.schema import Phase, RunRecord
 from ..break_even import measured_steps
 from ..verdict import noise
 from ..verdict.checks import facts

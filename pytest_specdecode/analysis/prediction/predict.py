@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config.arms import BASELINE
-from ...record.schema import Measurement, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
 from ..verdict import noise
 from .bounded import Recommendation, Support, bounded, recommend, support_of
 from .check import Comparison, compare_prediction, output_divergence

@@ -15,7 +15,8 @@ from pytest_specdecode.analysis.search.answer import search_answer
 from pytest_specdecode.analysis.search.policy import SearchPolicy
 from pytest_specdecode.analysis.verdict.compare import compare_arms, own_figure
 from pytest_specdecode.analysis.verdict.stats import RestartNoise
-from pytest_specdecode.record.schema import Measurement, Phase
+from pytest_specdecode.record.measurement import Measurement
+from pytest_specdecode.record.schema import Phase
 from pytest_specdecode.report.plots import _figure_of
 from pytest_specdecode.report.rows import Row, rows
 from pytest_specdecode.report.sections.prediction import prediction_rows
