@@ -3,8 +3,8 @@
 - predict.py: `predict_run`, the prediction of a run; inputs.py: what it reads from the record;
 - ngram_replay.py, ngram_types.py: vLLM's n-gram proposer replayed offline;
 - step_check.py: the replay checked step by step against the server's per-request arrays;
-- cost_model.py: what a speculative step costs; bounded.py: which predictions bound, and the
-  reload recommended from them; check.py: predicted against measured;
+- cost_model.py: what a speculative step costs; check.py: predicted against measured;
 - level_acceptance.py, level_prediction.py: acceptance and the prediction per load level;
-- coverage.py: how often the predicted band held over stored runs.
+- bands/: whether a predicted band bounds, and the reload recommended from those that do
+  (bounded.py); how often the band held over stored runs (coverage.py).
 """

@@ -42,12 +42,12 @@ cost's band with the baseline TPOT's own noise (`BaselineTiming.tpot_noise`), in
 the prediction scales with t0, which the baseline measured from a few requests, and the errors
 this shares across a prompt type's observations are not in the fit's residuals. So does the
 restart noise: the config would run in a server start of its own. Where the band's coverage over
-stored runs fell short of its nominal 95% (analysis/prediction/coverage.py), `widen` scales it per
-prompt type.
+stored runs fell short of its nominal 95% (analysis/prediction/bands/coverage.py), `widen` scales
+it per prompt type.
 Without a measured candidate the cost is
 unknown: only the ceiling (tok/s if a speculative step cost no more than a plain one) is given.
 Whether a prediction's band bounds, and the reload recommended from those that do:
-analysis/prediction/bounded.py.
+analysis/prediction/bands/bounded.py.
 
 Only replayable methods are predicted: suffix decoding is not, and draft-model, EAGLE or MTP
 methods cannot be (see `ngram_types.unsupported_reason`).
@@ -360,7 +360,7 @@ def predict(
     `restart_sd` is the restart noise (log scale): the config would run in a server start of
     its own, compared with the baseline's, so 95% of that difference of two starts joins the band.
     `widen` scales a prompt type's band (its coverage over stored runs fell short, see
-    analysis/prediction/coverage.py).
+    analysis/prediction/bands/coverage.py).
     """
     start = _Z95 * restart_sd * math.sqrt(2.0)
     out: dict[str, dict[NgramSettings, Prediction]] = {}

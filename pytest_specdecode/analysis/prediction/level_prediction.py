@@ -140,7 +140,7 @@ def predict_levels(
 
     `prior`: per level label, this host's stored runs' cost observations. `widen`: per prompt
     type, the factor the band's coverage over stored runs asks for
-    (analysis/prediction/coverage.py).
+    (analysis/prediction/bands/coverage.py).
     """
     levels = [level.label for level in record.run.levels]
     models, missing = _key_models(record)

@@ -31,7 +31,7 @@ from ...config.arms import BASELINE
 from ...record.measurement import Measurement
 from ...record.schema import RunRecord
 from ..verdict import noise
-from .bounded import Recommendation, Support, bounded, recommend, support_of
+from .bands.bounded import Recommendation, Support, bounded, recommend, support_of
 from .check import Comparison, compare_prediction, output_divergence
 from .cost_model import (
     BaselineTiming,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.prediction.bounded import recommend
+from pytest_specdecode.analysis.prediction.bands.bounded import recommend
 from pytest_specdecode.analysis.prediction.cost_model import (
     BaselineTiming,
     CandidateTiming,

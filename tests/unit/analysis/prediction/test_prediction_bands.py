@@ -1,4 +1,4 @@
-"""Prediction bands that bound (issue 41, analysis/prediction/bounded.py): a tok/s band wider
+"""Prediction bands that bound (issue 41, analysis/prediction/bands/bounded.py): a tok/s band wider
 than a factor of 2, or at tokens per step outside what the cost fit's observations measured, is
 no prediction; the reports say what limits it, and "Next" never recommends from it, nor from a
 config less likely faster than not."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_specdecode.analysis.prediction.bounded import (
+from pytest_specdecode.analysis.prediction.bands.bounded import (
     MAX_BAND_RATIO,
     STEP_SLACK,
     Support,
@@ -216,7 +216,7 @@ def test_results_json_carries_the_reason_in_the_grid(recorded) -> None:  # type:
 
 
 def test_the_search_plan_prints_a_wide_band_as_its_reason() -> None:
-    from pytest_specdecode.analysis.prediction.coverage import Coverage
+    from pytest_specdecode.analysis.prediction.bands.coverage import Coverage
     from pytest_specdecode.analysis.search.policy import Reload, SearchPlan
     from pytest_specdecode.record.search import PredictedBand
     from pytest_specdecode.report.sections.search import plan_lines

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.prediction.coverage import held_out
+from pytest_specdecode.analysis.prediction.bands.coverage import held_out
 from pytest_specdecode.analysis.run import analyze, candidate_verdicts
 from pytest_specdecode.analysis.search.answer import search_answer
 from pytest_specdecode.analysis.search.policy import SearchPolicy

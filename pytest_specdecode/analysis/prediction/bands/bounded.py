@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .cost_model import CandidateTiming, Prediction
-from .ngram_types import NgramSettings
+from ..cost_model import CandidateTiming, Prediction
+from ..ngram_types import NgramSettings
 
 MAX_BAND_RATIO = 2.0  # a tok/s band whose high end exceeds twice its low end is no prediction
 STEP_SLACK = 0.05  # tokens per step past the measured range that still count as inside it
