@@ -40,7 +40,8 @@ from ..record.profile import (
 )
 from ..record.schema import RunRecord
 from ..record.store import stored_runs
-from ..report.plan import Timing, design_lines, previous_timing
+from ..report.plan import Timing, previous_timing
+from ..report.plan_reach import design_lines
 from ..report.text import noise_text
 from ..targets.base import Target
 from .folder import api_headers

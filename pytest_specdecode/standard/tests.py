@@ -12,7 +12,8 @@ import pytest
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..config.arms import AA_ARM
 from ..config.settings import PromptType
-from ..record.schema import Measurement, Phase
+from ..record.measurement import Measurement
+from ..record.schema import Phase
 from ..report.rows import Row
 from ..report.text import decided_by
 from ..run.outcome import Undecided

@@ -29,7 +29,8 @@ from scipy import stats
 
 from ...config.arms import cell_key
 from ...config.break_even import point_of
-from ...record.schema import Measurement, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
 from ..verdict.compare import PromptTypeVerdict
 
 __all__ = [

@@ -26,7 +26,7 @@ from ...config.arms import cell_key
 from ...config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 from ...record.schema import RunRecord
 from ..map.dynamic_k import DEFAULT_MAX_BATCH, batch_boundaries
-from ..prediction.coverage import NOMINAL, CoverageCase
+from ..prediction.bands.coverage import NOMINAL, CoverageCase
 from ..prediction.level_prediction import config_settings
 from ..prediction.ngram_types import NgramSettings
 from ..verdict.compare import PromptTypeVerdict, worst

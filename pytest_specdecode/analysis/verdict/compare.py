@@ -15,7 +15,8 @@ from typing import Any
 
 from ...config.arms import AA_ARM, BASELINE, ORIGINAL_ARMS
 from ...record.counters import Acceptance, combine
-from ...record.schema import Measurement, Phase, RunRecord, SequentialLooks
+from ...record.measurement import Measurement, SequentialLooks
+from ...record.schema import Phase, RunRecord
 from .checks import acceptance_cross_check
 from .interval import Question, arm_figures
 from .stats import Comparison, RestartNoise, Verdict, compare_family

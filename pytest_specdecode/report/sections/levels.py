@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ...analysis.run import RunAnalysis
 from ...config.arms import BASELINE
-from ...record.schema import Measurement, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
 from ..text import fmt_num, fmt_pct
 
 HEADER = (

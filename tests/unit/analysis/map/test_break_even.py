@@ -159,7 +159,7 @@ def test_the_map_lies_at_the_tokens_a_step_counted_not_the_length_asked() -> Non
     a step emitted 3.55 tokens: that is where the point lies."""
     from pytest_specdecode.analysis.map.break_even import measured_steps
     from pytest_specdecode.record.counters import Acceptance
-    from pytest_specdecode.record.schema import Measurement
+    from pytest_specdecode.record.measurement import Measurement
 
     m = Measurement(prompt_type="coding")
     m.samples = [synthetic.sample("coding", "map-k3-L4", i, 156.3, tokens=128) for i in range(9)]

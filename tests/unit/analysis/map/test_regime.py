@@ -201,7 +201,7 @@ def test_the_figure_pairs_by_prompt_so_the_window_s_few_prompts_weigh_no_prompt_
     import random
 
     from pytest_specdecode.analysis.map.regime import regime_figure
-    from pytest_specdecode.record.schema import Measurement
+    from pytest_specdecode.record.measurement import Measurement
 
     from ....support.synthetic import sample
 

@@ -182,7 +182,8 @@ def _without(rec, arm: str):
 
 
 def test_the_plan_says_what_a_twin_would_give(tmp_path: Path) -> None:
-    from pytest_specdecode.report.plan import Timing, design_lines
+    from pytest_specdecode.report.plan_reach import design_lines
+    from pytest_specdecode.report.schedule import Timing
 
     s = _main_job(tmp_path)
     lines = design_lines(

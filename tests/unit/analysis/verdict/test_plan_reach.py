@@ -21,7 +21,8 @@ from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.analysis.verdict.design import family_size, reach
 from pytest_specdecode.analysis.verdict.interval import Question, nested_interval
 from pytest_specdecode.config.settings import Settings, load_settings
-from pytest_specdecode.report.plan import Timing, design_lines
+from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.schedule import Timing
 
 TYPES = ("coding", "math", "structured", "explanatory")
 OFFSET_SD, SLOT_SD = 0.036, 0.08  # the H200's prior (3 df) and its slots' noise

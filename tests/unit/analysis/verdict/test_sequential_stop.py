@@ -26,9 +26,10 @@ from pytest_specdecode.analysis.verdict.sequential import Simulated, expected_sl
 from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.measure.experiment.arms import Experiment
-from pytest_specdecode.record.schema import Measurement, SequentialLooks
+from pytest_specdecode.record.measurement import Measurement, SequentialLooks
 from pytest_specdecode.record.store import RunStore, load_run
-from pytest_specdecode.report.plan import Timing, design_lines
+from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.schedule import Timing
 
 from ....support.scripted_target import Script, ScriptedTarget, Speed
 from ....support.synthetic import record, settings
