@@ -107,15 +107,19 @@ class Planning:
     def resolve_shape(self, target: Target, facts: VllmFacts) -> None:
         """--spec-shape: the shape read, its depth fitted to the room and checked against the
         serving vLLM, or refused (ShapeRefused); reads only (targets/shaped.py)."""
-        asked = self.settings.shape
+        asked, run = self.settings.shape, self.settings.run
         if asked is None or self.shape is not None:
             return
+        # side by side (or auto, which may choose it): the depth must fit each server's part
+        several = min(run.beside, len(self.settings.candidates))
+        beside = 0 if run.arms == "one-at-a-time" else several
         self.shape = resolve_shape(
             target,
             self.settings.target,
             asked,
             facts,
             folder=self.shape_folder,
+            beside=beside,
             progress=self.progress,
         )
 

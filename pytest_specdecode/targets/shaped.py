@@ -29,6 +29,7 @@ from ..config.target import TargetConfig
 from ..errors import ShapeRefused
 from ..files import write_atomically
 from .base import Progress, Target
+from .beside.placement import GPU_SHARE, gpu_share_of
 from .facts.model_config import ModelSite
 from .facts.shape_site import read_room, read_shape
 
@@ -43,16 +44,26 @@ def resolve_shape(
     facts: VllmFacts,
     *,
     folder: Path,
+    beside: int = 0,
     progress: Progress | None = None,
 ) -> ServedShape:
     """Before anything is touched: the shape read where it is, the room read on the serving
-    host, the depth chosen, and the refusals (config/shape/resolve.py). Reads only."""
+    host (each server's part, where `beside` servers may serve beside the baseline), the depth
+    chosen, and the refusals (config/shape/resolve.py). Reads only."""
     say = progress or (lambda _line: None)
     site: ModelSite | None = getattr(target, "model_site", lambda: None)()
     argv, env = served_command(target, config)
     shape, vocab = read_shape(asked, site)
     say(f"shape: {shape.describe()} ({shape.origin})")
     room = read_room(target.host, argv, env)
+    if room is not None and beside:
+        servers = beside + 1
+        room = room.shared(
+            servers,
+            share=gpu_share_of(GPU_SHARE, servers),
+            beside=f"each of {servers} servers side by side gets its part (--spec-arms "
+            "one-at-a-time gives one server all of it)",
+        )
     say(f"shape: the room on {target.host_name}: " + (room.where if room else "not read"))
     where = site.where if site is not None else f"the server on {target.host_name}"
     served = serve_shape(

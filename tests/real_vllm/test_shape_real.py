@@ -100,6 +100,10 @@ def _says(run: ShapeRun, cut: str) -> None:
     assert "Measured on the shape, not the model" in run.summary
     assert "- Random: the weights (--load-format dummy)" in run.summary
     assert f"- Cut: {cut}" in run.summary
+    page = (run.exp.run_dir() / "report.html").read_text()
+    assert "Measured on the shape, not the model" in page and "Random: the weights" in page
+    assert "Measured on the shape, not the model" in run.done.stdout  # the terminal
+    assert f"  Cut: {cut}" in run.done.stdout
 
 
 def test_the_served_models_own_shape_is_measured_with_dummy_weights(served: ShapeRun) -> None:

@@ -93,3 +93,18 @@ def test_on_a_cpu_the_kv_space_is_apart_from_the_weights() -> None:
     assert fit_depths(llama, [2], room, max_model_len=131072).depths == (2,)
     with pytest.raises(ShapeRefused):
         fit_depths(llama, [8], room, max_model_len=131072)
+
+
+def test_side_by_side_each_server_gets_its_part_of_the_room() -> None:
+    one_gpu = gpu_room([H100_MIB], share=0.9, host="gpu-1")
+    halves = one_gpu.shared(2, share=0.45, beside="each of 2 servers side by side")
+    assert halves.share == 0.45 and halves.bytes < one_gpu.bytes / 2
+    assert halves.where.endswith("; each of 2 servers side by side")
+    two_gpus = gpu_room([H100_MIB], share=0.9, host="gpu-1", visible=2)
+    assert two_gpus.shared(2, share=0.45, beside="") == two_gpus  # a GPU of its own each
+    cpu = cpu_room(16 * GIB, kv_space_gib=1, host="localhost")
+    assert cpu.shared(2, share=0.45, beside="").bytes == 8 * GIB - 3 * GIB
+    v3, h200 = named_shape("deepseek-v3"), gpu_room([H200_MIB], share=0.9, host="gpu-1")
+    alone = fit_depths(v3, None, h200, max_model_len=4096).depths[0]
+    beside = fit_depths(v3, None, h200.shared(2, share=0.45, beside=""), max_model_len=4096)
+    assert beside.depths[0] < alone  # a MoE layer's 10.5 GiB each: fewer fit in half
