@@ -28,11 +28,20 @@ PROMPT = "the coding prompt"
 FAST = Script(speeds={PROMPT: Speed(gap_s=0.008)})
 
 
-def two(tmp_path: Path, *, drains: bool = False):
-    """Two scripted replicas, each running its original, on one virtual time."""
-    s = settings(tmp_path, samples=3, prompt_types=("coding",), candidates=("ngram",))
-    a = ScriptedTarget(Script(), {"ngram": FAST}, running=True)
-    b = ScriptedTarget(Script(), {"ngram": FAST}, running=True)
+def two(
+    tmp_path: Path,
+    *,
+    drains: bool = False,
+    prompt_types: tuple[str, ...] = ("coding",),
+    candidates: tuple[str, ...] = ("ngram",),
+    speeds: dict[str, Speed] | None = None,
+):
+    """Two scripted replicas, each running its original, on one virtual time; every candidate
+    streams FAST, or as `speeds` say (by prompt)."""
+    s = settings(tmp_path, samples=3, prompt_types=prompt_types, candidates=candidates)
+    scripts = {name: Script(speeds={**FAST.speeds, **(speeds or {})}) for name in candidates}
+    a = ScriptedTarget(Script(), scripts, running=True)
+    b = ScriptedTarget(Script(), scripts, running=True)
     b.time = a.time
     log: list[str] = []
     replicas = [
@@ -112,6 +121,40 @@ def test_each_replica_is_started_at_most_twice_and_left_as_it_was(tmp_path: Path
         low, high = entry["throughput"][key]["low"], entry["throughput"][key]["high"]
         assert low <= entry["throughput"][key]["estimate"] <= high
     assert entry["throughput"]["change"]["estimate"] > 0  # the candidate streams faster here
+
+
+def test_the_family_counts_each_candidate_and_each_metric_every_slot_has(
+    tmp_path: Path,
+) -> None:
+    """docs/statistics.md: each change at 1 - 2 alpha / m, m = candidates x metrics. A slot
+    whose candidate's output is one token long has no TPOT on that replica (the baseline's has
+    one): TPOT leaves the family; a second candidate (a rotation of three periods) doubles it."""
+    alpha = 0.05
+
+    def analysed(path: Path, **kwargs) -> dict:
+        path.mkdir()
+        run, _, _, log = two(path, **kwargs)
+        with hold(run, log) as held:
+            run.held = held
+            run.measure_all()
+        found, why = run.analysed()
+        assert why is None and found is not None
+        return found
+
+    both = analysed(tmp_path / "both")["ngram"]
+    assert both["throughput"]["confidence"] == pytest.approx(1 - 2 * alpha / 2)
+    assert both["tpot"]["confidence"] == pytest.approx(1 - 2 * alpha / 2)
+    one_token = analysed(tmp_path / "one", prompt_types=("coding", "math"),
+                         speeds={"the math prompt": Speed(tokens=1)})["ngram"]  # fmt: skip
+    assert "tpot" not in one_token
+    assert one_token["throughput"]["confidence"] == pytest.approx(1 - 2 * alpha / 1)
+    assert one_token["slots"] == 2 * 6  # the math slots are analysed for their throughput
+    rotated = analysed(tmp_path / "rotated", candidates=("ngram", "eagle"))
+    assert set(rotated) == {"ngram", "eagle"}
+    for entry in rotated.values():
+        assert entry["periods"] == 3
+        for metric in ("throughput", "tpot"):
+            assert entry[metric]["confidence"] == pytest.approx(1 - 2 * alpha / 4)
 
 
 class Cut(Exception):
