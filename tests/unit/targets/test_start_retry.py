@@ -8,6 +8,7 @@ response from front-end process within 5 minutes`, and the test that needed its 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report.rows import checks
 from pytest_specdecode.targets import lifecycle
-from pytest_specdecode.targets.lifecycle import experiment_services
+from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
 from pytest_specdecode.targets.start_failure import config_refusal
 
 from ...support.inprocess import run_in_process
@@ -176,6 +177,38 @@ def test_a_second_death_fails_the_arm_and_names_both_starts(tmp_path: Path) -> N
     assert f"(started twice: the first start died too, 0s into it: {DIED})" in failed
     assert exp.record.failures["ngram"].startswith("scripted service 'ngram' failed while")
     assert target.original().is_active()
+
+
+def test_a_start_that_dies_once_a_signal_came_is_not_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C reaches a local server's process group too: its engine dies as the controller
+    notes the signal (raised in another thread, such as a replica's switch). That death is no
+    reason for a second start: the run is ending, and a start can take an hour."""
+    interrupts = Interrupts()
+    monkeypatch.setattr(lifecycle, "INTERRUPTS", interrupts)
+    target = ScriptedTarget(Script(), {"ngram": Script(crash_at_start=DIED, crash_starts=1)},
+                            running=True)  # fmt: skip
+    made = target.candidate
+
+    def candidate(spec):
+        service = made(spec)
+        real = service.failure
+
+        def failure() -> str | None:
+            if not interrupts.signals:
+                interrupts.signalled(signal.SIGINT)  # noted; its KeyboardInterrupt is elsewhere
+            return real()
+
+        service.failure = failure  # type: ignore[method-assign]
+        return service
+
+    target.candidate = candidate  # type: ignore[method-assign]
+    exp = run(tmp_path, target, retry=True)
+    assert starts(target, "ngram") == 1
+    assert DIED in str(exp.failed)  # type: ignore[attr-defined]
+    assert not any("once more" in line for line in exp.lines)  # type: ignore[attr-defined]
+    assert target.original().is_active()  # restored
 
 
 # -- the whole run, as pytest prints it -------------------------------------------------------
