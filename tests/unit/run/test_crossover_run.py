@@ -7,8 +7,11 @@ change, the replica effect and the period effect."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,12 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.run import crossover as crossover_module
 from pytest_specdecode.run.crossover import CrossoverRun
-from pytest_specdecode.targets.lifecycle import INTERRUPTS
-from pytest_specdecode.targets.replicas import Replica, replica_services
+from pytest_specdecode.targets import lifecycle
+from pytest_specdecode.targets.lifecycle import INTERRUPTS, Interrupts
+from pytest_specdecode.targets.replicas import Replica, all_of, replica_services
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed
+from ...support.sigint import plugin_sigint
 from ...support.synthetic import settings, store
 from ..config.test_replicas_config import CONFTEST, HEAD, smi
 
@@ -243,6 +248,38 @@ def test_a_failed_drain_names_the_replica_and_both_are_restored(tmp_path: Path) 
     assert "no such backend" in text and "served its original" in text
     assert "start ngram" not in a.events  # a drain that failed: a was never restarted
     assert b.original().is_active() and a.original().is_active()
+
+
+def test_a_ctrl_c_that_another_thread_receives_ends_the_wait_for_the_switches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel hands a process's SIGINT to any thread that does not block it; its handler
+    runs in the main thread only once that one runs. One that lands on a replica's thread (or
+    on the main thread just as it falls asleep) while the main thread waits for the switches
+    must end the wait then, not once the switch is done: a start can take an hour."""
+    monkeypatch.setattr(lifecycle, "INTERRUPTS", Interrupts())  # this test's signals only
+    sent, done = threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="specdecode-a")
+
+    def switch() -> None:
+        sent.wait(5.0)
+        os.kill(os.getpid(), signal.SIGINT)  # the main thread blocks it: this thread gets it
+        done.wait(5.0)  # a start still under way
+
+    with plugin_sigint():
+        future = pool.submit(switch)  # its thread starts with SIGINT unblocked
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        began = time.monotonic()
+        try:
+            sent.set()
+            with pytest.raises(KeyboardInterrupt):
+                all_of([future])
+            waited = time.monotonic() - began
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            done.set()
+            pool.shutdown()
+    assert waited < 2.0 and lifecycle.INTERRUPTS.signals == ["SIGINT"]
 
 
 # -- through the plugin ---------------------------------------------------------------------
