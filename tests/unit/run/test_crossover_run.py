@@ -6,6 +6,7 @@ change, the replica effect and the period effect."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from ...support.synthetic import settings, store
 from ..config.test_replicas_config import CONFTEST, HEAD, smi
 
 PROMPT = "the coding prompt"
+DIED = "RuntimeError: Engine core initialization failed. See root cause above."
 FAST = Script(speeds={PROMPT: Speed(gap_s=0.008)})
 
 
@@ -63,7 +65,7 @@ def two(
     return run, a, b, log
 
 
-def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0):
+def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0, **more):
     kwargs = {"runner": runner} if runner else {}
     return replica_services(
         run.replicas,
@@ -71,6 +73,7 @@ def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0)
         restore_timeout_s=restore_s,
         progress=log.append,
         **kwargs,
+        **more,
     )
 
 
@@ -248,6 +251,68 @@ def test_a_failed_drain_names_the_replica_and_both_are_restored(tmp_path: Path) 
     assert "no such backend" in text and "served its original" in text
     assert "start ngram" not in a.events  # a drain that failed: a was never restarted
     assert b.original().is_active() and a.original().is_active()
+
+
+def sigint_as_it_starts(target: ScriptedTarget) -> None:
+    """The target's candidate start (in its replica's thread, during a switch) sends SIGINT to
+    this process, as a Ctrl-C would, and goes on once the main thread's handler noted it; it
+    ends a while after (0.2 s of real time), as a start does."""
+    made = target.candidate
+
+    def candidate(spec):
+        service = made(spec)
+        real = service.start
+
+        def start() -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 5.0
+            while not lifecycle.INTERRUPTS.signals and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.2)
+            real()
+
+        service.start = start  # type: ignore[method-assign]
+        return service
+
+    target.candidate = candidate  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["starts", "dies-with-the-signal"])
+def test_a_sigint_during_a_replicas_switch_restores_both_and_keeps_period_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies: bool
+) -> None:
+    """Period 2's switch: a is restarted into the candidate while b goes back to its original,
+    each in its own thread; a Ctrl-C comes as a's candidate starts (`dies`: and its engine dies
+    with it, as a local server's process group gets the Ctrl-C too). The restore waits for the
+    switch, puts a's original back, and the candidate is never started a second time."""
+    monkeypatch.setattr(lifecycle, "INTERRUPTS", Interrupts())  # this test's signals only
+    run, a, b, log = two(tmp_path)
+    if dies:
+        script = dataclasses.replace(FAST, crash_at_start=DIED, crash_starts=1)
+        a._scripts = {"ngram": script}  # a's own: b's candidate started in period 1
+    sigint_as_it_starts(a)
+    with (
+        plugin_sigint(),
+        pytest.raises(KeyboardInterrupt),
+        hold(run, log, retry_failed_start=True) as held,
+    ):
+        run.held = held
+        run.measure_all()
+    assert lifecycle.INTERRUPTS.signals == ["SIGINT"]
+    # a: its original in period 1, the candidate started once in period 2's switch, back
+    assert starts_and_stops(a) == ["stop original", "start ngram", "stop ngram", "start original"]
+    assert starts_and_stops(b) == ["stop original", "start ngram", "stop ngram", "start original"]
+    assert a.original().is_active() and b.original().is_active()
+    assert not any("once more" in line for line in log)
+    assert [r.starts for r in run.replicas] == [2, 2]
+    assert [r.left for r in run.replicas] == ["active, serving", "active, serving"]
+    for replica in run.replicas:
+        assert replica.board is not None and replica.board.ending.how == "interrupted"
+    # nothing measured is lost: period 1's slots, in the journal and results.json
+    assert not run.done and {s["period"] for s in journal(run)} == {1}
+    assert len(journal(run)) == 2 * 3
+    stored = json.loads(run.store.path.read_text())["crossover_slots"]
+    assert [(s["period"], s["slot"]) for s in stored] == [(1, 0), (1, 1), (1, 2)]
 
 
 def test_a_ctrl_c_that_another_thread_receives_ends_the_wait_for_the_switches(
