@@ -386,7 +386,27 @@ def _importable_support(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[3]))
 
 
-def crossover(pytester: pytest.Pytester, replicas: str, *args: str) -> pytest.RunResult:
+# Ctrl-C as a's candidate starts (period 2's switch), SIGINT as a terminal's finds it
+SIGINT_DEFAULT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+CUT_IN_A_SWITCH = """    def candidate(self, spec):
+        import os, signal
+        service = super().candidate(spec)
+        if self.api_base.endswith(".1:8000"):
+            start = service.start
+
+            def cut_as_it_starts():
+                os.kill(os.getpid(), signal.SIGINT)
+                start()
+
+            service.start = cut_as_it_starts
+        return service
+
+    def close(self):"""
+
+
+def crossover(
+    pytester: pytest.Pytester, replicas: str, *args: str, cut_switch: bool = False
+) -> pytest.RunResult:
     facts = {
         "http://10.0.0.1:8000": {"vllm": "0.11.0", "nvidia_smi": smi(1)},
         "http://10.0.0.2:8000": {"vllm": "0.11.0", "nvidia_smi": smi(1)},
@@ -394,7 +414,10 @@ def crossover(pytester: pytest.Pytester, replicas: str, *args: str) -> pytest.Ru
     (pytester.path / "facts.json").write_text(json.dumps(facts))
     conftest = CONFTEST.replace("super().__init__(Script())",
                                 "super().__init__(Script(), running=True)")  # fmt: skip
-    pytester.makeconftest(conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1))
+    conftest = conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1)
+    if cut_switch:
+        conftest = SIGINT_DEFAULT + conftest.replace("    def close(self):", CUT_IN_A_SWITCH, 1)
+    pytester.makeconftest(conftest)
     text = 'reports_dir = "reports"\n' + HEAD.format(extra="") + RUN + replicas
     pytester.makefile(".toml", specdecode=text)
     return pytester.runpytest_subprocess("--spec-config", "ngram", "-rs", *args)
@@ -474,6 +497,44 @@ def test_a_ctrl_c_in_period_2_restores_both_and_says_the_run_was_cut(
     events = [json.loads(e) for e in (pytester.path / "events.jsonl").read_text().splitlines()]
     started = [[e for e in ev[1] if e.startswith("start")] for ev in events if len(ev[1]) > 1]
     assert sorted(started) == [["start ngram", "start original"]] * 2  # each: twice, back
+
+
+@pytest.mark.usefixtures("_importable_support")
+def test_a_ctrl_c_during_period_2_s_switch_restores_both_and_says_so(
+    pytester: pytest.Pytester,
+) -> None:
+    result = crossover(pytester, TWO, cut_switch=True)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret not in (pytest.ExitCode.OK, pytest.ExitCode.USAGE_ERROR), out
+    assert "[crossover] period 2 of 2: switching the replicas" in out
+    assert "[crossover] period 2 of 2: a serves ngram, b serves baseline" not in out  # no slot
+    (path,) = (pytester.path / "reports").glob("*/results.json")
+    results = json.loads(path.read_text())
+    cut = results["cut"]
+    assert cut["by"] == "SIGINT" and cut["kind"] == "signal", cut
+    assert cut["step"] == (
+        "crossover period 2: switching the replicas (a serves ngram, b serves baseline)"
+    )
+    assert cut["design_complete"] is False
+    assert results["crossover"] is None
+    assert results["crossover_missing"] == "period 2 not measured"
+    # nothing measured is lost: period 1's slots, each to both replicas
+    assert [(s["period"], s["slot"]) for s in results["crossover_slots"]] == [(1, 0), (1, 1),
+                                                                            (1, 2)]  # fmt: skip
+    samples = (path.parent / "samples.jsonl").read_text().splitlines()
+    assert {(json.loads(x)["period"], json.loads(x)["replica"]) for x in samples} == {
+        (1, "a"), (1, "b")
+    }  # fmt: skip
+    assert [(r["name"], r["starts"], r["left"]) for r in results["replicas"]] == [
+        ("a", 2, "active, serving"),
+        ("b", 2, "active, serving"),
+    ]
+    assert results["ending"]["how"] == "interrupted"
+    summary = (path.parent / "summary.md").read_text()
+    assert "Run cut short" in summary and "switching the replicas" in summary
+    events = [json.loads(e) for e in (pytester.path / "events.jsonl").read_text().splitlines()]
+    started = [[e for e in ev[1] if e.startswith("start")] for ev in events if len(ev[1]) > 1]
+    assert sorted(started) == [["start ngram", "start original"]] * 2  # each: once, and back
 
 
 @pytest.mark.usefixtures("_importable_support")
