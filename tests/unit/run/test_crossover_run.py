@@ -22,6 +22,7 @@ from pytest_specdecode.targets.replicas import Replica, replica_services
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed
 from ...support.synthetic import settings, store
+from ...support.terminal import SIGINT_AS_IN_A_TERMINAL
 from ..config.test_replicas_config import CONFTEST, HEAD, smi
 
 PROMPT = "the coding prompt"
@@ -249,7 +250,8 @@ def crossover(pytester: pytest.Pytester, replicas: str, *args: str) -> pytest.Ru
     (pytester.path / "facts.json").write_text(json.dumps(facts))
     conftest = CONFTEST.replace("super().__init__(Script())",
                                 "super().__init__(Script(), running=True)")  # fmt: skip
-    pytester.makeconftest(conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1))
+    conftest = conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1)
+    pytester.makeconftest(SIGINT_AS_IN_A_TERMINAL + conftest)  # the Ctrl-C test sends SIGINT
     text = 'reports_dir = "reports"\n' + HEAD.format(extra="") + RUN + replicas
     pytester.makefile(".toml", specdecode=text)
     return pytester.runpytest_subprocess("--spec-config", "ngram", "-rs", *args)
