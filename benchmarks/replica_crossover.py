@@ -6,9 +6,9 @@ at once: its log value is the prompt's level, the moment's (shared by both repli
 period's shift (both replicas), the replica's own speed, the arm's change (with each prompt's
 own speed-up about it), the start's effect (one per replica and period) and the request's own
 noise. TPOT is the inverse throughput with noise of its own. Each run is analysed by the
-crossover (`analysis/replicas.py` → `crossover_of`) and by period 1 alone, the candidate on B
-against the baseline on A as one pair side by side (`analysis/verdict/stats.py` →
-`compare_family`). The restart noise the analysis is told is measured, as an A/A run measures
+crossover (`analysis/replicas/crossover.py` → `crossover_of`) and by period 1 alone, the
+candidate on B against the baseline on A as one pair side by side (`analysis/verdict/stats.py`
+→ `compare_family`). The restart noise the analysis is told is measured, as an A/A run measures
 it: the true start effect scaled by a chi-square draw on its degrees of freedom. Run from the
 repository root:
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_specdecode.analysis.replicas import CrossoverSlot, crossover_of, rotation
-from pytest_specdecode.analysis.verdict.stats import Question, RestartNoise, Verdict, compare_family
+from pytest_specdecode.analysis.replicas.crossover import CrossoverSlot, crossover_of, rotation
+from pytest_specdecode.analysis.verdict.interval import Question
+from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict, compare_family
 
 METRICS = ("throughput", "tpot")
 

@@ -15,7 +15,7 @@ from functools import cached_property
 from .analysis.verdict.compare import PromptTypeVerdict
 from .config.load import LoadLevel
 from .config.settings import PromptType
-from .record.schema import Measurement
+from .record.measurement import Measurement
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from .config.load import LoadLevel
 from .config.settings import PromptType, Settings
 from .measure.experiment.arms import Experiment
 from .measure.search import SearchStopped
-from .record.schema import Measurement, Phase
+from .record.measurement import Measurement
+from .record.schema import Phase
 from .run.session import SpecDecodeSession, session_of
 
 

@@ -20,7 +20,7 @@ from .run.crossover import new_session
 from .run.session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
-from .targets.lifecycle import interrupt_on_signals
+from .targets.interrupts import interrupt_on_signals
 
 GROUP = "specdecode"
 _CONFIG: list[pytest.Config] = []  # the runs' configs, for the hooks that are not handed one
@@ -298,7 +298,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         html_hooks.register(config, session)
         session.on_discard.append(lambda: html_hooks.disable(config))  # a refused run: no report
-    interrupt_on_signals()
+    interrupt_on_signals(session.progress)  # it says so where Ctrl-C cannot cut the run
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

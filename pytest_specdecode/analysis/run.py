@@ -15,11 +15,12 @@ from ..config.break_even import point_of
 from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
-from .break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
-from .crossover import Crossover, DynamicK, LevelPoint, crossover, recommend_dynamic_k
+from .map.break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
+from .map.dynamic_k import DynamicK, recommend_dynamic_k
+from .map.paying_load import LevelPoint, PayingLoad, paying_load
+from .map.regime import Regime, regime_of
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
-from .regime import Regime, regime_of
 from .search.answer import SearchAnswer, search_answer
 from .variance.pairs import PositionBias
 from .variance.time_drift import TimeDrift
@@ -106,9 +107,9 @@ class RunAnalysis:
     measured_noise: dict[str, RestartNoise]  # what this run measured, for the next runs
     warnings: list[str] = field(default_factory=list)
     prediction: RunPrediction | None = None  # the n-gram replay; beside the verdicts, not in them
-    # Several load levels: per candidate and prompt type, where the speedup crosses 1.0; and,
-    # for several k of one method, vLLM's num_speculative_tokens_per_batch_size table
-    crossovers: dict[str, dict[str, Crossover]] = field(default_factory=dict)
+    # Several load levels: per candidate and prompt type, the paying load (where the speedup
+    # crosses 1.0); several k of one method: vLLM's num_speculative_tokens_per_batch_size table
+    paying_loads: dict[str, dict[str, PayingLoad]] = field(default_factory=dict)
     dynamic_k: list[DynamicK] = field(default_factory=list)
     # acceptance per request, prompt and level; the replay checked step by step at each level
     acceptance: AcceptanceByLevel = field(default_factory=AcceptanceByLevel)
@@ -126,7 +127,7 @@ class RunAnalysis:
     map_verdicts: dict[str, dict[str, PromptTypeVerdict]] = field(default_factory=dict)
     break_even: BreakEvenMap | None = None
     map_checks: list[MapCheck] = field(default_factory=list)  # the candidates against the map
-    # beside two or more: the baseline beside them all against beside one (analysis/regime.py)
+    # beside two or more: the baseline beside them all against beside one (analysis/map/regime.py)
     regime: Regime | None = None
 
     @property
@@ -165,9 +166,9 @@ class RunAnalysis:
             },
             "warnings": self.warnings,
             "prediction": self.prediction.to_json() if self.prediction else None,
-            "crossovers": {
+            "paying_loads": {
                 c: {name: x.to_dict() for name, x in per.items()}
-                for c, per in self.crossovers.items()
+                for c, per in self.paying_loads.items()
             },
             "dynamic_k": [d.to_dict() for d in self.dynamic_k],
             "acceptance_by_level": self.acceptance.to_json(),
@@ -236,7 +237,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         + (prediction.warnings if prediction else [])
         + by_level.warnings,
         prediction=prediction,
-        crossovers=_crossovers(points),
+        paying_loads=_paying_loads(points),
         dynamic_k=recommend_dynamic_k(
             {c: record.candidates[c] for c in points}, points, max_num_seqs=max_num_seqs(record)
         )
@@ -374,12 +375,12 @@ def level_points(
     return out
 
 
-def _crossovers(
+def _paying_loads(
     points: Mapping[str, Mapping[str, list[LevelPoint]]],
-) -> dict[str, dict[str, Crossover]]:
+) -> dict[str, dict[str, PayingLoad]]:
     return {
         candidate: {
-            name: crossover(series, prompt_type=name, candidate=candidate)
+            name: paying_load(series, prompt_type=name, candidate=candidate)
             for name, series in per.items()
         }
         for candidate, per in points.items()

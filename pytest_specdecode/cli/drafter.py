@@ -3,8 +3,8 @@
 `specdecode-drafter eagle3 TARGET OUT`: an EAGLE-3 head with random weights, from a
 Llama-architecture target's config. `specdecode-drafter cut TARGET OUT --layers N`: a draft model
 of the target's first N layers, their weights as they are. Both are checked against the target
-by the drafter check (`analysis/drafter.py`) before anything is written, and written to a folder
-beside OUT that is renamed at the end: a refused or failed command leaves nothing.
+by the drafter check (`analysis/drafters/check.py`) before anything is written, and written to a
+folder beside OUT that is renamed at the end: a refused or failed command leaves nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..analysis.drafter import check_drafter, describe_drafter
+from ..analysis.drafters.check import check_drafter, describe_drafter
 from ..errors import ConfigError
 from ..record.safetensors_io import TensorOut, write_safetensors
 from .drafter_make import (

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.drafter import AUX_KEY, default_aux_ids, text_config
+from ..analysis.drafters.check import AUX_KEY, default_aux_ids, text_config
 from ..errors import ConfigError
 from ..record.safetensors_io import SafetensorsFile, TensorOut, bf16_bytes, chunked
 

@@ -105,7 +105,7 @@ class RunConfig:
     beside: int = 1  # together: the most candidates served beside one baseline start at once
     # beside two or more: the baseline's slots per cell with one server beside, before the rest
     # start (the regime window, measure/experiment/arms.py; 0: none), and how much slower the
-    # baseline beside all of them may run before the run says so (analysis/regime.py)
+    # baseline beside all of them may run before the run says so (analysis/map/regime.py)
     regime_slots: int = 4
     regime_tolerance: float = 0.05
     sequential: bool = True  # side by side: a cell stops once decided (analysis/verdict/)

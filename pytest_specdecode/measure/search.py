@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..analysis.prediction.coverage import band_coverage
+from ..analysis.prediction.bands.coverage import band_coverage
 from ..analysis.prediction.level_prediction import cost_prior
 from ..analysis.run import candidate_verdicts
 from ..analysis.search.policy import SearchPolicy, Stop

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analysis.crossover import Crossover, CrossoverKind, LevelPoint
+from ..analysis.map.paying_load import LevelPoint, PayingLoad, PayingLoadKind
 from ..analysis.run import RunAnalysis
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..record.counters import ACCEPTED_PER_DRAFT
@@ -65,7 +65,7 @@ def write_plots(record: RunRecord, analysis: RunAnalysis, run_dir: Path) -> dict
         out["time"] = over_time
     if analysis.break_even is not None:
         out["break-even"] = break_even_map(analysis, run_dir / "break-even.png")
-    for candidate, per in analysis.crossovers.items():  # several load levels
+    for candidate, per in analysis.paying_loads.items():  # several load levels
         series = {x.prompt_type: list(x.points) for x in per.values()}
         name = f"speedup-{candidate}"
         drawn = speedup_vs_load(
@@ -340,14 +340,14 @@ def _acceptance(record: RunRecord, analysis: RunAnalysis, path: Path) -> Path:
 
 def speedup_vs_load(
     series: Mapping[str, Sequence[LevelPoint]],
-    crossovers: Mapping[str, Crossover],
+    paying_loads: Mapping[str, PayingLoad],
     path: Path,
     *,
     title: str,
 ) -> Path | None:
     """Speedup (candidate/baseline tok/s) with its interval against load, one line per prompt
-    type, both axes logarithmic (the crossover is interpolated in log-log, so it lies on the
-    drawn line); a line at 1.0, and each crossover marked with its uncertainty.
+    type, both axes logarithmic (the paying load is interpolated in log-log, so it lies on the
+    drawn line); a line at 1.0, and each paying load marked with its uncertainty.
 
     None, and no file, when no prompt type has a measured level.
     """
@@ -391,15 +391,15 @@ def speedup_vs_load(
             zorder=3,
             label=name,
         )
-        cross = crossovers.get(name)
-        if cross is not None and cross.kind is CrossoverKind.CROSSING and cross.load:
-            lo = cross.low if cross.low is not None else left  # open: to the edge
-            hi = cross.high if cross.high is not None else right
+        paying = paying_loads.get(name)
+        if paying is not None and paying.kind is PayingLoadKind.CROSSING and paying.load:
+            lo = paying.low if paying.low is not None else left  # open: to the edge
+            hi = paying.high if paying.high is not None else right
             ax.plot([lo, hi], [1.0, 1.0], color=color, lw=6, alpha=0.3, solid_capstyle="butt")
-            ax.plot([cross.load], [1.0], marker="D", ms=8, color=color, mec="#111", zorder=4)
+            ax.plot([paying.load], [1.0], marker="D", ms=8, color=color, mec="#111", zorder=4)
             ax.annotate(
-                cross.fmt(cross.load),
-                (cross.load, 1.0),
+                paying.fmt(paying.load),
+                (paying.load, 1.0),
                 textcoords="offset points",
                 xytext=(0, 8 + 12 * i),
                 ha="center",

@@ -8,8 +8,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis.replicas import CrossoverMetric, CrossoverResult, Effect
-from ..analysis.replicas_alike import Alike, ReplicaFacts
+from ..analysis.replicas.alike import Alike, ReplicaFacts
+from ..analysis.replicas.crossover import CrossoverMetric, CrossoverResult, Effect
 from ..analysis.verdict.stats import Verdict
 from ..config.replicas import ReplicaConfig, crossover_periods, restarts_of
 

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..analysis.regime import Regime, fallback_beside
+from ..analysis.map.regime import Regime, fallback_beside
 from ..config.settings import Settings
 from ..record.profile import HostProfile
 from ..targets.base import Target, room_beside
@@ -62,7 +62,7 @@ def with_regime(
 ) -> tuple[Settings, str | None]:
     """Side by side beside two or more: no more beside than stored runs on this machine
     measured the baseline within their tolerance (`measured`: their regimes, newest first;
-    analysis/regime.py `fallback_beside`), and why; else the settings as they are."""
+    analysis/map/regime.py `fallback_beside`), and why; else the settings as they are."""
     run = settings.run
     if run.arms != "together" or run.beside < 2:
         return settings, None

@@ -2,7 +2,7 @@
 
 `CrossoverSession` is the run's session where the target has replicas (docs/replicas.md):
 1. before anything is touched, each replica is read and checked against the others
-   (run/replicas.py → `replica_facts`, analysis/replicas_alike.py → `alike`) and preflighted;
+   (run/replicas.py → `replica_facts`, analysis/replicas/alike.py → `alike`) and preflighted;
    refused replicas end the run as a usage error, nothing touched;
 2. the replicas are held by targets/replicas.py → `replica_services` (each one's
    `experiment_services`, restored all at once whatever happens, drained and undrained);
@@ -11,7 +11,7 @@
    journalled as it comes with its period and replica; each replica's other clients and other
    work are watched through each slot (measure/crossover_watch.py), a contaminated slot sent
    again once or marked;
-4. the analysis is analysis/replicas.py → `crossover_of`; results.json's `crossover` and
+4. the analysis is analysis/replicas/crossover.py → `crossover_of`; results.json's `crossover` and
    `replicas`, summary.md and the terminal say the change, the replica and period effects.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from ..analysis.replicas import METRICS, CrossoverSlot, crossover_of
-from ..analysis.replicas_alike import alike
+from ..analysis.replicas.alike import alike
+from ..analysis.replicas.crossover import METRICS, CrossoverSlot, crossover_of
 from ..analysis.variance.restarts import RestartNoise
 from ..config.arms import BASELINE
 from ..config.replicas import Period, crossover_periods
@@ -50,7 +50,7 @@ from ..report.plan import RUN_LOG
 from ..report.replicas import alike_lines, crossover_json, crossover_lines, schedule_lines
 from ..targets.base import Target
 from ..targets.host_env import HostProbe
-from ..targets.lifecycle import INTERRUPTS
+from ..targets.interrupts import INTERRUPTS
 from ..targets.replicas import Replica, ReplicaSet, replica_services
 from .folder import api_headers, check_writable
 from .replicas import replica_facts

@@ -1,12 +1,19 @@
 """The drafter check before anything restarts: each drafter's config, read where it is loaded,
-against the target's (analysis/drafter.py), for every candidate whose method loads a model."""
+against the target's (analysis/drafters/check.py), for every candidate whose method loads a
+model."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..analysis.drafter import Drafter, DrafterCheck, check_drafter, describe_drafter, drafter_kind
+from ..analysis.drafters.check import (
+    Drafter,
+    DrafterCheck,
+    check_drafter,
+    describe_drafter,
+    drafter_kind,
+)
 from ..config.specconfig import SpecConfig
 from ..errors import ConfigError
 from ..targets.base import Target

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..analysis.regime import Regime, regime_of
+from ..analysis.map.regime import Regime, regime_of
 from ..analysis.variance.restarts import RestartNoise
 from ..analysis.variance.time_drift import TimeDrift, drift_text
 from ..analysis.verdict import noise
@@ -40,7 +40,8 @@ from ..record.profile import (
 )
 from ..record.schema import RunRecord
 from ..record.store import stored_runs
-from ..report.plan import Timing, design_lines, previous_timing
+from ..report.plan import Timing, previous_timing
+from ..report.plan_reach import design_lines
 from ..report.text import noise_text
 from ..targets.base import Target
 from .folder import api_headers
@@ -260,7 +261,7 @@ class HostNoise:
 
     def regimes(self, target: Target) -> list[tuple[str, Regime]]:
         """What serving N beside the baseline cost it in this host's stored runs of its
-        accelerator and model (analysis/regime.py), newest first, each with its run's name,
+        accelerator and model (analysis/map/regime.py), newest first, each with its run's name,
         judged against this run's `[run] regime_tolerance`."""
         key = self.plan_key(target)
         tolerance = self.settings.run.regime_tolerance

@@ -1,5 +1,5 @@
 """The dry run of a target of several replicas: each replica's facts read through its own
-target (reads only), the alike check (analysis/replicas_alike.py), the plan's lines
+target (reads only), the alike check (analysis/replicas/alike.py), the plan's lines
 (report/replicas.py). The run itself: run/crossover.py, which reads and checks each replica
 through `replica_facts` again before anything is touched."""
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from ..analysis.replicas_alike import ReplicaFacts, alike
+from ..analysis.replicas.alike import ReplicaFacts, alike
 from ..config.arms import BASELINE
 from ..config.replicas import ReplicaConfig
 from ..config.settings import Settings

@@ -1,16 +1,15 @@
 """The run's state for one pytest session: one object, registered as a plugin in pytest_configure.
 
-It owns the settings, the run folder, the progress log, the experiment and the end of the run.
+It owns the run folder, the progress log, the experiment and the end of the run; its plan, made
+on the target before anything is touched, and the settings as they resolved there: run/planning.py.
 The hooks in plugin.py and the fixtures in fixtures.py only call into it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -19,54 +18,35 @@ from pathlib import Path
 import pytest
 
 from .. import __version__
-from ..analysis.drafter import Drafter
 from ..analysis.run import RunAnalysis, analyze, max_num_seqs
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..analysis.verdict.design import check_design
 from ..analysis.verdict.reuse import stored_baseline
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..config.settings import Settings
-from ..config.specconfig import SpecConfig, VllmFacts, validate_spec_values
-from ..errors import ConfigError, HostError, SpecDecodeError
+from ..config.specconfig import SpecConfig, validate_spec_values
+from ..errors import ConfigError, SpecDecodeError
 from ..measure.environment import environment
 from ..measure.experiment.arms import Experiment
 from ..measure.search import SearchRun
-from ..measure.traffic import quiet, rate_text
 from ..options import settings_from_options
 from ..progress import ProgressLog, write_line
-from ..record.counters import TrafficWatch
 from ..record.ending import RunCut
-from ..record.profile import lookup
 from ..record.schema import Phase, RunRecord, TargetInfo
 from ..record.search import SEARCH_PREFIX
 from ..record.store import RunStore, stored_runs
 from ..redaction import redact_argv, redact_env, redact_text
 from ..report import Written, write_reports
 from ..report import terminal as terminal_report
-from ..report.plan import (
-    RUN_LOG,
-    drafter_plan,
-    dry_run_lines,
-    plain_seconds,
-    search_text,
-    service_plan,
-    side_change_plan,
-)
-from ..report.stored_plan import stored_prediction, stored_search_plan
-from ..targets.base import Service, Target
-from ..targets.facts.vllm import (
-    request_metrics_args,
-    request_metrics_plan,
-    validated_against_target,
-    with_request_metrics,
-)
-from ..targets.host_env import HostProbe, busiest
+from ..report.plan import RUN_LOG
+from ..targets.base import Target
+from ..targets.facts.vllm import with_request_metrics
+from ..targets.host_env import HostProbe
 from ..targets.lifecycle import RunEnding, experiment_services
-from .arms import choose_arms, with_arms, with_regime
-from .drafters import check_drafters, drafters_environment
+from .drafters import drafters_environment
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
-from .replicas import replicas_dry_run
+from .planning import Planning
 from .tests_seen import cut_of, failed_tests
 
 PLUGIN_NAME = "specdecode-session"
@@ -89,14 +69,10 @@ class SpecDecodeSession:
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
-        self.settings = settings
         self.run_dir = new_run_dir(settings)  # created once the run really starts
         self.experiment: Experiment | None = None
         self.search: SearchRun | None = None  # --spec-search: its slots, resolved on demand
         self.written: Written | None = None
-        self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
-        self.drafters: list[Drafter] = []  # each drafter's config, checked where it is loaded
-        self.request_metrics_note: str | None = None  # why no per-request metrics, if so
         self.progress = ProgressLog(config)
         self._finished = False
         self._analysis: RunAnalysis | None = None  # the run's one analysis, once it is complete
@@ -104,20 +80,27 @@ class SpecDecodeSession:
         self.on_discard: list[Callable[[], None]] = []  # undone when a refused run is discarded
         self._failures_shown: dict[str, str] = {}  # an arm that failed to start: the first test
         self._started = time.monotonic()  # the run's wall time: recorded, for the next plans
-        self._planned_s: float | None = None
         self._stopped: tuple[str, str, float] | None = None  # (kind, by, wall time): what ended it
         self.host_noise = HostNoise.of_option(
             config.getoption("spec_host_profiles"),
             settings,
             run_dir=self.run_dir,
             progress=self.progress,
-            facts=lambda: self.vllm_facts,
+            facts=lambda: self.plan.vllm_facts,
         )
+        # before anything is touched: the candidates checked, the arms chosen, the plan said
+        self.plan = Planning(config, settings, self.host_noise, self.progress, self._open_target)
+
+    @property
+    def settings(self) -> Settings:
+        """The run's settings: as configured, then as the plan resolved them on its target."""
+        return self.plan.settings
 
     # -- before anything starts ---------------------------------------------------------------
     def check_before_start(self) -> None:
         """Refuse, before anything starts: a design that cannot reach a verdict, a reused
-        baseline that cannot be, a reports folder that cannot be written."""
+        baseline that cannot be, a reports folder that cannot be written, a candidate the
+        target's vLLM refuses (run/planning.py)."""
         check_design(self.settings)
         path = self.config.getoption("spec_baseline_from")
         if path:
@@ -125,29 +108,7 @@ class SpecDecodeSession:
         check_writable(self.settings.reports_dir)
         wanted = self.settings.candidates or self.settings.run.search
         if wanted and self.writes_html:  # a run; the dry run checks its own
-            self._use_facts(self._validated())
-
-    def _use_facts(self, facts: VllmFacts) -> None:
-        """The facts the candidates were checked against; each speculative candidate then asks
-        for per-request metrics where that vLLM knows the option."""
-        self.vllm_facts = facts
-        _, self.request_metrics_note = request_metrics_args(facts)
-        candidates = with_request_metrics(self.settings.candidates, facts)
-        self.settings = dataclasses.replace(self.settings, candidates=candidates)
-
-    def _validated(self) -> VllmFacts:
-        """The candidates checked against the target's own vLLM (read-only); its facts."""
-        target = self._open_target(self.settings.reports_dir)
-        try:
-            facts = validated_against_target(
-                target, self.settings.candidates, progress=self.progress
-            )
-            self.drafters = check_drafters(target, self.settings.candidates, progress=self.progress)
-            return facts
-        except HostError as exc:  # the host cannot be reached: nothing was touched
-            raise ConfigError(str(exc)) from None
-        finally:
-            target.close()  # touches the host only to undo what this run did: nothing
+            self.plan.validate()
 
     @property
     def writes_html(self) -> bool:
@@ -155,92 +116,9 @@ class SpecDecodeSession:
         option = self.config.option
         return not (option.spec_dry_run or option.collectonly or getattr(option, "help", False))
 
-    # -- the dry run ----------------------------------------------------------------------------
     def dry_run(self) -> int:
-        """Print the plan. Nothing is started, written or locked; only reads on a host."""
-        settings = self.settings
-        if settings.replicas:  # a target of several replicas: its own plan
-            return replicas_dry_run(self.config, settings, self.progress)
-        target = self._open_target(settings.reports_dir)
-        try:
-            checked = []
-            if settings.candidates:
-                facts = validated_against_target(
-                    target, settings.candidates, progress=self.progress
-                )
-                self._use_facts(facts)
-                settings = self.settings
-                self.drafters = check_drafters(target, settings.candidates, progress=self.progress)
-                checked = [
-                    f"validated the candidates against {facts.describe()}"
-                    + (f" ({facts.note})" if facts.note else ""),
-                    request_metrics_plan(facts),
-                ]
-                if self.drafters:
-                    checked.append(
-                        "\n".join(["checked the drafters:", *drafter_plan(self.drafters)])
-                    )
-            arms = self._choose_arms(target)
-            settings = self.settings
-            steps = [*checked, *service_plan(settings, target)]
-        except SpecDecodeError as exc:
-            write_line(f"pytest-specdecode dry run: {exc}")
-            return pytest.ExitCode.USAGE_ERROR
-        finally:
-            target.close()  # touches the host only to undo what this run did: nothing
-        lines = dry_run_lines(
-            settings,
-            steps,
-            host=target.host_name,
-            timing=self.host_noise.timing(target, self.settings),
-            aba=self.config.getoption("spec_aba"),
-            baseline_from=self.config.getoption("spec_baseline_from"),
-            adopts_original=target.adopts_running_original,
-            noise=self.host_noise.noise_plan(target),
-            predicted=(
-                stored_search_plan(settings, host=target.host_name)
-                if settings.run.search
-                else stored_prediction(settings, host=target.host_name)
-            ),
-            design=self._design_lines(target),
-            side_changes=side_change_plan(settings, self._target_version(), self.vllm_facts),
-            arms=arms,
-        )
-        write_line("\n".join(lines), stream=sys.stdout)
-        return pytest.ExitCode.OK
-
-    def _target_version(self) -> str | None:
-        """The target's vLLM version where it was asked (not the offline list's)."""
-        facts = self.vllm_facts
-        return facts.version if facts is not None and not facts.offline else None
-
-    def _choose_arms(self, target: Target) -> str:
-        """`[run] arms = "auto"` resolved on this host (run/arms.py): the settings from here on
-        serve the arms side by side or one at a time; the plan's line says which, and why."""
-        key = self.host_noise.plan_key(target)
-        mode, why = choose_arms(
-            self.settings,
-            target,
-            machine=self.host_noise.machine_of(target),
-            profile=lookup(self.host_noise.profiles, key).profile,
-            version=key.vllm_version,
-        )
-        settings, fewer = with_regime(
-            with_arms(self.settings, mode), lambda: self.host_noise.regimes(target)
-        )
-        self.settings = self.host_noise.settings = settings
-        how = f"arms: {'side by side' if mode == 'together' else 'one at a time'}: {why}"
-        return how + (f"; servers beside: {fewer}" if fewer else "")
-
-    def _design_lines(self, target: Target) -> list[str]:
-        """What the design can call on this host, and what would call --spec-detect's change."""
-        return self.host_noise.design_lines(
-            target,
-            self.settings,
-            detect=self.config.getoption("spec_detect"),
-            baseline=self.config.getoption("spec_baseline_from") is None,
-            aba=self.config.getoption("spec_aba"),
-        )
+        """Print the plan (run/planning.py). Nothing is started, written or locked."""
+        return self.plan.dry_run()
 
     # -- the run ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -252,32 +130,14 @@ class SpecDecodeSession:
         transports = target.transports()
         self._started = time.monotonic()
         try:  # nothing is touched until preflight has passed; its last step takes the lock
-            self.progress(f"plan: {self._choose_arms(target)}")
-            settings = self.settings
-            self._planned_s = plain_seconds(
-                settings,
-                self.host_noise.timing(target, settings),
-                baseline=self.config.getoption("spec_baseline_from") is None,
-                aba=self.config.getoption("spec_aba"),
-                adopts_original=target.adopts_running_original,
-            )[0]
-            for step in service_plan(settings, target):
-                self.progress(f"plan: {step}")
-            if settings.run.search:
-                self.progress(f"plan: candidates {search_text(settings.run)}")
-            self.progress(f"plan: restart noise: {self.host_noise.noise_plan(target)}")
-            for line in self._design_lines(target):
-                self.progress(f"plan: {line}")
-            for line in side_change_plan(settings, self._target_version(), self.vllm_facts):
-                self.progress(f"plan: {line}")
-            for line in drafter_plan(self.drafters):
-                self.progress(f"plan: drafter: {line}")
+            self.plan.log(target)  # the arms chosen on this host: the settings from here on
             target.preflight()
         except SpecDecodeError as exc:
             target.close()
             self.progress(f"refused, nothing was touched: {exc}")
             self._discard_run_dir()
             pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        settings = self.settings
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress.open(self.run_dir / RUN_LOG)
         self.progress(f"run folder {self.run_dir}")
@@ -310,17 +170,17 @@ class SpecDecodeSession:
                     headers=headers,
                     transports=transports,
                     outside=self.host_noise.known(self.host_noise.plan_key(target)),
-                    request_metrics_note=self.request_metrics_note,
-                    facts=self.vllm_facts,
+                    request_metrics_note=self.plan.request_metrics_note,
+                    facts=self.plan.vllm_facts,
                     probe=HostProbe(target.host),
                     step=self.progress.step,
                 )
                 self.progress.step("watching the host before the run")
-                self._watch_host(target, board.original)
+                self.plan.watch_host(self.experiment, target, board.original)
                 if settings.run.search:
                     self.search = self._search(self.experiment, target.host_name)
                 if target.adopts_running_original and board.was_active:
-                    self._watch_traffic(board.original)
+                    self.plan.watch_traffic(self.experiment, board.original)
                 yield self.experiment
         finally:  # the restore ran in experiment_services' teardown: keep what it reported
             if store is not None and board is not None and board.restore_report is not None:
@@ -338,9 +198,9 @@ class SpecDecodeSession:
             return [(folder.name, r) for folder, r in found if folder != self.run_dir]
 
         def prepare(spec: SpecConfig) -> SpecConfig:
-            values = validate_spec_values(spec.values, source=spec.name, facts=self.vllm_facts)
+            facts = self.plan.vllm_facts
+            values = validate_spec_values(spec.values, source=spec.name, facts=facts)
             checked = SpecConfig(spec.name, values)
-            facts = self.vllm_facts
             return with_request_metrics((checked,), facts)[0] if facts else checked
 
         return SearchRun(
@@ -389,54 +249,6 @@ class SpecDecodeSession:
             config=self.config, settings=self.settings, log_dir=log_dir, progress=self.progress
         )
 
-    def _watch_host(self, target: Target, original: Service) -> None:
-        """Before the run: the host's other work, against which each window is judged; a busy
-        host is named in the plan with what is using it."""
-        assert self.experiment is not None
-        run = self.settings.run
-        env = self.experiment.host_before(original)
-        if env is None:
-            return
-        self.progress(f"the host before the run: {env.describe()}")
-        share = env.other_cpu_share or 0.0
-        if share <= run.busy_host_share and not env.other_gpu_processes:
-            return
-        using = "; ".join(busiest(target.host)) or "unknown"
-        after = (
-            "measured anyway, its environment beside every verdict (--spec-allow-busy-host)"
-            if run.allow_busy_host
-            else f"each window is measured again where other work moves by more than "
-            f"{run.busy_host_share:.0%} of the host beyond its usual"
-        )
-        self.progress(f"plan: a busy host: {env.describe()}; using it: {using}; {after}")
-
-    def _watch_traffic(self, original: Service) -> None:
-        """Before anything is touched: is anyone else using the service? Refuse if so, unless
-        allowed (their requests are then told apart per window)."""
-        assert self.experiment is not None
-        run = self.settings.run
-        self.progress.step(f"watching {original.label} for other clients' traffic")
-        self.progress(
-            f"watching {original.label} for {run.traffic_watch_s:g}s for other clients' traffic"
-        )
-        seen = self.experiment.watch(original, run.traffic_watch_s)
-        text = rate_text(seen, run.traffic_watch_s)
-        self.experiment.record.traffic_watch = TrafficWatch(
-            seconds=run.traffic_watch_s, traffic=seen, text=text, quiet=quiet(seen)
-        )
-        self.experiment.store.flush()
-        self.progress(f"traffic before the run: {text}")
-        if quiet(seen) or run.allow_traffic:
-            return
-        message = (
-            f"{original.label} is serving other clients ({text}): their requests would move "
-            "the timings and the acceptance counters. Refusing to touch it; nothing was "
-            "touched. Pass --spec-allow-traffic to measure it anyway (each window is then "
-            "checked, and measured again where others' requests show)"
-        )
-        self.progress(message)
-        pytest.exit(f"pytest-specdecode: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
-
     def _new_record(self, target: Target) -> RunRecord:
         settings = self.settings
         t = settings.target
@@ -456,15 +268,15 @@ class SpecDecodeSession:
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
             environment={
-                "planned_s": self._planned_s,  # the plan's estimate, before this host's pace
+                "planned_s": self.plan.planned_s,  # the plan's estimate, before this host's pace
                 **environment(
                     target,
                     settings.source,
                     self.host_noise.machine_of(target),
                     besides=(self.host_noise.profiles,),
                 ),
-                "vllm": self.vllm_facts.record() if self.vllm_facts else None,
-                **drafters_environment(self.drafters),  # each named, with its warnings
+                "vllm": self.plan.vllm_facts.record() if self.plan.vllm_facts else None,
+                **drafters_environment(self.plan.drafters),  # each named, with its warnings
             },
         )
         reuse = self.config.getoption("spec_baseline_from")

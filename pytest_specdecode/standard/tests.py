@@ -12,7 +12,8 @@ import pytest
 from ..analysis.verdict.compare import PromptTypeVerdict
 from ..config.arms import AA_ARM
 from ..config.settings import PromptType
-from ..record.schema import Measurement, Phase
+from ..record.measurement import Measurement
+from ..record.schema import Phase
 from ..report.rows import Row
 from ..report.text import decided_by
 from ..run.outcome import Undecided
@@ -72,7 +73,7 @@ def test_crossover_does_not_regress(
     specdecode_session: SpecDecodeSession, specdecode_experiment: object
 ) -> None:
     """Across replicas (collected only there): each candidate's crossover verdict over the
-    prompt set (analysis/replicas.py → `crossover_of`). A regression fails the gate; no
+    prompt set (analysis/replicas/crossover.py → `crossover_of`). A regression fails the gate; no
     verdict is undecided, as per prompt type on one host."""
     verdicts = getattr(specdecode_session, "crossover_verdicts", None)
     if verdicts is None:

@@ -29,7 +29,7 @@ from .facts.gpu import (
     parse_csv,
 )
 from .hosts.base import Host
-from .local import LocalProcessService
+from .local_process import LocalProcessService
 from .systemd.target import SystemdUnit
 
 CLOCK_FIELDS = (

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_specdecode.analysis.crossover import LevelPoint, recommend_dynamic_k
+from pytest_specdecode.analysis.map.dynamic_k import recommend_dynamic_k
+from pytest_specdecode.analysis.map.paying_load import LevelPoint
 from pytest_specdecode.config.load import LoadLevel
 from pytest_specdecode.config.prompts import shipped_set
 from pytest_specdecode.config.specconfig import (
@@ -42,7 +43,7 @@ from pytest_specdecode.measure.server_metrics import (
 from pytest_specdecode.record.counters import Acceptance
 from pytest_specdecode.targets.facts.vllm import ask_vllm
 from pytest_specdecode.targets.hosts.base import LocalHost
-from pytest_specdecode.targets.local import LocalProcessService
+from pytest_specdecode.targets.local_process import LocalProcessService
 
 from ..support.embedded import (
     MODEL,

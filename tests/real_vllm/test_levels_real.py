@@ -2,7 +2,7 @@
 
 `pytest suites/ --spec-config ngram --spec-concurrency 1,4,8`, smaller: two of the shipped prompt
 sets and short outputs. Each phase measures the three levels with no extra restart, the verdicts
-come per prompt type and level, the crossover (or its absence) is told and drawn, and the
+come per prompt type and level, the paying load (or its absence) is told and drawn, and the
 suite's own example test runs at every level through the `specdecode` fixture.
 """
 
@@ -71,13 +71,13 @@ def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytes
         case = rf"test_speculation_keeps_the_first_token_prompt\[ngram-{t}-{level}\]"
         assert re.search(rf"^(PASSED \S+::{case}|FAILED \S+::{case} - .*median TTFT)", out, re.M), (
             key, out)  # fmt: skip
-    # The crossover per prompt type, in the tables and drawn.
-    crossovers = data["analysis"]["crossovers"]["ngram"]
-    assert set(crossovers) == {"coding", "math"}
-    assert all(x["kind"] != "single level" for x in crossovers.values())
+    # The paying load per prompt type, in the tables and drawn.
+    paying_loads = data["analysis"]["paying_loads"]["ngram"]
+    assert set(paying_loads) == {"coding", "math"}
+    assert all(x["kind"] != "single level" for x in paying_loads.values())
     summary = (exp.run_dir() / "summary.md").read_text()
     assert "### Where speculation stops paying" in summary
-    for t, x in crossovers.items():
+    for t, x in paying_loads.items():
         assert f"ngram / {t}: {x['text']}" in summary
     assert (exp.run_dir() / "speedup-ngram.png").read_bytes()[:4] == b"\x89PNG"
     assert "### Load levels" in summary and "| ngram | math@c8 | 16 |" in summary

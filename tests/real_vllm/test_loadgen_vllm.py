@@ -24,7 +24,7 @@ from pytest_specdecode.measure.requests.loadgen import (
     run_level,
 )
 from pytest_specdecode.record.requests.samples import RequestSample
-from pytest_specdecode.targets.local import LocalProcessService
+from pytest_specdecode.targets.local_process import LocalProcessService
 
 from ..support.embedded import (
     MODEL,

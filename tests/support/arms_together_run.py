@@ -18,7 +18,8 @@ import httpx
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.report.plan import arms_plan
 from pytest_specdecode.targets import open_target
-from pytest_specdecode.targets.lifecycle import experiment_services, interrupt_on_signals
+from pytest_specdecode.targets.interrupts import interrupt_on_signals
+from pytest_specdecode.targets.lifecycle import experiment_services
 
 
 def say(line: str) -> None:

@@ -44,9 +44,10 @@ from pytest_specdecode.analysis.verdict.stats import Verdict
 from pytest_specdecode.config.arms import AA_ARM, BASELINE, design_order
 from pytest_specdecode.config.prompts import Prompt, request_plan
 from pytest_specdecode.config.settings import PromptType, RunConfig
+from pytest_specdecode.record.measurement import Measurement
 from pytest_specdecode.record.profile import ProfileEntry, read_profile
 from pytest_specdecode.record.requests.samples import RequestSample
-from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
+from pytest_specdecode.record.schema import Phase, RunRecord, TargetInfo
 
 from . import chain_rules
 

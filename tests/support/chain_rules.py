@@ -10,8 +10,9 @@ from pathlib import Path
 from pytest_specdecode.analysis.verdict import noise
 from pytest_specdecode.analysis.verdict.adaptive import pinned, target_se
 from pytest_specdecode.config.arms import BASELINE
+from pytest_specdecode.record.measurement import Measurement
 from pytest_specdecode.record.profile import add_entry, lookup, with_held_version
-from pytest_specdecode.record.schema import Measurement, Phase, RunRecord
+from pytest_specdecode.record.schema import Phase, RunRecord
 from pytest_specdecode.record.store import RunStore, stored_runs
 
 

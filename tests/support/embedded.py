@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.targets.base import wait_until_ready
-from pytest_specdecode.targets.local import LocalProcessService
+from pytest_specdecode.targets.local_process import LocalProcessService
 
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDED = Path(os.environ.get("SPECDECODE_EMBEDDED_DIR", REPO / ".embedded"))

@@ -21,8 +21,9 @@ from pytest_specdecode.analysis.run import candidate_verdicts
 from pytest_specdecode.analysis.search.policy import Reload, SearchPolicy, Stop
 from pytest_specdecode.config.arms import BASELINE, cell_key
 from pytest_specdecode.config.specconfig import BATCH_TABLE_KEY
+from pytest_specdecode.record.measurement import Measurement
 from pytest_specdecode.record.requests.samples import RequestSample
-from pytest_specdecode.record.schema import Measurement, Phase, RunRecord
+from pytest_specdecode.record.schema import Phase, RunRecord
 from pytest_specdecode.record.search import SearchRecord, SearchReload, slot_name
 
 from . import synthetic

@@ -2,9 +2,10 @@
 
 A process started in the background of a non-interactive shell (`nohup ... &`, as some CI
 runners start jobs) inherits SIGINT ignored, and the plugin rightly leaves an ignored SIGINT
-alone (targets/lifecycle.py → `interrupt_on_signals`). So a test that relies on SIGINT raising
+alone (targets/interrupts.py → `interrupt_on_signals`). So a test that relies on SIGINT raising
 sets the disposition itself: `signal.default_int_handler`, then the plugin's own handler on
-top, as a run installs it. Every handler it touched is put back afterwards.
+top, as a run installs it. Every handler it touched is put back afterwards. (A child pytest
+run's conftest does the same with terminal.py's `SIGINT_AS_IN_A_TERMINAL`.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pytest_specdecode.targets.lifecycle import interrupt_on_signals
+import pytest
+
+from pytest_specdecode.targets import interrupts, lifecycle
+from pytest_specdecode.targets.interrupts import Interrupts, interrupt_on_signals
 
 TOUCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what interrupt_on_signals may set
 
@@ -31,3 +35,13 @@ def plugin_sigint() -> Iterator[None]:
         for sig, handler in saved.items():
             if handler is not None:  # None: set outside Python, left as it is
                 signal.signal(sig, handler)
+
+
+def own_interrupts(monkeypatch: pytest.MonkeyPatch) -> Interrupts:
+    """The test's own record of signals, in place of the run's global one: the plugin's handler
+    (interrupts.py → `note_signal`) and every Switchboard made from now on (lifecycle.py) use
+    it, so no signal of an earlier test is read, and none of this one is left behind."""
+    own = Interrupts()
+    monkeypatch.setattr(interrupts, "INTERRUPTS", own)
+    monkeypatch.setattr(lifecycle, "INTERRUPTS", own)
+    return own

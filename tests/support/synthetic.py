@@ -11,10 +11,11 @@ import numpy as np
 from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.record.counters import Acceptance
+from pytest_specdecode.record.measurement import Measurement
 from pytest_specdecode.record.profile import ProfileEntry
 from pytest_specdecode.record.requests.samples import RequestSample
 from pytest_specdecode.record.requests.token_capture import CapturedTokens, TokenIds, TokenIdSupport
-from pytest_specdecode.record.schema import Measurement, Phase, RunRecord, TargetInfo
+from pytest_specdecode.record.schema import Phase, RunRecord, TargetInfo
 from pytest_specdecode.record.store import RunStore
 
 TEXT = "def insert(self, key):\n    node = Node(key)\n    if self.root is None: ..."

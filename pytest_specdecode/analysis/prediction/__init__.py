@@ -5,5 +5,6 @@
 - step_check.py: the replay checked step by step against the server's per-request arrays;
 - cost_model.py: what a speculative step costs; check.py: predicted against measured;
 - level_acceptance.py, level_prediction.py: acceptance and the prediction per load level;
-- coverage.py: how often the predicted band held over stored runs.
+- bands/: whether a predicted band bounds, and the reload recommended from those that do
+  (bounded.py); how often the band held over stored runs (coverage.py).
 """

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ...record.counters import Acceptance
-from ...record.schema import Measurement, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
 from .inputs import (
     earlier_prompts,
     first_measurement,

@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...config.arms import BASELINE, cell_key
+from ...record.measurement import Measurement
 from ...record.requests.samples import RequestSample
 from ...record.requests.token_capture import TokenIds
-from ...record.schema import Measurement, RunRecord
+from ...record.schema import RunRecord
 from .ngram_replay import grid
 from .ngram_types import (
     NgramSettings,

@@ -26,10 +26,11 @@ from typing import Any
 
 from ...config.arms import BASELINE
 from ...record.counters import Acceptance, combine
+from ...record.measurement import Measurement
 from ...record.requests.request_metrics import read
 from ...record.requests.samples import RequestSample
 from ...record.requests.token_capture import CapturedTokens
-from ...record.schema import Measurement, Phase, RunRecord
+from ...record.schema import Phase, RunRecord
 from .ngram_replay import StepReplay, replay_many
 from .ngram_types import (
     DraftRatios,

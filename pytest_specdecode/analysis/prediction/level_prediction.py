@@ -30,9 +30,10 @@ from typing import Any
 from ...config.arms import BASELINE
 from ...config.break_even import point_of
 from ...config.specconfig import BATCH_TABLE_KEY
+from ...record.measurement import Measurement
 from ...record.requests.token_capture import CapturedTokens
-from ...record.schema import Measurement, Phase, RunRecord
-from ..break_even import measured_steps
+from ...record.schema import Phase, RunRecord
+from ..map.break_even import measured_steps
 from ..verdict import noise
 from ..verdict.checks import facts
 from .cost_model import (
@@ -139,7 +140,7 @@ def predict_levels(
 
     `prior`: per level label, this host's stored runs' cost observations. `widen`: per prompt
     type, the factor the band's coverage over stored runs asks for
-    (analysis/prediction/coverage.py).
+    (analysis/prediction/bands/coverage.py).
     """
     levels = [level.label for level in record.run.levels]
     models, missing = _key_models(record)

@@ -28,22 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config.arms import BASELINE
-from ...record.schema import Measurement, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
 from ..verdict import noise
+from .bands.bounded import Recommendation, Support, bounded, recommend, support_of
 from .check import Comparison, compare_prediction, output_divergence
 from .cost_model import (
     BaselineTiming,
     CandidateTiming,
     CostFit,
     Prediction,
-    Recommendation,
-    Support,
-    bounded,
     fit_cost,
     predict,
-    recommend,
     relative_noise,
-    support_of,
 )
 from .inputs import (
     baseline_ids,

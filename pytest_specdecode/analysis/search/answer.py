@@ -7,7 +7,7 @@ when it changes with load. Pure: reads the run record and the verdicts (compare_
 - **A schedule**: where the winner changes with load (closed-loop levels only: a rate has no
   batch size), vLLM's `num_speculative_tokens_per_batch_size` runs each level's k, 0 where
   speculation is off; the lookup range is the lowest level's winner's. Ranges meet at the
-  geometric midpoint of adjacent levels (crossover.batch_boundaries).
+  geometric midpoint of adjacent levels (map/dynamic_k.py → batch_boundaries).
 - **The band's check**: every reload's measured tok/s against the band predicted before it, per
   prompt type; with the stored runs' held-out checks, the band's coverage.
 """
@@ -25,8 +25,8 @@ from typing import Any
 from ...config.arms import cell_key
 from ...config.specconfig import BATCH_TABLE_KEY, check_spec_shape
 from ...record.schema import RunRecord
-from ..crossover import DEFAULT_MAX_BATCH, batch_boundaries
-from ..prediction.coverage import NOMINAL, CoverageCase
+from ..map.dynamic_k import DEFAULT_MAX_BATCH, batch_boundaries
+from ..prediction.bands.coverage import NOMINAL, CoverageCase
 from ..prediction.level_prediction import config_settings
 from ..prediction.ngram_types import NgramSettings
 from ..verdict.compare import PromptTypeVerdict, worst

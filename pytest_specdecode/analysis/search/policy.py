@@ -33,8 +33,8 @@ from typing import Any
 
 from ...record.schema import RunRecord
 from ...record.search import PredictedBand
+from ..prediction.bands.coverage import Coverage, band_coverage
 from ..prediction.cost_model import CostPrior, Prediction
-from ..prediction.coverage import Coverage, band_coverage
 from ..prediction.level_prediction import LevelPredictions, cost_prior, ngram_arms, predict_levels
 from ..prediction.ngram_types import NgramSettings, grid_settings
 from ..verdict.compare import PromptTypeVerdict

@@ -1,6 +1,7 @@
 """Where a verdict is decided: `stats.decide`, reached only through `compare.compare_arms`. Pure.
 
-- stats.py: the interval and the call for one metric (`decide`);
+- interval.py: the interval of the change of one metric (a `Question`), by starts or by pairs;
+- stats.py: the call for one metric (`decide`), the rank guard, the family;
 - compare.py: the one path from two arms' measurements to verdicts;
 - checks.py: acceptance counted twice, outputs, whether runs compare;
 - noise.py: which starts and stored runs measure the restart noise and drift of a run;

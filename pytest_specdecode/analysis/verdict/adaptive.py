@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ...record.schema import Measurement
+from ...record.measurement import Measurement
 from ..variance.restarts import fit_starts
 
 __all__ = ["pinned", "target_se"]

@@ -15,16 +15,11 @@ from typing import Any
 
 from ...config.arms import AA_ARM, BASELINE, ORIGINAL_ARMS
 from ...record.counters import Acceptance, combine
-from ...record.schema import Measurement, Phase, RunRecord, SequentialLooks
+from ...record.measurement import Measurement, SequentialLooks
+from ...record.schema import Phase, RunRecord
 from .checks import acceptance_cross_check
-from .stats import (
-    Comparison,
-    Question,
-    RestartNoise,
-    Verdict,
-    arm_figures,
-    compare_family,
-)
+from .interval import Question, arm_figures
+from .stats import Comparison, RestartNoise, Verdict, compare_family
 
 # Worst first, the one order: a prompt type's verdict from its two metrics (regressed on either
 # wins, then no verdict possible, then improved on either with the other not worse, equivalent
@@ -332,7 +327,7 @@ def arm_figure(
     record: RunRecord, arms: Sequence[str], key: str, metric: str = "throughput"
 ) -> float | None:
     """The figure of `arms` (one configuration, their starts pooled) on `key`, as the results
-    table gives a candidate's against the run's baseline (stats.arm_figures); None where
+    table gives a candidate's against the run's baseline (interval.arm_figures); None where
     either side has no values there."""
     baseline = record.arm_phases(BASELINE)
     candidate = [p for arm in arms for p in record.arm_phases(arm)]

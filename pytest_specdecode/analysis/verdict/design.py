@@ -160,7 +160,7 @@ def expected_half_width(
 ) -> tuple[float, float]:
     """The half-width (log) of the interval the analysis will print for one comparison of
     this design, and its degrees of freedom: `t(1 - alpha/m, df) * SE` with the variance and
-    df pooled as stats.py → `nested_interval` pools them after the run. Side by side, the
+    df pooled as interval.py → `nested_interval` pools them after the run. Side by side, the
     pairs' (pairs.py: the outside offsets pooled with this run's own pairs and their slots'
     noise, two requests' residual a slot) or the starts', whichever is narrower, as the
     analysis takes; else the starts' (power.py's pooling, the same as restarts.py's).
@@ -196,7 +196,7 @@ def looks_half_width(
 ) -> tuple[tuple[int, float], ...]:
     """Side by side, one pair, under the stop rule (sequential.py): at each look, the slots and
     the half-width (log) the run prints where a cell stops there, the pairs' interval at that
-    look's boundary (stats.py → `sequential_confidence`: the looks' information fractions from
+    look's boundary (interval.py → `sequential_confidence`: the looks' information fractions from
     the pair's variance, offsets plus slot noise over the slots). Empty where no rule runs.
     `speedup_var`: the variance of the candidate's own change from prompt to prompt; at a look
     before the prompts repeat, `fit_pairs` cannot fit it and it counts as slot noise. Before a
@@ -231,7 +231,7 @@ def looks_half_width(
 
 def _residual_df(settings: Settings, starts: int, requests: int) -> float:
     """The starts' fit's residual df: every request of both arms less each start's effect and
-    each prompt's level (stats.py → `_fit` over both arms' starts)."""
+    each prompt's level (interval.py → `_fit` over both arms' starts)."""
     prompts = _prompts(settings)
     fitted = 2 * starts + (prompts - 1 if 1 < prompts < 2 * starts * requests else 0)
     return float(max(1, 2 * starts * requests - fitted))

@@ -2,9 +2,9 @@
 
 A cell served side by side (one pair of starts) is looked at after `LOOKS` of its planned
 slots (variance/spending.py: 1/4, 1/2, 3/4 and all). At a look, each metric's interval is
-taken at the look's group-sequential boundary instead of the fixed design's quantile (stats.py
-→ `sequential_confidence`: Lan-DeMets spending of O'Brien-Fleming type over the family's
-per-comparison share, alpha/m one-sided), and `decide` judges it as the analysis will. The
+taken at the look's group-sequential boundary instead of the fixed design's quantile
+(interval.py → `sequential_confidence`: Lan-DeMets spending of O'Brien-Fleming type over the
+family's per-comparison share, alpha/m one-sided), and `decide` judges it as the analysis will. The
 cell stops only where the prompt type's verdict is decided (regressed on a metric, or every
 metric regressed, improved or equivalent), with the requests' ranks agreeing at the
 Bonferroni bound of the family (`m · p < alpha`, never looser than the analysis's Holm). There
@@ -27,7 +27,8 @@ import numpy as np
 from ...config.settings import RunConfig
 from ..variance.spending import look_slots
 from .compare import worst
-from .stats import Question, RestartNoise, Verdict, _rank_p, decide, nested_interval
+from .interval import Question, nested_interval
+from .stats import RestartNoise, Verdict, _rank_p, decide
 
 __all__ = ["DECIDED", "Simulated", "decided", "expected_slots", "simulate_cell", "stop_plan"]
 

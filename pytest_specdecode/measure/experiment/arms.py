@@ -20,7 +20,8 @@ from ...errors import ServiceError
 from ...record.counters import Traffic, combine
 from ...record.engine_settings import EngineSettings, from_server_info, parse_engine_log
 from ...record.host_env import WindowEnvironment
-from ...record.schema import Measurement, Phase, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import Phase, RunRecord
 from ...record.store import RunStore
 from ...targets.base import Progress, Service, Transports
 from ...targets.lifecycle import Switchboard

@@ -1,13 +1,13 @@
 """The drafter check at run time: a candidate whose drafter has a model sends a few requests
 before its timed windows, between two reads of the counters; a drafter that accepts almost
 nothing stops the candidate (`BrokenDrafter`), as a failed start does. The rule is pure:
-analysis/drafter_health.py. The check's requests are kept in no window and no verdict."""
+analysis/drafters/health.py. The check's requests are kept in no window and no verdict."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...analysis.drafter_health import MOST_ROUNDS, drafter_health, first_prompts, judged
+from ...analysis.drafters.health import MOST_ROUNDS, drafter_health, first_prompts, judged
 from ...config.load import LoadLevel
 from ...config.specconfig import SpecConfig
 from ...errors import BrokenDrafter

@@ -1,7 +1,7 @@
 """The regime window (issue 41): beside two or more, the baseline start with only the first
 server beside it, a few slots per cell (`[run] regime_slots`), sent before the others start
 (`Switchboard.together_all`'s `first_beside`). Its requests are kept in `RunRecord.regime`,
-never in a phase, so no verdict reads them; analysis/regime.py compares them with the same
+never in a phase, so no verdict reads them; analysis/map/regime.py compares them with the same
 start beside all N."""
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ from ...config.prompts import RequestPlan
 from ...config.settings import PromptType
 from ...record.counters import Acceptance, Traffic, add_traffic, combine
 from ...record.host_env import WindowEnvironment
+from ...record.measurement import ClientLoad
 from ...record.requests.level_stats import LevelStats
 from ...record.requests.samples import RequestSample
-from ...record.schema import ClientLoad, Phase
+from ...record.schema import Phase
 from ...targets.base import Service
 from ..server_metrics import acceptance_between, traffic_between
 from ..traffic import foreign

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from ...config.arms import BASELINE, BASELINE_AFTER
 from ...config.prompts import RequestPlan
 from ...config.settings import PromptType
+from ...record.measurement import Measurement
 from ...record.requests.samples import RequestSample
-from ...record.schema import Measurement, Phase
+from ...record.schema import Phase
 from ..requests.token_ids import TokenIds, record_token_ids
 from .context import RunContext
 from .windows import Window

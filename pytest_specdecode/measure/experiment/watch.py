@@ -9,7 +9,8 @@ from typing import Literal
 from ...config.settings import RunConfig
 from ...record.counters import Traffic
 from ...record.host_env import WindowEnvironment
-from ...record.schema import Measurement, Phase
+from ...record.measurement import Measurement
+from ...record.schema import Phase
 from ...targets.base import Service
 from ..host_load import Bounds, Probe, Watch, judge, pair_probe
 from ..server_metrics import traffic_between

@@ -19,8 +19,9 @@ from ...config.arms import cell_key
 from ...config.prompts import RequestPlan, request_plan
 from ...config.settings import PromptType, RunConfig
 from ...record.counters import Acceptance
+from ...record.measurement import ClientLoad, Measurement, SequentialLooks
 from ...record.requests.samples import RequestSample
-from ...record.schema import ClientLoad, Measurement, Phase, SequentialLooks
+from ...record.schema import Phase
 from ...targets.base import Service
 from ..requests.loadgen import LevelResult, RequestSpec, planned_specs, run_level
 from ..server_metrics import acceptance_between, traffic_between

@@ -1,4 +1,4 @@
-"""The break-even map in the reports (analysis/break_even.py): a row per k and load, and each
+"""The break-even map in the reports (analysis/map/break_even.py): a row per k and load, and each
 measured candidate against the map's band. Every renderer reads these lines."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from ...analysis.break_even import MapLine
+from ...analysis.map.break_even import MapLine
 from ...analysis.run import RunAnalysis
 from ...record.counters import TOKENS_PER_STEP_MEANS
 
@@ -71,7 +71,7 @@ def lines(analysis: RunAnalysis) -> list[str]:
         return []
     out = [line.describe() for line in found.overall]
     regime = analysis.regime
-    if regime is not None and regime.marks():  # analysis/regime.py: beside N slowed it
+    if regime is not None and regime.marks():  # analysis/map/regime.py: beside N slowed it
         out.insert(0, f"The map was measured in a slowed regime: {regime.text()}.")
     out.append(f"Drafting: {found.drafting}.")
     out.append(f"{TOKENS_PER_STEP_MEANS[0].upper()}{TOKENS_PER_STEP_MEANS[1:]}.")

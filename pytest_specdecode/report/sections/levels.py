@@ -1,4 +1,4 @@
-"""Load levels in the reports: each level's aggregates, the crossover, the dynamic-k table, and
+"""Load levels in the reports: each level's aggregates, the paying load, the dynamic-k table, and
 which prompts gained or lost. Every renderer (terminal, summary.md, HTML) reads these rows."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ...analysis.run import RunAnalysis
 from ...config.arms import BASELINE
-from ...record.schema import Measurement, RunRecord
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
 from ..text import fmt_num, fmt_pct
 
 HEADER = (
@@ -75,11 +76,12 @@ def shown(record: RunRecord) -> bool:
     return len(record.run.levels) > 1 or slo
 
 
-def crossover_lines(analysis: RunAnalysis) -> list[str]:
-    """Per candidate and prompt type, where the speedup crosses 1.0; then the dynamic-k table."""
+def paying_load_lines(analysis: RunAnalysis) -> list[str]:
+    """Per candidate and prompt type, the paying load (where the speedup crosses 1.0); then the
+    dynamic-k table."""
     out = [
         f"{candidate} / {name}: {x.text}"
-        for candidate, per in analysis.crossovers.items()
+        for candidate, per in analysis.paying_loads.items()
         for name, x in per.items()
     ]
     for table in analysis.dynamic_k:
@@ -142,9 +144,9 @@ def markdown_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
             ),
             "",
         ]
-    crossing = crossover_lines(analysis)
-    if crossing:
-        lines += ["### Where speculation stops paying", "", *(f"- {c}" for c in crossing), ""]
+    paying = paying_load_lines(analysis)
+    if paying:
+        lines += ["### Where speculation stops paying", "", *(f"- {c}" for c in paying), ""]
     per_prompt = prompt_lines(record, analysis)
     if per_prompt:
         lines += ["### Per prompt", "", *(f"- {c}" for c in per_prompt), ""]
@@ -162,9 +164,9 @@ def html_section(record: RunRecord, analysis: RunAnalysis) -> str:
         parts.append(
             f"<h3>Load levels</h3><table class='specdecode-table'><tr>{head}</tr>{body}</table>"
         )
-    crossing = crossover_lines(analysis)
-    if crossing:
-        items = "".join(f"<li>{html.escape(c)}</li>" for c in crossing)
+    paying = paying_load_lines(analysis)
+    if paying:
+        items = "".join(f"<li>{html.escape(c)}</li>" for c in paying)
         parts.append(f"<h3>Where speculation stops paying</h3><ul>{items}</ul>")
     per_prompt = prompt_lines(record, analysis)
     if per_prompt:
@@ -185,5 +187,5 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
             out.append(
                 " ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=False)) + f" {cells[-1]}"
             )
-    out += crossover_lines(analysis)
+    out += paying_load_lines(analysis)
     return out

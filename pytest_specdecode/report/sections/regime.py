@@ -1,5 +1,5 @@
 """The regime: the baseline beside N servers against beside one, measured in the run
-(analysis/regime.py); where it was slowed beyond the tolerance, the map and the verdicts
+(analysis/map/regime.py); where it was slowed beyond the tolerance, the map and the verdicts
 measured beside N are marked as measured in a slowed regime."""
 
 from __future__ import annotations

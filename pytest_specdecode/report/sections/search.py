@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 
-from ...analysis.prediction.cost_model import withheld_reason
+from ...analysis.prediction.bands.bounded import withheld_reason
 from ...analysis.search.answer import SearchAnswer
 from ...analysis.search.policy import Reload, SearchPlan
 from ...record.schema import RunRecord

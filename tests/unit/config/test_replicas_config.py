@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.replicas_alike import ReplicaFacts, alike
+from pytest_specdecode.analysis.replicas.alike import ReplicaFacts, alike
 from pytest_specdecode.config.replicas import crossover_periods, restarts_of
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.errors import ConfigError

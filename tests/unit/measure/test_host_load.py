@@ -18,7 +18,7 @@ from pytest_specdecode.analysis.verdict.stats import Verdict
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.measure.host_load import Bounds, judge, summarise
 from pytest_specdecode.record.host_env import WindowEnvironment
-from pytest_specdecode.record.schema import Measurement
+from pytest_specdecode.record.measurement import Measurement
 from pytest_specdecode.record.store import load_run
 from pytest_specdecode.targets.host_env import HostProbe, HostSample, Scope, parse_host_sample
 from pytest_specdecode.targets.hosts.base import LocalHost

@@ -1,5 +1,5 @@
 """Load levels and prompt sets through the experiment, on the scripted target: every level of every
-phase on the plan's prompts, keyed per prompt type and level, verdicts per level, the crossover,
+phase on the plan's prompts, keyed per prompt type and level, verdicts per level, the paying load,
 the reports. The same path runs on the real CPU vLLM in tests/real_vllm/test_levels_real.py."""
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def test_every_level_of_every_phase_on_the_plans_prompts(tmp_path: Path) -> None
     assert set(verdicts) == {"coding@c1", "coding@c4"}
     assert verdicts["coding@c1"].throughput.ratio > 1.3
     assert verdicts["coding@c4"].throughput.ratio < 0.9
-    cross = analysis.crossovers["ngram"]["coding"]
-    assert cross.kind.value == "crossing" and 1 < cross.load < 4, cross.text
-    assert [p.level for p in cross.points] == ["c1", "c4"]
+    paying = analysis.paying_loads["ngram"]["coding"]
+    assert paying.kind.value == "crossing" and 1 < paying.load < 4, paying.text
+    assert [p.level for p in paying.points] == ["c1", "c4"]
 
 
 def order(sample: RequestSample) -> tuple[bool, int]:
@@ -110,7 +110,7 @@ def test_every_phase_is_sent_the_same_prompts_in_the_same_order(tmp_path: Path) 
     assert sent[BASELINE][0] == ("coding@c1", [1, 0, 1, 2, 3, 4, 0])  # the warm-up first
 
 
-def test_reports_show_the_levels_the_crossover_and_the_plot(tmp_path: Path) -> None:
+def test_reports_show_the_levels_the_paying_load_and_the_plot(tmp_path: Path) -> None:
     rec = run(tmp_path, level_settings(tmp_path))
     analysis = analyze(rec)
     written = write_reports(rec, analysis, tmp_path / "run", failed=[], step_summary=None)
@@ -130,7 +130,7 @@ def test_one_level_keeps_the_prompt_type_as_the_key(tmp_path: Path) -> None:
     rec = run(tmp_path, level_settings(tmp_path, levels="1"))
     assert list(rec.phases[BASELINE].measurements) == ["coding"]
     analysis = analyze(rec)
-    assert analysis.crossovers == {} and analysis.dynamic_k == []
+    assert analysis.paying_loads == {} and analysis.dynamic_k == []
 
 
 def test_the_dynamic_k_table_ends_at_the_units_max_num_seqs(tmp_path: Path) -> None:

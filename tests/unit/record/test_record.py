@@ -80,7 +80,7 @@ def test_a_live_run_and_its_stored_record_agree(tmp_path: Path) -> None:
 
 def test_one_median_a_request_without_output_enters_no_rate() -> None:
     """The verdict's median and the level's written median are one figure (issue 19)."""
-    from pytest_specdecode.record.schema import Measurement
+    from pytest_specdecode.record.measurement import Measurement
 
     rates = (10.0, 12.0, 30.0)
     m = Measurement(prompt_type="coding", samples=[sample("coding", BASELINE, i, r)

@@ -16,7 +16,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.config.settings import Settings, load_settings
 from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.profile import Accelerator, ProfileKey, lookup
-from pytest_specdecode.report import plan
+from pytest_specdecode.report import plan, plan_reach
 from pytest_specdecode.report.schedule import (
     ACCELERATOR_PACE,
     Schedule,
@@ -280,7 +280,7 @@ def test_the_cheapest_levers_time_is_the_plans_own_estimate(tmp_path: Path) -> N
     measured = RestartNoise(0.036, 3.0, "a prior", residual=0.05**2)
     drift = TimeDrift(0.05, 0.75, 0.4, (0.05**2 + 0.05**2) ** 0.5, 384, 8, 0.4, False)
     args = {"baseline": True, "aba": False, "adopts_original": False}
-    lines = plan.design_lines(
+    lines = plan_reach.design_lines(
         s, {"throughput": measured, "tpot": measured}, detect=0.15, timing=timing, drift=drift,
         **args,
     )  # fmt: skip

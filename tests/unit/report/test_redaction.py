@@ -20,7 +20,7 @@ from pytest_specdecode.redaction import (
     register_secret,
 )
 from pytest_specdecode.report import html, write_reports
-from pytest_specdecode.targets.local import LocalProcessService
+from pytest_specdecode.targets.local_process import LocalProcessService
 
 from ...support.synthetic import NGRAM_ACCEPTANCE, add_phase, record, sample, settings
 

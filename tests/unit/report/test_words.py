@@ -15,7 +15,7 @@ from pytest_specdecode.cli.compare_runs import compare_runs, comparison_lines
 from pytest_specdecode.measure.environment import suite_content
 from pytest_specdecode.report import html, markdown, terminal
 from pytest_specdecode.report.text import suite_text
-from pytest_specdecode.targets.local import LocalProcessService
+from pytest_specdecode.targets.local_process import LocalProcessService
 
 from ...support.synthetic import add_phase, record, settings
 

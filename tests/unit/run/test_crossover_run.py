@@ -21,13 +21,13 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.run import crossover as crossover_module
 from pytest_specdecode.run.crossover import CrossoverRun
-from pytest_specdecode.targets import lifecycle
-from pytest_specdecode.targets.lifecycle import INTERRUPTS, Interrupts
+from pytest_specdecode.targets.interrupts import INTERRUPTS, Interrupts
 from pytest_specdecode.targets.replicas import Replica, all_of, replica_services
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed
-from ...support.sigint import plugin_sigint
+from ...support.sigint import own_interrupts, plugin_sigint
 from ...support.synthetic import settings, store
+from ...support.terminal import SIGINT_AS_IN_A_TERMINAL
 from ..config.test_replicas_config import CONFTEST, HEAD, smi
 
 PROMPT = "the coding prompt"
@@ -253,7 +253,7 @@ def test_a_failed_drain_names_the_replica_and_both_are_restored(tmp_path: Path) 
     assert b.original().is_active() and a.original().is_active()
 
 
-def sigint_as_it_starts(target: ScriptedTarget) -> None:
+def sigint_as_it_starts(target: ScriptedTarget, interrupts: Interrupts) -> None:
     """The target's candidate start (in its replica's thread, during a switch) sends SIGINT to
     this process, as a Ctrl-C would, and goes on once the main thread's handler noted it; it
     ends a while after (0.2 s of real time), as a start does."""
@@ -266,7 +266,7 @@ def sigint_as_it_starts(target: ScriptedTarget) -> None:
         def start() -> None:
             os.kill(os.getpid(), signal.SIGINT)
             deadline = time.monotonic() + 5.0
-            while not lifecycle.INTERRUPTS.signals and time.monotonic() < deadline:
+            while not interrupts.signals and time.monotonic() < deadline:
                 time.sleep(0.001)
             time.sleep(0.2)
             real()
@@ -285,12 +285,12 @@ def test_a_sigint_during_a_replicas_switch_restores_both_and_keeps_period_1(
     each in its own thread; a Ctrl-C comes as a's candidate starts (`dies`: and its engine dies
     with it, as a local server's process group gets the Ctrl-C too). The restore waits for the
     switch, puts a's original back, and the candidate is never started a second time."""
-    monkeypatch.setattr(lifecycle, "INTERRUPTS", Interrupts())  # this test's signals only
+    interrupts = own_interrupts(monkeypatch)
     run, a, b, log = two(tmp_path)
     if dies:
         script = dataclasses.replace(FAST, crash_at_start=DIED, crash_starts=1)
         a._scripts = {"ngram": script}  # a's own: b's candidate started in period 1
-    sigint_as_it_starts(a)
+    sigint_as_it_starts(a, interrupts)
     with (
         plugin_sigint(),
         pytest.raises(KeyboardInterrupt),
@@ -298,7 +298,7 @@ def test_a_sigint_during_a_replicas_switch_restores_both_and_keeps_period_1(
     ):
         run.held = held
         run.measure_all()
-    assert lifecycle.INTERRUPTS.signals == ["SIGINT"]
+    assert interrupts.signals == ["SIGINT"]
     # a: its original in period 1, the candidate started once in period 2's switch, back
     assert starts_and_stops(a) == ["stop original", "start ngram", "stop ngram", "start original"]
     assert starts_and_stops(b) == ["stop original", "start ngram", "stop ngram", "start original"]
@@ -322,7 +322,7 @@ def test_a_ctrl_c_that_another_thread_receives_ends_the_wait_for_the_switches(
     runs in the main thread only once that one runs. One that lands on a replica's thread (or
     on the main thread just as it falls asleep) while the main thread waits for the switches
     must end the wait then, not once the switch is done: a start can take an hour."""
-    monkeypatch.setattr(lifecycle, "INTERRUPTS", Interrupts())  # this test's signals only
+    interrupts = own_interrupts(monkeypatch)
     sent, done = threading.Event(), threading.Event()
     pool = ThreadPoolExecutor(1, thread_name_prefix="specdecode-a")
 
@@ -344,7 +344,7 @@ def test_a_ctrl_c_that_another_thread_receives_ends_the_wait_for_the_switches(
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             done.set()
             pool.shutdown()
-    assert waited < 2.0 and lifecycle.INTERRUPTS.signals == ["SIGINT"]
+    assert waited < 2.0 and interrupts.signals == ["SIGINT"]
 
 
 # -- through the plugin ---------------------------------------------------------------------
@@ -386,8 +386,7 @@ def _importable_support(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[3]))
 
 
-# Ctrl-C as a's candidate starts (period 2's switch), SIGINT as a terminal's finds it
-SIGINT_DEFAULT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+# Ctrl-C as a's candidate starts (period 2's switch)
 CUT_IN_A_SWITCH = """    def candidate(self, spec):
         import os, signal
         service = super().candidate(spec)
@@ -416,8 +415,8 @@ def crossover(
                                 "super().__init__(Script(), running=True)")  # fmt: skip
     conftest = conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1)
     if cut_switch:
-        conftest = SIGINT_DEFAULT + conftest.replace("    def close(self):", CUT_IN_A_SWITCH, 1)
-    pytester.makeconftest(conftest)
+        conftest = conftest.replace("    def close(self):", CUT_IN_A_SWITCH, 1)
+    pytester.makeconftest(SIGINT_AS_IN_A_TERMINAL + conftest)  # the Ctrl-C tests send SIGINT
     text = 'reports_dir = "reports"\n' + HEAD.format(extra="") + RUN + replicas
     pytester.makefile(".toml", specdecode=text)
     return pytester.runpytest_subprocess("--spec-config", "ngram", "-rs", *args)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_specdecode.analysis.drafter import check_drafter, describe_drafter
+from pytest_specdecode.analysis.drafters.check import check_drafter, describe_drafter
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.vllm_argv import parse_server_command
 from pytest_specdecode.errors import ConfigError

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.drafter import check_drafter
+from pytest_specdecode.analysis.drafters.check import check_drafter
 from pytest_specdecode.cli.drafter import main
 from pytest_specdecode.record.safetensors_io import (
     SafetensorsFile,

@@ -27,7 +27,8 @@ from pytest_specdecode.targets.beside.placement import (
 )
 from pytest_specdecode.targets.facts.gpu import parse_gpus
 from pytest_specdecode.targets.hosts.base import CommandResult
-from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
+from pytest_specdecode.targets.interrupts import Interrupts
+from pytest_specdecode.targets.lifecycle import experiment_services
 from pytest_specdecode.targets.local import LocalProcessTarget
 
 from ...support.standin_target import StandInTarget

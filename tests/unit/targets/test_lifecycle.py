@@ -18,11 +18,10 @@ from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.ending import RunEnding
 from pytest_specdecode.record.store import RunStore, load_run
-from pytest_specdecode.targets import lifecycle
-from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
+from pytest_specdecode.targets.lifecycle import experiment_services
 
 from ...support.scripted_target import NEVER, Script, ScriptedTarget, measure_arms
-from ...support.sigint import plugin_sigint
+from ...support.sigint import own_interrupts, plugin_sigint
 from ...support.synthetic import record, settings
 
 
@@ -208,7 +207,7 @@ def sigint_at_first_poll(target: ScriptedTarget, name: str) -> list[int]:
 def test_a_sigint_during_a_candidates_start_restores_and_keeps_what_was_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lifecycle, "INTERRUPTS", Interrupts())  # this test's signals only
+    interrupts = own_interrupts(monkeypatch)
     target = ScriptedTarget(Script(), {"ngram": Script(ready_after_s=3.0)}, running=True)
     sent = sigint_at_first_poll(target, "ngram")
     s = settings(tmp_path, samples=2, prompt_types=("coding",))
@@ -234,7 +233,7 @@ def test_a_sigint_during_a_candidates_start_restores_and_keeps_what_was_measured
     report = board.restore_report
     assert report is not None and report.is_active and report.serving and not report.failed
     assert endings[-1].how == "interrupted" and endings[-1].signals == ["SIGINT"]
-    assert lifecycle.INTERRUPTS.signals == ["SIGINT"]  # the plugin's handler noted it
+    assert interrupts.signals == ["SIGINT"]  # the plugin's handler noted it
     # nothing measured is lost: the baseline's requests, in results.json and the journal
     measured = store.record.phases[BASELINE].measurements["coding"].samples
     assert len(measured) == 2 and "ngram" not in store.record.phases

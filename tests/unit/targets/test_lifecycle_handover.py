@@ -19,7 +19,8 @@ from pytest_specdecode.errors import HostError, ServiceError
 from pytest_specdecode.progress import ProgressLog
 from pytest_specdecode.record.ending import RunEnding
 from pytest_specdecode.targets import lifecycle
-from pytest_specdecode.targets.lifecycle import Interrupts, experiment_services
+from pytest_specdecode.targets.interrupts import Interrupts
+from pytest_specdecode.targets.lifecycle import experiment_services
 
 from ...support.standin_target import SPEC, StandInTarget
 from ...support.virtual_clock import VirtualTime
@@ -241,13 +242,13 @@ def test_a_handover_that_fails_falls_back_to_the_controllers_own_restore():
 CHILD = """
 import signal
 import time
-from pytest_specdecode.targets import lifecycle
+from pytest_specdecode.targets import interrupts, lifecycle
 from tests.support.standin_target import SPEC, StandInTarget
 from tests.support.virtual_clock import VirtualTime
 
 lifecycle.wait_until_ready = lambda service, **kw: 0.0
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's, even if the tests run under nohup
-lifecycle.interrupt_on_signals()  # what the plugin installs for a run
+interrupts.interrupt_on_signals()  # what the plugin installs for a run
 target = StandInTarget()
 try:
     with lifecycle.experiment_services(

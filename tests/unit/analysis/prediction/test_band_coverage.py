@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from pytest_specdecode.analysis.prediction.coverage import (
+from pytest_specdecode.analysis.prediction.bands.coverage import (
     CoverageCase,
     PromptCoverage,
     band_coverage,

@@ -7,15 +7,14 @@ import math
 import numpy as np
 import pytest
 
+from pytest_specdecode.analysis.prediction.bands.bounded import recommend
 from pytest_specdecode.analysis.prediction.cost_model import (
     BaselineTiming,
     CandidateTiming,
     CostPrior,
-    Prediction,
     cost_points,
     fit_cost,
     predict,
-    recommend,
     relative_noise,
 )
 from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings, ReplayStats
@@ -260,45 +259,6 @@ def test_least_squares_needs_three_observations() -> None:
         BASES, [*cands, candidate("structured", BASES["structured"], 1.5, 2.0, 0.08, 0.05)]
     )
     assert three is not None and three.method == "least-squares"
-
-
-def prediction(name: str, settings: NgramSettings, speedup: float, p_faster: float) -> Prediction:
-    return Prediction(
-        prompt_type=name,
-        settings=settings,
-        decode_tokens_per_step=1.5,
-        draft_tokens_per_step=2.0,
-        ceiling_tokens_per_s=50.0,
-        ceiling_speedup=1.5,
-        tokens_per_s=30.0 * speedup,
-        tokens_per_s_band=(25.0, 40.0),
-        speedup=speedup,
-        speedup_band=(speedup * 0.8, speedup * 1.2),
-        p_faster=p_faster,
-    )
-
-
-ONE_OF_FOUR = {"coding": (1.6, 0.6), "math": (0.95, 0.0), "structured": (0.95, 0.0)}
-ONE_OF_FOUR["explanatory"] = (0.95, 0.0)  # faster on average, likely faster on one type only
-
-
-@pytest.mark.parametrize(
-    ("per_type", "worth"),
-    [
-        ({"coding": (1.6, 0.75), "math": (1.1, 0.25)}, True),  # mean P(faster) exactly 0.5
-        ({"coding": (1.6, 0.74), "math": (1.1, 0.25)}, False),
-        (ONE_OF_FOUR, False),
-    ],
-    ids=["P 0.50", "P 0.495", "P 0.15"],
-)
-def test_worth_a_reload_only_when_more_likely_faster_than_not(per_type, worth) -> None:
-    s = S(3, 2, 3)
-    preds = {n: {s: prediction(n, s, speed, p)} for n, (speed, p) in per_type.items()}
-    rec = recommend(preds)
-    assert rec.mean_speedup is not None and rec.mean_speedup > 1
-    assert (rec.settings == s) is worth
-    assert ("worth a reload" in rec.reason) is worth
-    assert ("a reload is not worth it" in rec.reason) is not worth
 
 
 def test_one_k_cannot_separate_fixed_and_per_token_cost() -> None:

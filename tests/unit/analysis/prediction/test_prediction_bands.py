@@ -1,22 +1,22 @@
-"""Prediction bands that bound (issue 41): a tok/s band wider than a factor of 2, or at tokens
-per step outside what the cost fit's observations measured, is no prediction; the reports say
-what limits it, and "Next" never recommends from it."""
+"""Prediction bands that bound (issue 41, analysis/prediction/bands/bounded.py): a tok/s band wider
+than a factor of 2, or at tokens per step outside what the cost fit's observations measured, is
+no prediction; the reports say what limits it, and "Next" never recommends from it, nor from a
+config less likely faster than not."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_specdecode.analysis.prediction.cost_model import (
+from pytest_specdecode.analysis.prediction.bands.bounded import (
     MAX_BAND_RATIO,
     STEP_SLACK,
-    CandidateTiming,
-    Prediction,
     Support,
     bounded,
     recommend,
     support_of,
     withheld_reason,
 )
+from pytest_specdecode.analysis.prediction.cost_model import CandidateTiming, Prediction
 from pytest_specdecode.analysis.prediction.ngram_types import NgramSettings
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.report import markdown, terminal
@@ -114,6 +114,45 @@ def test_next_says_none_when_every_band_is_withheld() -> None:
     assert "%" not in advice.reason  # no speedup figure read off a withheld band
 
 
+def prediction(name: str, settings: NgramSettings, speedup: float, p_faster: float) -> Prediction:
+    return Prediction(
+        prompt_type=name,
+        settings=settings,
+        decode_tokens_per_step=1.5,
+        draft_tokens_per_step=2.0,
+        ceiling_tokens_per_s=50.0,
+        ceiling_speedup=1.5,
+        tokens_per_s=30.0 * speedup,
+        tokens_per_s_band=(25.0, 40.0),
+        speedup=speedup,
+        speedup_band=(speedup * 0.8, speedup * 1.2),
+        p_faster=p_faster,
+    )
+
+
+ONE_OF_FOUR = {"coding": (1.6, 0.6), "math": (0.95, 0.0), "structured": (0.95, 0.0)}
+ONE_OF_FOUR["explanatory"] = (0.95, 0.0)  # faster on average, likely faster on one type only
+
+
+@pytest.mark.parametrize(
+    ("per_type", "worth"),
+    [
+        ({"coding": (1.6, 0.75), "math": (1.1, 0.25)}, True),  # mean P(faster) exactly 0.5
+        ({"coding": (1.6, 0.74), "math": (1.1, 0.25)}, False),
+        (ONE_OF_FOUR, False),
+    ],
+    ids=["P 0.50", "P 0.495", "P 0.15"],
+)
+def test_worth_a_reload_only_when_more_likely_faster_than_not(per_type, worth) -> None:
+    s = NgramSettings(3, 2, 3)
+    preds = {n: {s: prediction(n, s, speed, p)} for n, (speed, p) in per_type.items()}
+    rec = recommend(preds)
+    assert rec.mean_speedup is not None and rec.mean_speedup > 1
+    assert (rec.settings == s) is worth
+    assert ("worth a reload" in rec.reason) is worth
+    assert ("a reload is not worth it" in rec.reason) is not worth
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     rec = recorded_run(tmp_path_factory.mktemp("bands"))
@@ -177,7 +216,7 @@ def test_results_json_carries_the_reason_in_the_grid(recorded) -> None:  # type:
 
 
 def test_the_search_plan_prints_a_wide_band_as_its_reason() -> None:
-    from pytest_specdecode.analysis.prediction.coverage import Coverage
+    from pytest_specdecode.analysis.prediction.bands.coverage import Coverage
     from pytest_specdecode.analysis.search.policy import Reload, SearchPlan
     from pytest_specdecode.record.search import PredictedBand
     from pytest_specdecode.report.sections.search import plan_lines

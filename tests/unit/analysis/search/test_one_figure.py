@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.prediction.coverage import held_out
+from pytest_specdecode.analysis.prediction.bands.coverage import held_out
 from pytest_specdecode.analysis.run import analyze, candidate_verdicts
 from pytest_specdecode.analysis.search.answer import search_answer
 from pytest_specdecode.analysis.search.policy import SearchPolicy
 from pytest_specdecode.analysis.verdict.compare import compare_arms, own_figure
 from pytest_specdecode.analysis.verdict.stats import RestartNoise
-from pytest_specdecode.record.schema import Measurement, Phase
+from pytest_specdecode.record.measurement import Measurement
+from pytest_specdecode.record.schema import Phase
 from pytest_specdecode.report.plots import _figure_of
 from pytest_specdecode.report.rows import Row, rows
 from pytest_specdecode.report.sections.prediction import prediction_rows

@@ -1,5 +1,5 @@
 """The plan's lever where the host's drift is known (analysis/verdict/design.py → levers,
-report/plan.py → lever_lines): a longer window, interleaving or arms side by side where drift
+report/plan_reach.py → lever_lines): a longer window, interleaving or arms side by side where drift
 dominates, more starts where restarts do; each with its cost."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.analysis.variance.time_drift import TimeDrift, block_sd
 from pytest_specdecode.analysis.verdict.design import drift_variance, levers, start_only
 from pytest_specdecode.analysis.verdict.noise import as_prior
-from pytest_specdecode.report.plan import Timing, design_lines
+from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.schedule import Timing
 
 from ....support.synthetic import settings
 

@@ -1,4 +1,4 @@
-"""Side by side, analysed by pairs (analysis/variance/pairs.py, stats.paired_interval): each
+"""Side by side, analysed by pairs (analysis/variance/pairs.py, interval.paired_interval): each
 slot's log(candidate/baseline), the drift both servers share cancelled in it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pytest_specdecode.analysis.variance.pairs import (
     pair_outside_evidence,
 )
 from pytest_specdecode.analysis.variance.restarts import RestartNoise, outside_evidence
-from pytest_specdecode.analysis.verdict.stats import (
+from pytest_specdecode.analysis.verdict.interval import (
     Question,
     _starts_interval,
     nested_interval,

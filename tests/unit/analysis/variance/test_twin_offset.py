@@ -1,6 +1,6 @@
 """A twin baseline's slots as the pair offset's evidence of this run (issue 41, item 3b; the
 pure part: analysis/variance/pairs.py → `pair_variance(twin=)`, `expected_pair_variance(twins=)`,
-analysis/verdict/stats.py → `Question.twin`, analysis/verdict/design.py → `twin_plan`). The
+analysis/verdict/interval.py → `Question.twin`, analysis/verdict/design.py → `twin_plan`). The
 twin's start and slots are not served yet: docs/statistics.md, "A twin baseline"."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pytest_specdecode.analysis.variance.pairs import (
 )
 from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.analysis.verdict.design import TWIN_GAIN, twin_plan
-from pytest_specdecode.analysis.verdict.stats import Question, nested_interval, paired_interval
+from pytest_specdecode.analysis.verdict.interval import Question, nested_interval, paired_interval
 
 from ..verdict.test_plan_reach import SLOT_SD, _main_job, _prior
 
@@ -182,7 +182,8 @@ def _without(rec, arm: str):
 
 
 def test_the_plan_says_what_a_twin_would_give(tmp_path: Path) -> None:
-    from pytest_specdecode.report.plan import Timing, design_lines
+    from pytest_specdecode.report.plan_reach import design_lines
+    from pytest_specdecode.report.schedule import Timing
 
     s = _main_job(tmp_path)
     lines = design_lines(

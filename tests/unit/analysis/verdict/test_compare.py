@@ -8,7 +8,8 @@ import pytest
 
 from pytest_specdecode.analysis.verdict.compare import compare_arms
 from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
-from pytest_specdecode.record.schema import Measurement, Phase
+from pytest_specdecode.record.measurement import Measurement
+from pytest_specdecode.record.schema import Phase
 
 from ....support.synthetic import sample
 

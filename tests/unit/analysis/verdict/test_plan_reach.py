@@ -1,7 +1,7 @@
 """The plan's reach counts the run's own pairs of slots as the analysis will
 (analysis/verdict/design.py → `reach`, `expected_half_width`; analysis/variance/pairs.py →
 `expected_pair_variance`): the main job's design simulated through the analysis's interval
-(stats.py → `nested_interval`) prints about the half-width the plan said (issue 41, item 3)."""
+(interval.py → `nested_interval`) prints about the half-width the plan said (issue 41, item 3)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from pytest_specdecode.analysis.variance.pairs import (
 )
 from pytest_specdecode.analysis.variance.restarts import RestartNoise
 from pytest_specdecode.analysis.verdict.design import family_size, reach
-from pytest_specdecode.analysis.verdict.stats import Question, nested_interval
+from pytest_specdecode.analysis.verdict.interval import Question, nested_interval
 from pytest_specdecode.config.settings import Settings, load_settings
-from pytest_specdecode.report.plan import Timing, design_lines
+from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.schedule import Timing
 
 TYPES = ("coding", "math", "structured", "explanatory")
 OFFSET_SD, SLOT_SD = 0.036, 0.08  # the H200's prior (3 df) and its slots' noise

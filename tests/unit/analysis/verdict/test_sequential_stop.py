@@ -22,19 +22,16 @@ from pytest_specdecode.analysis.variance.spending import (
     nominal_level,
     spent,
 )
+from pytest_specdecode.analysis.verdict.interval import Question, nested_interval
 from pytest_specdecode.analysis.verdict.sequential import Simulated, expected_slots, simulate_cell
-from pytest_specdecode.analysis.verdict.stats import (
-    Question,
-    RestartNoise,
-    Verdict,
-    nested_interval,
-)
+from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.measure.experiment.arms import Experiment
-from pytest_specdecode.record.schema import Measurement, SequentialLooks
+from pytest_specdecode.record.measurement import Measurement, SequentialLooks
 from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.report import markdown
-from pytest_specdecode.report.plan import Timing, design_lines
+from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.schedule import Timing
 
 from ....support.scripted_target import Script, ScriptedTarget, Speed
 from ....support.synthetic import record, settings

@@ -13,7 +13,8 @@ import pytest
 
 from pytest_specdecode.config.vllm_argv import ServerCommand, host_address, parse_server_command
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.targets.facts.vllm import MARKER, VllmFactsError
+from pytest_specdecode.targets.facts.vllm import VllmFactsError
+from pytest_specdecode.targets.facts.vllm_snippet import MARKER
 from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.hosts.container import first_process
 from pytest_specdecode.targets.systemd.inspection import bus_label

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pytest_specdecode.analysis.break_even import ALL_PROMPTS, MapPoint, fit_line, map_of_run
+from pytest_specdecode.analysis.map.break_even import ALL_PROMPTS, MapPoint, fit_line, map_of_run
 from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.break_even import map_candidates, map_ks, map_lengths, point_of
 from pytest_specdecode.config.specconfig import SpecConfig
@@ -51,7 +51,7 @@ def _point(length: float, ratio: float, se: float = 0.03, df: float = 20) -> Map
 
 
 def test_a_line_through_two_points_reads_off_break_even_and_ceiling() -> None:
-    from pytest_specdecode.analysis.break_even import MapLine
+    from pytest_specdecode.analysis.map.break_even import MapLine
 
     points = (_point(1.0, 0.8), _point(4.0, 3.2))  # a step costs 1.25 plain steps: r = L / 1.25
     a, b, draws = fit_line(points, confidence=0.95)
@@ -68,7 +68,7 @@ def test_a_line_through_two_points_reads_off_break_even_and_ceiling() -> None:
 
 
 def test_a_line_that_stays_below_one_never_breaks_even() -> None:
-    from pytest_specdecode.analysis.break_even import MapLine
+    from pytest_specdecode.analysis.map.break_even import MapLine
 
     points = (_point(1.0, 0.3), _point(4.0, 0.6))
     a, b, draws = fit_line(points, confidence=0.95)
@@ -157,9 +157,9 @@ def test_the_map_lies_at_the_tokens_a_step_counted_not_the_length_asked() -> Non
     prompt_lookup_min 1, asked L = 4, nine requests of 128 tokens. Every draft was accepted
     (821 of 821: length 3.96 a draft), but 14% of steps found no match and drafted nothing, so
     a step emitted 3.55 tokens: that is where the point lies."""
-    from pytest_specdecode.analysis.break_even import measured_steps
+    from pytest_specdecode.analysis.map.break_even import measured_steps
     from pytest_specdecode.record.counters import Acceptance
-    from pytest_specdecode.record.schema import Measurement
+    from pytest_specdecode.record.measurement import Measurement
 
     m = Measurement(prompt_type="coding")
     m.samples = [synthetic.sample("coding", "map-k3-L4", i, 156.3, tokens=128) for i in range(9)]

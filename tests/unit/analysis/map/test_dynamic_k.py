@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from pytest_specdecode.analysis.crossover import (
+from pytest_specdecode.analysis.map.dynamic_k import (
     DEFAULT_MAX_BATCH,
-    LevelPoint,
     batch_boundaries,
     k_families,
     recommend_dynamic_k,
 )
+from pytest_specdecode.analysis.map.paying_load import LevelPoint
 from pytest_specdecode.config.specconfig import (
     check_spec_shape,
     parse_spec_config,

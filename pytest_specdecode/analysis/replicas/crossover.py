@@ -14,7 +14,7 @@ The call (the orchestration builds the slots; nothing here touches a replica)::
 
     schedule = rotation(replicas=2, arms=2)      # ((0, 1), (1, 0)): per period, per replica
     result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={"throughput": noise})
-    result.metrics[0].change   # stats.Interval of log(candidate / baseline), by="crossover"
+    result.metrics[0].change   # interval.Interval of log(candidate / baseline), by="crossover"
     result.metrics[0].verdict  # through stats.decide, as every verdict of the project
     result.of("throughput").lines()  # the change, the replica and period effects, as printed
 
@@ -46,8 +46,8 @@ mean taken out, so its prompt and its moment cancel): `log value = replica + arm
 prompt's own replica and arm effects (sum-to-zero coding, so an arm's change is the prompt set's
 mean, as analysis/variance/pairs.py takes it) where every prompt repeats across the periods,
 numpy's least squares, the residual's df. The 2x2 case is the closed form above
-(tests/unit/test_replica_crossover.py). The period effects come from the slots' means, their
-prompts' levels and the fitted replica and arm effects taken out.
+(tests/unit/analysis/replicas/test_crossover.py). The period effects come from the slots'
+means, their prompts' levels and the fitted replica and arm effects taken out.
 
 **The starts.** Each replica is started once per period (period 1's original too was started
 once), and each start shifts all its requests. An estimate `c'beta` then has variance `sigma_b^2
@@ -75,8 +75,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as _st
 
-from .variance.restarts import RestartNoise, _between, t_quantile
-from .verdict.stats import Interval, Verdict, decide, holm_adjust
+from ..variance.restarts import RestartNoise, _between, t_quantile
+from ..verdict.interval import Interval
+from ..verdict.stats import Verdict, decide, holm_adjust
 
 __all__ = [
     "METRICS",

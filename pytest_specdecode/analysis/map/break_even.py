@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..config.arms import cell_key
-from ..config.break_even import point_of
-from ..record.schema import Measurement, RunRecord
-from .verdict.compare import PromptTypeVerdict
+from ...config.arms import cell_key
+from ...config.break_even import point_of
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
+from ..verdict.compare import PromptTypeVerdict
 
 __all__ = [
     "ALL_PROMPTS",

@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from pytest_specdecode.analysis.regime import (
+from pytest_specdecode.analysis.map.regime import (
     SLOWED,
     WITHIN,
     Regime,
@@ -22,10 +22,10 @@ from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 
-from ...support.scripted_target import Script, ScriptedTarget, Speed
-from ...support.synthetic import record, settings
-from ..measure.test_beside_many import ManyBoard, three_specs
-from ..targets.test_arms_together import H200, alive, local_target, sleeping_vllm  # noqa: F401
+from ....support.scripted_target import Script, ScriptedTarget, Speed
+from ....support.synthetic import record, settings
+from ...measure.test_beside_many import ManyBoard, three_specs
+from ...targets.test_arms_together import H200, alive, local_target, sleeping_vllm  # noqa: F401
 
 K = [f'{{"method":"ngram","num_speculative_tokens":{k}}}' for k in (2, 3, 4)]
 NAMES = ["ngram-k2", "ngram-k3", "ngram-k4"]
@@ -200,10 +200,10 @@ def test_the_figure_pairs_by_prompt_so_the_window_s_few_prompts_weigh_no_prompt_
     import dataclasses
     import random
 
-    from pytest_specdecode.analysis.regime import regime_figure
-    from pytest_specdecode.record.schema import Measurement
+    from pytest_specdecode.analysis.map.regime import regime_figure
+    from pytest_specdecode.record.measurement import Measurement
 
-    from ...support.synthetic import sample
+    from ....support.synthetic import sample
 
     level = {("coding", i): 100.0 * (1 + 0.5 * i) for i in range(8)}  # prompts far apart
     level |= {("math", i): 60.0 * (1 + 0.3 * i) for i in range(8)}

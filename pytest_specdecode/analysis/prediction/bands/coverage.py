@@ -22,9 +22,9 @@ from typing import Any
 
 from scipy import stats
 
-from ...record.schema import RunRecord
-from ..verdict.compare import arm_figure
-from .level_prediction import cost_prior, ngram_arms, predict_levels, without_arms
+from ....record.schema import RunRecord
+from ...verdict.compare import arm_figure
+from ..level_prediction import cost_prior, ngram_arms, predict_levels, without_arms
 
 __all__ = ["Coverage", "CoverageCase", "PromptCoverage", "band_coverage"]
 

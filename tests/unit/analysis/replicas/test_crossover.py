@@ -1,5 +1,5 @@
-"""The crossover across replicas (analysis/replicas.py): the closed form, the rotation, and its
-false calls and power on simulated replicas (benchmarks/replica_crossover.py)."""
+"""The crossover across replicas (analysis/replicas/crossover.py): the closed form, the
+rotation, and its false calls and power on simulated replicas (benchmarks/replica_crossover.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from benchmarks.replica_crossover import Replicas, rates
-from pytest_specdecode.analysis.replicas import CrossoverSlot, crossover_of, rotation
+from pytest_specdecode.analysis.replicas.crossover import CrossoverSlot, crossover_of, rotation
 from pytest_specdecode.analysis.verdict.stats import RestartNoise, Verdict
 
 

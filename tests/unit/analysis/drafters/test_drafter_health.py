@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.analysis.drafter_health import (
+from pytest_specdecode.analysis.drafters.health import (
     MIN_DRAFT_TOKENS,
     MOST_ROUNDS,
     drafter_health,
@@ -28,10 +28,10 @@ from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report.rows import checks
 from pytest_specdecode.targets.lifecycle import experiment_services
 
-from ...support.scripted_target import Script, ScriptedTarget, Speed
-from ...support.synthetic import record, settings
-from ..measure.test_beside_many import ManyBoard
-from ..measure.test_interleaved_order import together_experiment
+from ....support.scripted_target import Script, ScriptedTarget, Speed
+from ....support.synthetic import record, settings
+from ...measure.test_beside_many import ManyBoard
+from ...measure.test_interleaved_order import together_experiment
 
 DRAFT = '{"method": "draft_model", "model": "/m/cut-6-layers", "num_speculative_tokens": 3}'
 DRAFT_NAME = "draft_model-k3"

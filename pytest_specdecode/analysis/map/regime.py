@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..record.schema import Measurement, RunRecord
-from .variance.restarts import fit_starts, t_quantile
+from ...record.measurement import Measurement
+from ...record.schema import RunRecord
+from ..variance.restarts import fit_starts, t_quantile
 
 SLOWED = "slowed"  # the whole interval beyond the tolerance, on the slow side
 WITHIN = "within"  # not slower than the tolerance

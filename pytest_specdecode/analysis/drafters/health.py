@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.specconfig import DRAFT_METHODS, MTP_METHODS
-from ..record.counters import Acceptance
-from ..record.drafter_check import BROKEN, HEALTHY, NO_COUNTERS, TOO_FEW
+from ...config.specconfig import DRAFT_METHODS, MTP_METHODS
+from ...record.counters import Acceptance
+from ...record.drafter_check import BROKEN, HEALTHY, NO_COUNTERS, TOO_FEW
 
 MIN_DRAFT_TOKENS = 100  # fewer counted: too few to call a drafter broken
 MOST_ROUNDS = 4  # the check sends its requests at most this many times over, for more drafts
