@@ -11,6 +11,7 @@ started twice, its cause read as `EngineDeadError`, which its unit's journal hel
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from pytest_specdecode.targets.start_failure import (
 
 from ...support.inprocess import run_in_process
 from ...support.scripted_target import Script, ScriptedTarget
+from ...support.sigint import own_interrupts
 from ...support.synthetic import record, settings
 from ..plugin.test_gate import CONFTEST, REPO, write_gate
 from .test_arms_together import SPEC, alive, local_target, sleeping_vllm  # noqa: F401 (a fixture)
@@ -281,6 +283,37 @@ def test_a_second_death_fails_the_arm_and_names_both_starts(tmp_path: Path) -> N
     assert f"(started twice: the first start died too, 0s into it: {DIED})" in failed
     assert exp.record.failures["ngram"].startswith("scripted service 'ngram' failed while")
     assert target.original().is_active()
+
+
+def test_a_start_that_dies_once_a_signal_came_is_not_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C reaches a local server's process group too: its engine dies as the controller
+    notes the signal (raised in another thread, such as a replica's switch). That death is no
+    reason for a second start: the run is ending, and a start can take an hour."""
+    interrupts = own_interrupts(monkeypatch)
+    target = ScriptedTarget(Script(), {"ngram": Script(crash_at_start=DIED, crash_starts=1)},
+                            running=True)  # fmt: skip
+    made = target.candidate
+
+    def candidate(spec):
+        service = made(spec)
+        real = service.failure
+
+        def failure() -> str | None:
+            if not interrupts.signals:
+                interrupts.signalled(signal.SIGINT)  # noted; its KeyboardInterrupt is elsewhere
+            return real()
+
+        service.failure = failure  # type: ignore[method-assign]
+        return service
+
+    target.candidate = candidate  # type: ignore[method-assign]
+    exp = run(tmp_path, target, retry=True)
+    assert starts(target, "ngram") == 1
+    assert DIED in str(exp.failed)  # type: ignore[attr-defined]
+    assert not any("once more" in line for line in exp.lines)  # type: ignore[attr-defined]
+    assert target.original().is_active()  # restored
 
 
 # -- the whole run, as pytest prints it -------------------------------------------------------
