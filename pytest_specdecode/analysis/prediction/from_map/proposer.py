@@ -113,9 +113,9 @@ class ProposerCost:
         ms, low, high = self.estimate
         each = ", ".join(f"{n} {v[0]:+.2f}" for n, v in self.per_type.items())
         return (
-            f"{self.candidate} ({self.label})'s own cost per step beyond the map's at k={self.k}, "
-            f"{self.level}: {ms:+.2f} ms [{low:+.2f}, {high:+.2f}] ({self.confidence:.0%}; per "
-            f"prompt type {each})"
+            f"{self.candidate}'s proposer ({self.label}): its step costs {ms:+.2f} ms "
+            f"[{low:+.2f}, {high:+.2f}] more than the map's at k={self.k}, {self.level}, at the "
+            f"same tokens per step ({self.confidence:.0%}; per prompt type {each})"
         )
 
     def to_json(self) -> dict[str, Any]:
