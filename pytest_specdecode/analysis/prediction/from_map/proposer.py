@@ -154,7 +154,7 @@ def proposer_cost(
     for e in usable:
         t = stats.t.ppf(shared, min(max(e.df, 1.0), 1e6))
         ratios = np.exp(e.log_ratio + e.se * t)
-        maps = np.maximum(np.asarray(e.map_draws[:n], dtype=float), 1e-9)
+        maps = _positive(e.map_draws[:n])  # a redrawn line below 0 there: no step, left out
         values = e.step_ms * e.tokens_per_step * (1.0 / ratios - 1.0 / maps)
         low, high = central(values, confidence)
         per_type[e.prompt_type] = (e.cost(math.exp(e.log_ratio), e.map_ratio), low, high)
@@ -188,9 +188,8 @@ def with_proposer(
     order: the caller shuffles one side where the two were measured apart)."""
     tau = tokens_per_step
     n = min(len(map_draws), len(cost_draws))
-    maps = np.maximum(np.asarray(map_draws[:n], dtype=float), 1e-9)
-    steps = tau / maps + np.asarray(cost_draws[:n], dtype=float) / step_ms
-    values = tau / np.maximum(steps, 1e-9)
+    steps = tau / _positive(map_draws[:n]) + np.asarray(cost_draws[:n], dtype=float) / step_ms
+    values = np.where(steps > 0, tau / np.where(steps > 0, steps, 1.0), np.nan)
     low, high = central(values, confidence)
     point = tau / max(tau / max(map_ratio, 1e-9) + cost_ms / step_ms, 1e-9)
     return point, low, high, values
@@ -287,6 +286,12 @@ def predict_on_shape(
         )
         for name, tau in tokens_per_step.items()
     }
+
+
+def _positive(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Ratios as an array, those at or below 0 (no step to speak of) as NaN."""
+    found = np.asarray(values, dtype=float)
+    return np.where(found > 0, found, np.nan)
 
 
 def central(values: Sequence[float] | np.ndarray, confidence: float) -> tuple[float, float]:

@@ -156,7 +156,9 @@ def _on_line(
         tokens_per_s_band=band,
         speedup=ratio,
         speedup_band=(low, high),
-        p_faster=float(np.mean(draws > 1.0)),
+        p_faster=float(np.mean(draws[np.isfinite(draws)] > 1.0))
+        if np.isfinite(draws).any()
+        else None,
         withheld=withheld_reason(band, tau, line_support(line)),
         basis=basis,
     )

@@ -181,3 +181,15 @@ def test_a_band_given_as_three_figures_is_drawn_back() -> None:
     low, high = np.quantile(draws, [0.05, 0.95])
     assert low == pytest.approx(0.8, rel=0.02) and high == pytest.approx(1.1, rel=0.02)
     assert float(np.median(draws)) == pytest.approx(0.9, rel=0.01)
+
+
+def test_a_redrawn_line_below_zero_is_left_out_not_an_infinite_cost() -> None:
+    draws = (0.5,) * 900 + (-0.1,) * 100  # a tenth of the map's lines cross zero there
+    e = StepEvidence("math", 1.0, math.log(0.4), 0.001, 10.0, STEP_MS, 0.5, draws)
+    ms, low, high = _cost([e]).estimate
+    assert all(math.isfinite(x) for x in (ms, low, high))
+    assert low == pytest.approx(1.0, rel=0.05) and high == pytest.approx(1.0, rel=0.05)
+    ratio, low, high, values = with_proposer(1.0, STEP_MS, 0.5, draws, 1.0, [1.0] * 1000,
+                                             confidence=0.9)  # fmt: skip
+    assert ratio == pytest.approx(0.4) and low == pytest.approx(0.4) and high == pytest.approx(0.4)
+    assert int(np.isnan(values).sum()) == 100
