@@ -7,7 +7,8 @@ The interface, for what is built on the shape (the map's per-depth fit, a drafte
   `experts_per_token`, `shared_experts`, `first_dense`, `min_depth`, `mla`, `quantization`.
 - `named.NAMED`, `named.named_shape(name)`: llama-3.1-8b, llama-3.2-1b, deepseek-v3, kimi-k2.
 - `memory`: `Room` (what the serving host gives: GPUs x --gpu-memory-utilization, or a
-  CPU's memory), `ShapeBytes` (per layer: attention, dense MLP, MoE; embeddings; KV per token),
+  CPU's memory; `shared(n, ...)`: each of n servers' part side by side), `ShapeBytes` (per
+  layer: attention, dense MLP, MoE; embeddings; KV per token; `weights(shape, depth)`),
   `fit_depths` → `DepthFit` (the depths chosen: `depths`, ascending, the largest served).
 - `served.ServedShape`: the shape as the run serves it: `layers` (the depth), `overrides`
   (--hf-overrides), `env` (the MoE routing), `tokenizer`, `served_name`, `folder` (where its
@@ -18,5 +19,10 @@ The interface, for what is built on the shape (the map's per-depth fit, a drafte
 - `table.ShapeConfig`: what was asked ([shape] source and layers, --spec-shape and
   --spec-shape-layers); `resolve.serve_shape`: a Shape and the host's facts to a ServedShape,
   or `errors.ShapeRefused` before anything is touched.
-Read on the host by targets/facts/shape_site.py; served by targets/shaped.py (`ShapedTarget`).
+Read on the host by targets/facts/shape_site.py; resolved by targets/shaped.py →
+`resolve_shape(target, config, asked, facts, folder=, beside=)` (called by run/planning.py →
+`Planning.resolve_shape`, kept as `Planning.shape`); served by targets/shaped.py →
+`shaped_target(config, served, ...)`, a `ShapedTarget` (`.served`, `.inner`: the backend's
+own target on the shape's command), which run/session.py → `_open_target` opens once the plan
+resolved the shape; recorded as `RunRecord.shape`.
 """
