@@ -28,6 +28,7 @@ _EXPERIMENT_OPTIONS = (
     "spec_config",
     "spec_search",
     "spec_break_even",
+    "spec_shape",
     "spec_file",
     "spec_host",
     "spec_dry_run",
@@ -74,6 +75,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "whose drafts vLLM accepts at a stated accepted per draft from 1 to k+1 "
         "([run] break_even_points, 2), measured against the baseline: the tokens per step at "
         "which speculation pays, and its ceiling, on this engine and load",
+    )
+    add(
+        "--spec-shape",
+        metavar="unit|file:PATH|NAME",
+        default=None,
+        help="serve the model's architecture with dummy weights on the same vLLM and GPUs, "
+        "before any reload of the real weights: `unit` (or `served`) the served model's own "
+        "config.json, `file:PATH` a config.json here, or a named shape (llama-3.1-8b, "
+        "llama-3.2-1b, deepseek-v3, kimi-k2); cut to the depth that fits ([shape] source)",
+    )
+    add(
+        "--spec-shape-layers",
+        metavar="auto|N[,N...]",
+        default=None,
+        help="--spec-shape: the depths to serve (auto: the largest that fits; [shape] layers)",
     )
     add(
         "--spec-max-reloads",

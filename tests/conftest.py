@@ -46,6 +46,8 @@ LONGEST_FIRST = (
     "real_vllm/test_prediction_real.py",
     "real_vllm/test_embedded_experiment.py",
     "real_vllm/test_aa.py",
+    "real_vllm/test_shape_real.py",  # about 2.5 min each (two CPU vLLM starts), on a shared core
+    "real_vllm/test_shape_llama_real.py",
     "real_vllm/test_levels_real.py",
     "real_vllm/test_adoption_wheel.py",
     "real_vllm/test_traffic.py",
