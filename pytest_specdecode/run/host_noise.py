@@ -41,7 +41,8 @@ from ..record.profile import (
 from ..record.schema import RunRecord
 from ..record.store import stored_runs
 from ..report.plan import Timing, previous_timing
-from ..report.plan_reach import design_lines
+from ..report.plan_reach import StopSlots, design_lines, plan_time
+from ..report.schedule import PlanTime
 from ..report.text import noise_text
 from ..targets.base import Target
 from .folder import api_headers
@@ -118,6 +119,30 @@ class HostNoise:
             adopts_original=target.adopts_running_original,
             drift=self._drift(self.plan_key(target)),
             accelerator=getattr(self.plan_key(target).accelerator, "kind", None),
+        )
+
+    def plan_time(
+        self,
+        target: Target,
+        settings: Settings,
+        timing: Timing,
+        *,
+        baseline: bool,
+        aba: bool,
+        methods_s: float | None,
+    ) -> tuple[PlanTime, StopSlots | None]:
+        """The run's whole time at this pace (report/plan_reach.py → `plan_time`), its cells
+        stopping where this host's noise lets the stop rule stop them."""
+        key = self.plan_key(target)
+        return plan_time(
+            settings,
+            self.known(key),
+            timing,
+            baseline=baseline,
+            aba=aba,
+            adopts_original=target.adopts_running_original,
+            methods_s=methods_s,
+            accelerator=getattr(key.accelerator, "kind", None),
         )
 
     def noise_plan(self, target: Target) -> str:

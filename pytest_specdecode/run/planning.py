@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,15 @@ from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
 from ..record.profile import lookup
 from ..report.plan import (
+    Timing,
     drafter_plan,
     dry_run_lines,
-    plain_seconds,
     search_text,
     service_plan,
     side_change_plan,
 )
+from ..report.plan_reach import estimate_line, time_lines
+from ..report.schedule import PlanTime
 from ..report.stored_plan import stored_prediction, stored_search_plan
 from ..targets.base import Service, Target
 from ..targets.facts.vllm import (
@@ -69,16 +72,21 @@ class Planning:
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
         self.drafters: list[Drafter] = []  # each drafter's config, checked where it is loaded
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
-        self.planned_s: float | None = None  # the plan's estimate, before this host's pace
+        self.planned_s: float | None = None  # the plan's estimate of what follows the plan
+        self.methods_s: float | None = None  # asking the target's vLLM for its methods, as timed
+        self.time: PlanTime | None = None  # the run's whole time as the plan said it
+        self.timing: Timing | None = None  # the pace it rests on
 
     def validate(self) -> None:
         """The candidates checked against the target's own vLLM (read-only), and the drafters;
         a host that cannot be reached refuses the run, nothing touched."""
         target = self.open_target(self.settings.reports_dir)
         try:
+            began = time.monotonic()
             facts = validated_against_target(
                 target, self.settings.candidates, progress=self.progress
             )
+            self.methods_s = time.monotonic() - began
             self.drafters = check_drafters(target, self.settings.candidates, progress=self.progress)
         except HostError as exc:  # the host cannot be reached: nothing was touched
             raise ConfigError(str(exc)) from None
@@ -104,9 +112,11 @@ class Planning:
         try:
             checked = []
             if settings.candidates:
+                began = time.monotonic()
                 facts = validated_against_target(
                     target, settings.candidates, progress=self.progress
                 )
+                self.methods_s = time.monotonic() - began
                 self._use_facts(facts)
                 settings = self.settings
                 self.drafters = check_drafters(target, settings.candidates, progress=self.progress)
@@ -131,7 +141,6 @@ class Planning:
             settings,
             steps,
             host=target.host_name,
-            timing=self.host_noise.timing(target, self.settings),
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
@@ -144,6 +153,7 @@ class Planning:
             design=self.design_lines(target),
             side_changes=side_change_plan(settings, self._target_version(), self.vllm_facts),
             arms=arms,
+            duration=self.time_lines(target),
         )
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
@@ -154,13 +164,7 @@ class Planning:
         the run records as its plan's (`planned_s`)."""
         self.progress(f"plan: {self.choose_arms(target)}")
         settings = self.settings
-        self.planned_s = plain_seconds(
-            settings,
-            self.host_noise.timing(target, settings),
-            baseline=self.config.getoption("spec_baseline_from") is None,
-            aba=self.config.getoption("spec_aba"),
-            adopts_original=target.adopts_running_original,
-        )[0]
+        duration = self.time_lines(target)
         for step in service_plan(settings, target):
             self.progress(f"plan: {step}")
         if settings.run.search:
@@ -168,10 +172,51 @@ class Planning:
         self.progress(f"plan: restart noise: {self.host_noise.noise_plan(target)}")
         for line in self.design_lines(target):
             self.progress(f"plan: {line}")
+        for line in duration:
+            self.progress(f"plan: {line}")
         for line in side_change_plan(settings, self._target_version(), self.vllm_facts):
             self.progress(f"plan: {line}")
         for line in drafter_plan(self.drafters):
             self.progress(f"plan: drafter: {line}")
+
+    def time_lines(self, target: Target) -> list[str]:
+        """The run's whole time, every part in it, at this host's pace and with the range it
+        leaves open (report/plan_reach.py → `time_lines`); kept for the run's own estimate
+        after its first start and round, and as the estimate a stored run is paced against
+        (`planned_s`: what follows the plan)."""
+        settings = self.settings
+        self.timing = self.host_noise.timing(target, settings)
+        self.time, stop = self.host_noise.plan_time(
+            target,
+            settings,
+            self.timing,
+            baseline=self.config.getoption("spec_baseline_from") is None,
+            aba=self.config.getoption("spec_aba"),
+            methods_s=self.methods_s,
+        )
+        self.planned_s = self.time.ahead
+        return time_lines(self.time, self.timing, stop)
+
+    def estimate_now(
+        self, target: Target, startups: Sequence[float], slot_s: float, elapsed_s: float
+    ) -> str | None:
+        """After the first start and round: the whole time again, at the starts and the slot
+        this run measured (`elapsed_s`: since the run began, after the methods query)."""
+        if self.time is None or self.timing is None:
+            return None
+        tokens = [t.max_tokens for t in self.settings.prompt_types.values()] or [1]
+        start_s = sum(startups) / len(startups) if startups else self.timing.start_s
+        timing = Timing(start_s, slot_s * len(tokens) / max(1, sum(tokens)), "measured")
+        found, _ = self.host_noise.plan_time(
+            target,
+            self.settings,
+            timing,
+            baseline=self.config.getoption("spec_baseline_from") is None,
+            aba=self.config.getoption("spec_aba"),
+            methods_s=self.methods_s,
+        )
+        done = (self.methods_s or 0.0) + elapsed_s
+        return estimate_line(found, self.time, startups, slot_s, done)
 
     def _target_version(self) -> str | None:
         """The target's vLLM version where it was asked (not the offline list's)."""

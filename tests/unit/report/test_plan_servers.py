@@ -212,8 +212,11 @@ def test_the_time_is_starts_and_slots_per_server_at_the_h200s_pace_where_nothing
             starts * pace.start_s + (slots * servers + regime) * 256 * pace.s_per_token
         )
         assert abs(seconds / took - 1) < 0.25, (beside, seconds, took)
-        line = plan.duration_line(seconds, starts, timing, search=False)
-        assert f"{starts} server starts at ~100s" in line and "assumed for 1 x NVIDIA H200" in line
+        time, stop = plan_reach.plan_time(
+            s, {}, timing, baseline=True, aba=False, adopts_original=False
+        )
+        line = "\n".join(plan_reach.time_lines(time, timing, stop))
+        assert f"{starts} server starts at ~100 s" in line and "assumed for 1 x NVIDIA H200" in line
 
 
 def test_the_committed_h200_profile_of_another_machine_no_longer_halves_the_time(

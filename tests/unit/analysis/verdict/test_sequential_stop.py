@@ -28,7 +28,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.measurement import Measurement, SequentialLooks
 from pytest_specdecode.record.store import RunStore, load_run
-from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.plan_reach import plan_time, time_lines
 from pytest_specdecode.report.schedule import Timing
 
 from ....support.scripted_target import Script, ScriptedTarget, Speed
@@ -182,25 +182,28 @@ def plan_lines(tmp_path: Path, run_extra: str) -> list[str]:
     s = settings(tmp_path, prompt_types=("coding", "math", "structured", "explanatory"),
                  samples=48, run_extra=run_extra)  # fmt: skip
     prior = RestartNoise(0.036, 3.0, "a prior", measured=False, residual=0.08**2)
-    return design_lines(
-        s, {"throughput": prior, "tpot": prior}, detect=None,
-        timing=Timing(60.0, 0.01, "stored runs"), baseline=True, aba=False,
-        adopts_original=False,
+    time, stop = plan_time(
+        s, {"throughput": prior, "tpot": prior}, Timing(60.0, 0.01, "stored runs"),
+        baseline=True, aba=False, adopts_original=False,
     )  # fmt: skip
+    return time_lines(time, Timing(60.0, 0.01, "stored runs"), stop)
 
 
 def test_the_plan_gives_the_expected_and_the_largest_slots(tmp_path: Path) -> None:
     lines = [x for x in plan_lines(tmp_path, 'arms = "together"') if x.startswith("stops")]
     assert len(lines) == 1
     found = re.search(
-        r"looks at 12, 24, 36, 48 slots\): expected (\d+) slots at a change of (-\d+)% "
-        r"\(about (.+?) in all\), (\d+) at none \((.+?)\); at most 48 \((.+?)\)",
+        r"looks at 12, 24, 36, 48 slots\): about (\d+) slots where its change is about what "
+        r"the design can call \((-\d+)%\), (\d+) where there is none; at most 48",
         lines[0],
     )
     assert found, lines[0]
-    at, none = int(found[1]), int(found[4])
+    at, none = int(found[1]), int(found[3])
     assert at < none <= 48  # a change the design can call stops early; none does not
-    assert found[3] != found[6]  # and takes less time
+    timed = next(x for x in plan_lines(tmp_path, 'arms = "together"') if "duration" in x)
+    # the time: the stop's expected slots, within every cell at its first look to every slot
+    times = re.search(r"about (.+?) in all \((.+?) to (.+?)\)", timed)
+    assert times and times[1] != times[3], timed  # every slot sent takes longer
     assert not any(x.startswith("stops") for x in plan_lines(tmp_path, ""))  # one at a time
     off = plan_lines(tmp_path, 'arms = "together"\nsequential = false')
     assert not any(x.startswith("stops") for x in off)
