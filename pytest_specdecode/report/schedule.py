@@ -109,7 +109,7 @@ def schedule_of(
     if adopts_original and last is not None and last.servers == 1:
         starts += int(last.phases[0][1] not in (BASELINE, BASELINE_AFTER))
     beside_many = any(g.servers >= 3 for g in groups)  # the regime window: measure/experiment/
-    regime = len(settings.prompt_types) * settings.run.regime_slots if beside_many else 0
+    regime = len(settings.prompt_types) * settings.run.regime_window_slots if beside_many else 0
     return Schedule(tuple(groups), starts, regime_slots=regime)
 
 

@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..analysis.map.regime import Regime, regime_of
+from ..analysis.map.regime import Regime, regime_of, regime_spread
 from ..analysis.variance.restarts import RestartNoise
 from ..analysis.variance.time_drift import TimeDrift, drift_text
 from ..analysis.verdict import noise
 from ..analysis.verdict.compare import METRICS
+from ..analysis.verdict.design import assumed_residual
 from ..config.arms import BASELINE
 from ..config.settings import Settings
 from ..config.specconfig import VllmFacts
@@ -297,6 +298,20 @@ class HostNoise:
             and recorded_accelerator(record.environment) == key.accelerator
             and (found := regime_of(record)) is not None
         ]
+
+    def regime_spread(self, target: Target) -> tuple[float, str]:
+        """A request's spread (log) the regime window is sized by: what the newest stored run's
+        regime window showed on this accelerator, else this host's measured residual, else the
+        one assumed for its kind of accelerator (analysis/verdict/design.py)."""
+        for name, found in self.regimes(target):
+            if (spread := regime_spread(found)) is not None:
+                return spread, f"the stored run {name}'s regime window"
+        key = self.plan_key(target)
+        known = self.known(key).get("throughput")
+        if known is not None and known.residual:
+            return math.sqrt(known.residual), f"this host's A/A runs: {known.source}"
+        kind = getattr(key.accelerator, "kind", None)
+        return math.sqrt(assumed_residual(kind)), f"assumed for a {kind or 'host'}, none stored"
 
     # -- what the key reads ---------------------------------------------------------------------
     def _drift(self, key: ProfileKey) -> TimeDrift | None:

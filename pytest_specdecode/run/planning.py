@@ -47,7 +47,7 @@ from ..targets.facts.vllm import (
     with_request_metrics,
 )
 from ..targets.host_env import busiest
-from .arms import choose_arms, with_arms, with_regime
+from .arms import choose_arms, with_arms, with_regime, with_regime_window
 from .drafters import check_drafters
 from .host_noise import HostNoise
 from .replicas import replicas_dry_run
@@ -76,6 +76,7 @@ class Planning:
         self.methods_s: float | None = None  # asking the target's vLLM for its methods, as timed
         self.time: PlanTime | None = None  # the run's whole time as the plan said it
         self.timing: Timing | None = None  # the pace it rests on
+        self.regime_line: str | None = None  # the regime window, sized or left out, and why
 
     def validate(self) -> None:
         """The candidates checked against the target's own vLLM (read-only), and the drafters;
@@ -150,7 +151,7 @@ class Planning:
                 if settings.run.search
                 else stored_prediction(settings, host=target.host_name)
             ),
-            design=self.design_lines(target),
+            design=[*filter(None, [self.regime_line]), *self.design_lines(target)],
             side_changes=side_change_plan(settings, self._target_version(), self.vllm_facts),
             arms=arms,
             duration=self.time_lines(target),
@@ -163,6 +164,8 @@ class Planning:
         """The plan into run.log as a run starts, its arms chosen on this host; the estimate
         the run records as its plan's (`planned_s`)."""
         self.progress(f"plan: {self.choose_arms(target)}")
+        if self.regime_line:
+            self.progress(f"plan: {self.regime_line}")
         settings = self.settings
         duration = self.time_lines(target)
         for step in service_plan(settings, target):
@@ -236,6 +239,9 @@ class Planning:
         )
         settings, fewer = with_regime(
             with_arms(self.settings, mode), lambda: self.host_noise.regimes(target)
+        )
+        settings, self.regime_line = with_regime_window(
+            settings, lambda: self.host_noise.regime_spread(target)
         )
         self.settings = self.host_noise.settings = settings
         how = f"arms: {'side by side' if mode == 'together' else 'one at a time'}: {why}"
