@@ -160,6 +160,30 @@ def test_a_decided_pair_stops_sending_and_records_its_looks(tmp_path: Path) -> N
         assert "looked at 4, 8 of 16 slots" in verdict.throughput.reason
 
 
+def test_summary_md_says_where_each_cell_stopped_and_why(tmp_path: Path) -> None:
+    """Issue 50: the terminal, run.log, results.json and report.html said where each cell
+    stopped; summary.md did not. Decided at a look, or every slot sent."""
+    from pytest_specdecode.report.markdown import summary
+
+    (tmp_path / "slow").mkdir()
+    rec = slow_candidate(tmp_path / "slow").record
+    text = summary(rec, analyze(rec))
+    assert (
+        "Where each prompt type stopped: coding decided at look 2 of 4 (8 of 16 slots); math "
+        "decided at look 2 of 4 (8 of 16 slots)." in text
+    )
+    (tmp_path / "alike" / "run").mkdir(parents=True)
+    s = settings(tmp_path / "alike", samples=16, run_extra='arms = "together"')
+    target = ScriptedTarget(Script(), {"ngram": Script()})  # as fast as the baseline
+    board, exp, store = together_experiment(tmp_path / "alike", target, s)
+    exp.arm("ngram")
+    board.restore()
+    text = summary(store.record, analyze(store.record))
+    assert "coding all slots run (16): not decided at an earlier look" in text
+    off = slow_candidate(tmp_path, "sequential = false").record  # no rule: nothing to say
+    assert "Where each prompt type stopped" not in summary(off, analyze(off))
+
+
 def test_without_the_rule_every_slot_is_sent(tmp_path: Path) -> None:
     rec = slow_candidate(tmp_path, "sequential = false").record
     m = rec.phases["ngram"].measurements["coding"]
