@@ -300,6 +300,12 @@ def test_only_another_accelerators_profile_the_plan_and_verdicts_assume_and_name
     used = results["analysis"]["verdicts"]["ngram"]["coding"]["throughput"]["restart_noise"]
     assert used["measured"] is False and used["sd"] == pytest.approx(0.05)
     assert f"host profile {gpu}" in used["source"]  # named where the verdict is, too
+    # issue 50: the plan says the run's whole time, the run its own once after its first
+    # round, and it keeps its starts and slots as it timed them for the next plan
+    assert re.search(r"plan: estimated duration: .*server starts at ~\d+ s", out), out
+    assert out.count("estimate after the first start and round: about ") == 1, out
+    pace = results["environment"]["pace"]
+    assert pace["slots"] > 0 and pace["slot_s"] > 0 and pace["start_s"] >= 0
 
 
 def stored_run(s, name: str, environment: dict, tokens_per_s: float) -> None:
