@@ -40,6 +40,7 @@ from .schedule import (
     schedule_seconds,
     server_lines,
     slot_seconds,
+    whole_time,
 )
 from .schedule import default_start_s as default_start_s_of
 
@@ -248,18 +249,20 @@ def design_seconds(
     aba: bool,
     adopts_original: bool,
 ) -> float:
-    """A design's time, as `estimate_seconds` gives the configured one's: `starts` starts per
-    arm (pairs side by side), `requests` per prompt type and start, its arms side by side or
-    one at a time. The plan's --spec-detect design and every lever are timed by it."""
+    """A design's whole time with every slot sent, as the plan's time counts the configured
+    one's (schedule.py `whole_time`: the starts, the regime window, the rounds, the token ids,
+    the restore): `starts` starts per arm (pairs side by side), `requests` per prompt type and
+    start, its arms side by side or one at a time. The plan's --spec-detect design and every
+    lever are timed by it."""
     run = settings.run
     arms = "together" if together else ("one-at-a-time" if run.arms == "together" else run.arms)
     trial = replace(
         settings,
         run=replace(run, repeats=starts, samples=requests, max_samples=requests, arms=arms),
     )
-    return estimate_seconds(
-        trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
-    )[0]
+    schedule = schedule_of(trial, baseline=baseline, aba=aba, adopts_original=adopts_original)
+    slots = SlotCount(largest_slots(trial.run, len(trial.prompt_types)))
+    return whole_time(trial, schedule, timing, slots).seconds
 
 
 def side_change_plan(
