@@ -105,9 +105,10 @@ class RunConfig:
     arms: Literal["auto", "one-at-a-time", "together"] = "auto"
     beside: int = 1  # together: the most candidates served beside one baseline start at once
     # beside two or more: the baseline's slots per cell with one server beside, before the rest
-    # start (the regime window, measure/experiment/arms.py; 0: none), and how much slower the
-    # baseline beside all of them may run before the run says so (analysis/map/regime.py)
-    regime_slots: int = 4
+    # start (the regime window, measure/experiment/regime.py; 0: none; unset: sized by the plan
+    # to settle its tolerance, or left out, analysis/map/regime.py `regime_size`), and how much
+    # slower the baseline beside all of them may run before the run says so
+    regime_slots: int | None = None
     regime_tolerance: float = 0.05
     sequential: bool = True  # side by side: a cell stops once decided (analysis/verdict/)
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
@@ -115,6 +116,12 @@ class RunConfig:
     # windows (measure/experiment/drafter_check.py); below the floor, the candidate is stopped
     drafter_floor: float = 0.05
     drafter_check_requests: int = 4
+
+    @property
+    def regime_window_slots(self) -> int:
+        """The regime window's slots per cell: as set or sized by the plan; where no plan sized
+        it (an experiment driven by hand), 4."""
+        return 4 if self.regime_slots is None else self.regime_slots
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
         for key in ("concurrency", "rate"):
@@ -352,7 +359,8 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
         )
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
     positive_int(run.beside, "beside", where, minimum=1)
-    positive_int(run.regime_slots, "regime_slots", where, minimum=0)
+    if run.regime_slots is not None:
+        positive_int(run.regime_slots, "regime_slots", where, minimum=0)
     positive_int(run.drafter_check_requests, "drafter_check_requests", where, minimum=0)
     floor = run.drafter_floor
     if isinstance(floor, bool) or not isinstance(floor, float | int) or not 0 <= floor < 1:

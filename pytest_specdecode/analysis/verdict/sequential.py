@@ -157,11 +157,13 @@ def stop_plan(
     noise: RestartNoise,
     residual_sd: float,
     change: float,
+    speedup_sd: float = 0.0,
     draws: int = 20,
 ) -> tuple[tuple[int, ...], float, float]:
     """What the plan says of the stop rule: the looks (slots of a cell), and the slots a cell
     is expected to send at this relative change and at none, on simulated pairs of this
-    host's noise (`noise`: one start's effect; `residual_sd`: one request's own, log)."""
+    host's noise (`noise`: one start's effect; `residual_sd`: one request's own, log;
+    `speedup_sd`: the prompts' own speed-ups about the change)."""
     least, most = run.requests_at(run.levels[0])
     level = run.levels[0]  # a slot: a burst of its concurrency, or an open loop's least
     step = max(1, least) if level.open_loop else level.concurrency or 1
@@ -169,7 +171,7 @@ def stop_plan(
     model = Simulated(
         offset_sd=noise.sd,
         slot_sd=residual_sd / math.sqrt(step),
-        speedup_sd=0.0,
+        speedup_sd=speedup_sd,
         prompts=max(1, min(prompts, planned)),
         planned=planned,
         noise_df=noise.df,

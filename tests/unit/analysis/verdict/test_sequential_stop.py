@@ -30,7 +30,7 @@ from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.measurement import Measurement, SequentialLooks
 from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.report import markdown
-from pytest_specdecode.report.plan_reach import design_lines
+from pytest_specdecode.report.plan_reach import plan_time, time_lines
 from pytest_specdecode.report.schedule import Timing
 
 from ....support.scripted_target import Script, ScriptedTarget, Speed
@@ -236,6 +236,30 @@ def test_cells_that_decide_at_different_looks_keep_their_own_looks(tmp_path: Pat
     assert "coding" not in undecided
 
 
+def test_summary_md_says_where_each_cell_stopped_and_why(tmp_path: Path) -> None:
+    """Issue 50: the terminal, run.log, results.json and report.html said where each cell
+    stopped; summary.md did not. Decided at a look, or every slot sent."""
+    from pytest_specdecode.report.markdown import summary
+
+    (tmp_path / "slow").mkdir()
+    rec = slow_candidate(tmp_path / "slow").record
+    text = summary(rec, analyze(rec))
+    assert (
+        "Where each prompt type stopped: coding decided at look 2 of 4 (8 of 16 slots); math "
+        "decided at look 2 of 4 (8 of 16 slots)." in text
+    )
+    (tmp_path / "alike" / "run").mkdir(parents=True)
+    s = settings(tmp_path / "alike", samples=16, run_extra='arms = "together"')
+    target = ScriptedTarget(Script(), {"ngram": Script()})  # as fast as the baseline
+    board, exp, store = together_experiment(tmp_path / "alike", target, s)
+    exp.arm("ngram")
+    board.restore()
+    text = summary(store.record, analyze(store.record))
+    assert "coding all slots run (16): not decided at an earlier look" in text
+    off = slow_candidate(tmp_path, "sequential = false").record  # no rule: nothing to say
+    assert "Where each prompt type stopped" not in summary(off, analyze(off))
+
+
 def test_without_the_rule_every_slot_is_sent(tmp_path: Path) -> None:
     rec = slow_candidate(tmp_path, "sequential = false").record
     m = rec.phases["ngram"].measurements["coding"]
@@ -258,25 +282,28 @@ def plan_lines(tmp_path: Path, run_extra: str) -> list[str]:
     s = settings(tmp_path, prompt_types=("coding", "math", "structured", "explanatory"),
                  samples=48, run_extra=run_extra)  # fmt: skip
     prior = RestartNoise(0.036, 3.0, "a prior", measured=False, residual=0.08**2)
-    return design_lines(
-        s, {"throughput": prior, "tpot": prior}, detect=None,
-        timing=Timing(60.0, 0.01, "stored runs"), baseline=True, aba=False,
-        adopts_original=False,
+    time, stop = plan_time(
+        s, {"throughput": prior, "tpot": prior}, Timing(60.0, 0.01, "stored runs"),
+        baseline=True, aba=False, adopts_original=False,
     )  # fmt: skip
+    return time_lines(time, Timing(60.0, 0.01, "stored runs"), stop)
 
 
 def test_the_plan_gives_the_expected_and_the_largest_slots(tmp_path: Path) -> None:
     lines = [x for x in plan_lines(tmp_path, 'arms = "together"') if x.startswith("stops")]
     assert len(lines) == 1
     found = re.search(
-        r"looks at 12, 24, 36, 48 slots\): expected (\d+) slots at a change of (-\d+)% "
-        r"\(about (.+?) in all\), (\d+) at none \((.+?)\); at most 48 \((.+?)\)",
+        r"looks at 12, 24, 36, 48 slots\): about (\d+) slots where its change is about what "
+        r"the design can call \((-\d+)%\), (\d+) where there is none; at most 48",
         lines[0],
     )
     assert found, lines[0]
-    at, none = int(found[1]), int(found[4])
+    at, none = int(found[1]), int(found[3])
     assert at < none <= 48  # a change the design can call stops early; none does not
-    assert found[3] != found[6]  # and takes less time
+    timed = next(x for x in plan_lines(tmp_path, 'arms = "together"') if "duration" in x)
+    # the time: the stop's expected slots, within every cell at its first look to every slot
+    times = re.search(r"about (.+?) in all \((.+?) to (.+?)\)", timed)
+    assert times and times[1] != times[3], timed  # every slot sent takes longer
     assert not any(x.startswith("stops") for x in plan_lines(tmp_path, ""))  # one at a time
     off = plan_lines(tmp_path, 'arms = "together"\nsequential = false')
     assert not any(x.startswith("stops") for x in off)
