@@ -6,8 +6,8 @@ metric is compared on the log scale through the mean of each start, and the unce
 start's mean has two parts: the between-start variance (the restart noise) and the within-start
 variance over its requests. Side by side, the pairs' slots give a second analysis
 (analysis/variance/pairs.py); the narrower of the two is kept, and where the stop rule looked
-at the one pair, the interval takes its last look's group-sequential boundary. The verdict is
-read from it in stats.py → `decide`.
+at the one pair, both take its last look's group-sequential boundary. The verdict is read from
+it in stats.py → `decide`.
 """
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ from ..variance.restarts import (
     interval_variance,
     t_quantile,
 )
-from ..variance.spending import fractions_of, nominal_level
+from ..variance.spending import fractions_of, look_times, nominal_level
 
 __all__ = [
     "Interval",
     "Question",
+    "Watched",
     "arm_figures",
     "center",
     "nested_interval",
     "paired_interval",
     "sequential_confidence",
+    "watched",
 ]
 
 
@@ -136,14 +138,12 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     of a start's effect, τ², is pooled by degrees of freedom from this run's repeated starts and
     from `noise` (measured by stored runs, or assumed), each with the residual's share added
     (analysis/variance/restarts.py); the t quantile is taken on the pooled degrees of freedom.
+    Where the stop rule watched the one pair, both analyses take its last look's boundary
+    (`sequential_confidence`), and the narrower is kept there too.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    adjusted = sequential_confidence(question, noise=noise, confidence=confidence)
-    if adjusted != confidence:  # the stop rule's boundary holds for the pairs' interval
-        found = paired_interval(question, noise=noise, confidence=adjusted)
-        if found is not None:
-            return found
+    confidence = sequential_confidence(question, noise=noise, confidence=confidence)
     by_starts = _starts_interval(question, noise=noise, confidence=confidence)
     by_pairs = paired_interval(question, noise=noise, confidence=confidence)
     if by_pairs is None or _width(by_pairs) > _width(by_starts):
@@ -151,30 +151,59 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     return by_pairs
 
 
+@dataclass(frozen=True)
+class Watched:
+    """The looks the stop rule took at one pair: the slots of each, the cell's planned slots,
+    and the change's variance at `n` slots, `offsets + slot_var / n` (this pair's fit)."""
+
+    looks: tuple[int, ...]
+    planned: int
+    offsets: float
+    slot_var: float  # nan: no slot noise known (the variance is then taken as 1 / n)
+
+    def variance(self, n: int) -> float:
+        return self.offsets + self.slot_var / n if math.isfinite(self.slot_var) else 1.0 / n
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        final = self.variance(max(self.planned, self.looks[-1]))
+        return fractions_of([self.variance(n) for n in self.looks], final)
+
+    def level(self, one_sided: float, look: int | None = None) -> float:
+        """The one-sided nominal level of a look's boundary (the last, where None)."""
+        k = len(self.looks) if look is None else look + 1
+        times = look_times(self.looks[:k], self.planned)
+        return nominal_level(self.fractions[:k], one_sided, times)
+
+
+def watched(question: Question, *, noise: RestartNoise) -> Watched | None:
+    """Where the stop rule looked at the question's one pair: its looks and variance; else
+    None. The variance's parts are the pair's offset, pooled with the outside knowledge
+    (pairs.py), less the slot part, and this pair's slot noise."""
+    looks, planned = tuple(question.looks or ()), question.planned_slots
+    fit = fit_pairs(
+        [np.asarray(d, dtype=float) for d in question.pairs or ()], question.pair_prompts
+    )
+    if not looks or planned < 1 or fit is None or fit.pairs != 1:
+        return None
+    tau2, df, _ = pair_variance(fit, outside=noise, twin=_twin_fit(question))
+    if not df or not math.isfinite(tau2):
+        return None
+    slot_var = fit.slot_var if fit.slot_df and math.isfinite(fit.slot_var) else math.nan
+    return Watched(looks, planned, max(0.0, tau2 - fit.within), slot_var)
+
+
 def sequential_confidence(question: Question, *, noise: RestartNoise, confidence: float) -> float:
     """Where the stop rule looked at the question's one pair: the confidence of its last
     look's group-sequential boundary (variance/spending.py), spending the same one-sided
     `(1 - confidence) / 2` over the looks; else `confidence` unchanged.
 
-    The looks' information fractions come from this pair's variance at each look, `omega^2 +
-    sigma_d^2 / n` (the pair's offset, pooled with the outside knowledge, and the slot noise)."""
-    looks, planned = list(question.looks or ()), question.planned_slots
-    fit = fit_pairs(
-        [np.asarray(d, dtype=float) for d in question.pairs or ()], question.pair_prompts
-    )
-    if not looks or planned < 1 or fit is None or fit.pairs != 1:
+    The looks spend on the slots' schedule (`look_times`); their correlation comes from this
+    pair's variance at each look, `omega^2 + sigma_d^2 / n` (`watched`)."""
+    found = watched(question, noise=noise)
+    if found is None:
         return confidence
-    tau2, df, _ = pair_variance(fit, outside=noise, twin=_twin_fit(question))
-    if not df or not math.isfinite(tau2):
-        return confidence
-    slot_var = fit.slot_var if fit.slot_df and math.isfinite(fit.slot_var) else math.nan
-    offsets = max(0.0, tau2 - fit.within)
-
-    def variance(n: int) -> float:  # with no slot noise known, as if the slots were all
-        return offsets + slot_var / n if math.isfinite(slot_var) else 1.0 / n
-
-    fractions = fractions_of([variance(n) for n in looks], variance(max(planned, looks[-1])))
-    return 1.0 - 2.0 * nominal_level(fractions, (1.0 - confidence) / 2.0)
+    return 1.0 - 2.0 * found.level((1.0 - confidence) / 2.0)
 
 
 def _twin_fit(question: Question) -> PairFit | None:
