@@ -27,6 +27,7 @@ from ..variance.restarts import (
     t_quantile,
 )
 from ..variance.spending import fractions_of, look_times, nominal_level
+from ..variance.stop_bias import overstated
 
 __all__ = [
     "Interval",
@@ -37,6 +38,7 @@ __all__ = [
     "nested_interval",
     "paired_interval",
     "sequential_confidence",
+    "stop_overstated",
     "watched",
 ]
 
@@ -204,6 +206,35 @@ def sequential_confidence(question: Question, *, noise: RestartNoise, confidence
     if found is None:
         return confidence
     return 1.0 - 2.0 * found.level((1.0 - confidence) / 2.0)
+
+
+def stop_overstated(
+    question: Question,
+    interval: Interval,
+    *,
+    noise: RestartNoise,
+    one_sided: float,
+    min_effect: float,
+) -> float | None:
+    """Where the stop rule stopped the question's pair before its planned slots: how much further
+    out than the change a cell that stops at this look prints on average, were the change the
+    interval's estimate (log, >= 0; variance/stop_bias.py), on each look's standard error (the
+    interval's, scaled by the pair's variance at that look) and half-width (at that look's
+    boundary, spending `one_sided`); None where it did not stop early."""
+    found = watched(question, noise=noise)
+    if found is None or found.looks[-1] >= found.planned:
+        return None
+    if not (interval.df and math.isfinite(interval.se) and interval.se > 0):
+        return None
+    last = found.variance(found.looks[-1])
+    sds = [interval.se * math.sqrt(found.variance(n) / last) for n in found.looks]
+    widths = [
+        t_quantile(1.0 - found.level(one_sided, j), interval.df) * sd for j, sd in enumerate(sds)
+    ]
+    margin = min(min_effect, 0.999)
+    return overstated(
+        interval.estimate, sds, widths, low=math.log1p(-margin), high=math.log1p(margin)
+    )
 
 
 def _twin_fit(question: Question) -> PairFit | None:

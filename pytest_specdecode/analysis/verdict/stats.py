@@ -27,7 +27,8 @@ from scipy import stats as _st
 
 from ..variance.power import MAX_STARTS, starts_to_decide
 from ..variance.restarts import RestartNoise
-from .interval import Interval, Question, center, nested_interval
+from ..variance.spending import look_slots
+from .interval import Interval, Question, center, nested_interval, stop_overstated
 
 __all__ = [
     "Comparison",
@@ -307,6 +308,8 @@ def compare_family(
                 f"; looked at {', '.join(map(str, q.looks))} of {q.planned_slots} slots, the "
                 f"interval at the last look's sequential boundary"
             )
+            if verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
+                reason += _early_stop(q, interval, n_noise, alpha / m, min_effect)
         out.append(
             Comparison(
                 key=q.key,
@@ -327,6 +330,25 @@ def compare_family(
             )
         )
     return out
+
+
+def _early_stop(
+    q: Question, interval: Interval, noise: RestartNoise, one_sided: float, min_effect: float
+) -> str:
+    """What the reason says of a call stopped before its cell's planned slots: how far an early
+    stop overstates a change of the printed size (interval.py → `stop_overstated`)."""
+    found = stop_overstated(q, interval, noise=noise, one_sided=one_sided, min_effect=min_effect)
+    if found is None:
+        return ""
+    printed = interval.estimate
+    further = printed - found if printed < 0 else printed + found
+    look, looks = len(q.looks or ()), len(look_slots(q.planned_slots))
+    return (
+        f"; stopped early, at look {look} of {looks}: were the change the printed "
+        f"{_pct(math.expm1(printed))}, a cell stopping here would print "
+        f"{_pct(math.expm1(further))} on average (simulated on its looks), and a smaller true "
+        f"change would be overstated more"
+    )
 
 
 def _rank_p(q: Question) -> float:

@@ -203,6 +203,14 @@ def test_a_decided_pair_stops_sending_and_records_its_looks(tmp_path: Path) -> N
         # the analysis takes the stopping look's boundary: a wider level than the fixed 1-2a/m
         assert verdict.throughput.interval.confidence > 1 - 2 * 0.05 / 4
         assert "looked at 4, 8 of 16 slots" in verdict.throughput.reason
+        # stopped before its last look: the reason says how far an early stop overstates
+        said = re.search(r"stopped early, at look 2 of 4: were the change the printed "
+                         r"([-+][\d.]+)%, a cell stopping here would print ([-+][\d.]+)%",
+                         verdict.throughput.reason)  # fmt: skip
+        assert said, verdict.throughput.reason
+        printed, further = float(said[1]), float(said[2])
+        assert printed == pytest.approx(100 * verdict.throughput.change, abs=0.05)
+        assert further <= printed < 0
 
 
 def test_without_the_rule_every_slot_is_sent(tmp_path: Path) -> None:
