@@ -11,14 +11,16 @@ its coverage (it is taken at the look's boundary); the estimate does not.
 process: each look's estimate is the change plus an error whose variance is that look's, the
 later look's error the earlier's plus an independent part (the slots added), and each look
 stops as `decide` does, on that look's half-width. `overstated` is that mean's excess over the
-change, at the change the cell printed: what the report says of an early stop. It is not
-subtracted from the estimate. The conditional bias-adjusted estimate (Troendle & Yu 1999), the
-change whose stopped cells print this estimate on average, overcorrected on the calibration's
-cells (a true -20% stopped at the second look printed -30%, corrected to -11%): the looks'
-standard errors hold the prompts' own speed-ups until the prompts repeat, which the estimate
-does not, and the half-widths are themselves estimated, so the stop selects on the estimate
-less than the canonical process does. At the printed change, the excess understates the
-overstatement of a smaller change, and the note says so.
+change. The report gives it at two changes, the printed one and the end of the printed
+interval nearer no change, and subtracts nothing from the estimate: at the printed change it
+is the overstatement of a change that large (near nothing for a change far past the boundary),
+at the interval's near end that of the smallest change the interval allows (the estimate then
+stops at about the boundary's edge), and the calibration's overstatements lay between the two.
+A point correction, the conditional bias-adjusted estimate (Troendle & Yu 1999: the change
+whose stopped cells print this estimate on average), overcorrected on the calibration's cells
+(a true -20% stopped at the second look printed -30% on average, "corrected" to -11%): most
+cells that stop on a modest change stop just past the boundary, where it is pulled to the
+interval's end.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["DRAWS", "overstated", "stopped_mean"]
+__all__ = ["DRAWS", "MIN_PATHS", "overstated", "stopped_mean"]
 
 DRAWS = 4000  # the canonical process's paths (a fixed seed: the same cell, the same figure)
 _SEED = 20261207
+MIN_PATHS = 20  # fewer stopped paths than this: the mean is the boundary's edge
 
 
 def _errors(sds: Sequence[float], draws: int) -> np.ndarray:
@@ -64,32 +67,31 @@ def stopped_mean(
 ) -> float | None:
     """The mean estimate at the last of these looks over the paths that stop there first, with
     the interval wholly below `low` (`below`) or above `high`, at a true `change`; None where
-    no path does. `sds`: each look's standard error; `widths`: each look's half-width."""
+    fewer than `MIN_PATHS` do. `sds`: each look's standard error; `widths`: its half-width."""
     errors = _errors(sds, draws)
     estimates = change + errors
     first = _first_stop(estimates, np.asarray(widths, dtype=float), low, high)
     last = estimates[:, -1]
     side = (last + widths[-1] < low) if below else (last - widths[-1] > high)
     kept = last[(first == len(sds) - 1) & side]
-    return float(kept.mean()) if kept.size else None
+    return float(kept.mean()) if kept.size >= MIN_PATHS else None
 
 
 def overstated(
-    estimate: float,
+    change: float,
     sds: Sequence[float],
     widths: Sequence[float],
     *,
     low: float,
     high: float,
+    below: bool,
     draws: int = DRAWS,
 ) -> float:
-    """How much further out than the change the cells that stop at the last of these looks
-    print on average, were the change the printed `estimate` (log scale, >= 0); 0 where the
-    estimate is no call beyond the margin."""
-    below = estimate + widths[-1] < low
-    if not below and not estimate - widths[-1] > high:
-        return 0.0
-    found = stopped_mean(estimate, sds, widths, low=low, high=high, below=below, draws=draws)
+    """How much further from no change than a true `change` the cells that stop at the last of
+    these looks, below `low` (`below`) or above `high`, print on average (log scale). Where
+    almost none stop there (a change far inside the boundary), their mean is the boundary's
+    edge, the least estimate that stops: the limit of a normal's far tail."""
+    found = stopped_mean(change, sds, widths, low=low, high=high, below=below, draws=draws)
     if found is None:
-        return 0.0
-    return max(0.0, (estimate - found) if below else (found - estimate))
+        found = (low - widths[-1]) if below else (high + widths[-1])
+    return (change - found) if below else (found - change)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -215,26 +215,50 @@ def stop_overstated(
     noise: RestartNoise,
     one_sided: float,
     min_effect: float,
-) -> float | None:
-    """Where the stop rule stopped the question's pair before its planned slots: how much further
-    out than the change a cell that stops at this look prints on average, were the change the
-    interval's estimate (log, >= 0; variance/stop_bias.py), on each look's standard error (the
-    interval's, scaled by the pair's variance at that look) and half-width (at that look's
-    boundary, spending `one_sided`); None where it did not stop early."""
+) -> tuple[float, float] | None:
+    """Where the stop rule stopped the question's pair before its planned slots with a call
+    beyond the margin: how much further from no change than the change a cell that stops at
+    this look prints on average (log; variance/stop_bias.py), were the change the interval's
+    estimate, and were it the interval's end nearer no change. On each look's standard error
+    (the interval's, scaled by the pair's variance at that look) and half-width (what the stop
+    rule saw: the pairs' interval on the slots sent by then, at that look's boundary, spending
+    `one_sided`; the last look's, the interval's own); None where it did not stop early."""
     found = watched(question, noise=noise)
     if found is None or found.looks[-1] >= found.planned:
         return None
     if not (interval.df and math.isfinite(interval.se) and interval.se > 0):
         return None
+    margin = min(min_effect, 0.999)
+    low, high = math.log1p(-margin), math.log1p(margin)
+    if not (interval.high < low or interval.low > high):
+        return None
+    below = interval.high < low
     last = found.variance(found.looks[-1])
     sds = [interval.se * math.sqrt(found.variance(n) / last) for n in found.looks]
     widths = [
-        t_quantile(1.0 - found.level(one_sided, j), interval.df) * sd for j, sd in enumerate(sds)
+        _look_width(question, found, j, noise=noise, one_sided=one_sided)
+        for j in range(len(found.looks) - 1)
     ]
-    margin = min(min_effect, 0.999)
-    return overstated(
-        interval.estimate, sds, widths, low=math.log1p(-margin), high=math.log1p(margin)
-    )
+    widths.append((interval.high - interval.low) / 2.0)
+    if not all(math.isfinite(w) for w in widths):
+        return None
+    near = interval.high if below else interval.low
+    at = overstated(interval.estimate, sds, widths, low=low, high=high, below=below)
+    return at, overstated(near, sds, widths, low=low, high=high, below=below)
+
+
+def _look_width(
+    question: Question, found: Watched, look: int, *, noise: RestartNoise, one_sided: float
+) -> float:
+    """The half-width the pairs' interval had at an earlier look, on the slots sent by then, at
+    that look's boundary: what the stop rule saw there."""
+    n = found.looks[look]
+    pairs = [list(d)[:n] for d in question.pairs or ()]
+    prompts = [list(p)[:n] for p in question.pair_prompts] if question.pair_prompts else None
+    then = replace(question, pairs=pairs, pair_prompts=prompts, looks=found.looks[: look + 1])
+    level = found.level(one_sided, look)
+    at = paired_interval(then, noise=noise, confidence=1.0 - 2.0 * level)
+    return (at.high - at.low) / 2.0 if at is not None else math.inf
 
 
 def _twin_fit(question: Question) -> PairFit | None:

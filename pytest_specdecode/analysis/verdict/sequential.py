@@ -110,7 +110,10 @@ class Stopped:
     verdict: Verdict
     slots: int
     estimate: float
-    overstated: float | None = None
+    # what the reason says: the overstatement at the printed change, and at the interval's end
+    # nearer no change (log)
+    overstated: tuple[float, float] | None = None
+    near: float = math.nan  # the interval's end nearer no change (log)
 
 
 def simulate_cell(
@@ -188,7 +191,8 @@ def simulate_stop(
         over = stop_overstated(
             q, interval, noise=model.noise, one_sided=alpha / family, min_effect=min_effect
         )
-    return Stopped(verdict, len(q.baseline[0]), interval.estimate, over)
+    near = interval.high if interval.estimate < 0 else interval.low
+    return Stopped(verdict, len(q.baseline[0]), interval.estimate, over, near)
 
 
 def expected_slots(

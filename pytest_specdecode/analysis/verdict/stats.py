@@ -335,19 +335,25 @@ def compare_family(
 def _early_stop(
     q: Question, interval: Interval, noise: RestartNoise, one_sided: float, min_effect: float
 ) -> str:
-    """What the reason says of a call stopped before its cell's planned slots: how far an early
-    stop overstates a change of the printed size (interval.py → `stop_overstated`)."""
+    """What the reason says of a call stopped before its cell's planned slots: what a cell that
+    stops there prints on average, at the printed change and at the interval's end nearer no
+    change (interval.py → `stop_overstated`)."""
     found = stop_overstated(q, interval, noise=noise, one_sided=one_sided, min_effect=min_effect)
     if found is None:
         return ""
-    printed = interval.estimate
-    further = printed - found if printed < 0 else printed + found
+    below = interval.estimate < 0
+    near = interval.high if below else interval.low
+
+    def printed(change: float, over: float) -> str:
+        return _pct(math.expm1(change - over if below else change + over))
+
     look, looks = len(q.looks or ()), len(look_slots(q.planned_slots))
     return (
-        f"; stopped early, at look {look} of {looks}: were the change the printed "
-        f"{_pct(math.expm1(printed))}, a cell stopping here would print "
-        f"{_pct(math.expm1(further))} on average (simulated on its looks), and a smaller true "
-        f"change would be overstated more"
+        f"; stopped early, at look {look} of {looks}: a cell stopping here prints "
+        f"{printed(interval.estimate, found[0])} on average were the "
+        f"change the printed {_pct(math.expm1(interval.estimate))}, and "
+        f"{printed(near, found[1])} were it {_pct(math.expm1(near))}, the interval's end "
+        f"nearer no change (simulated on its looks)"
     )
 
 

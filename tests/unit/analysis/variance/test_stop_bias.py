@@ -32,16 +32,18 @@ def test_at_the_first_look_the_stopped_cells_print_a_truncated_normal_mean(chang
 
 def test_a_modest_change_is_overstated_and_a_large_one_hardly() -> None:
     sds, widths = [0.1, 0.06], [0.45, 0.2]  # two looks, the first's boundary the stricter
+    first = {"low": LOW, "high": HIGH, "below": True}
     # the first look stops an estimate below -48%: at -55% a quarter of cells go on
-    modest = overstated(-0.55, sds[:1], widths[:1], low=LOW, high=HIGH)
+    modest = overstated(-0.55, sds[:1], widths[:1], **first)
     assert modest == pytest.approx(-0.55 - truncated_mean(-0.55, 0.1, LOW - 0.45), abs=0.01)
     assert modest > 0.03
-    assert 0.0 <= overstated(-0.9, sds[:1], widths[:1], low=LOW, high=HIGH) < 0.005
+    assert abs(overstated(-0.9, sds[:1], widths[:1], **first)) < 0.005  # nothing selected
     # the second look, at -30%: what stopped at the first is gone, the rest stop at -23%
-    second = overstated(-0.3, sds, widths, low=LOW, high=HIGH)
+    second = overstated(-0.3, sds, widths, **first)
     assert 0.0 < second < -0.3 - truncated_mean(-0.3, 0.06, LOW - 0.2) + 0.005
-    # an estimate whose interval reaches the margin is no call, and nothing is said of it
-    assert overstated(-0.1, sds, widths, low=LOW, high=HIGH) == 0.0
+    # a change far inside the boundary: the few cells that stop print about the boundary's edge
+    assert stopped_mean(-0.05, sds, widths, **first) is None
+    assert overstated(-0.05, sds, widths, **first) == pytest.approx(-0.05 - (LOW - 0.2))
     # the good side mirrors the bad
-    good = overstated(0.55, sds[:1], widths[:1], low=LOW, high=HIGH)
+    good = overstated(0.55, sds[:1], widths[:1], low=LOW, high=HIGH, below=False)
     assert good == pytest.approx(-0.55 - truncated_mean(-0.55, 0.1, -HIGH - 0.45), abs=0.01)

@@ -204,13 +204,17 @@ def test_a_decided_pair_stops_sending_and_records_its_looks(tmp_path: Path) -> N
         assert verdict.throughput.interval.confidence > 1 - 2 * 0.05 / 4
         assert "looked at 4, 8 of 16 slots" in verdict.throughput.reason
         # stopped before its last look: the reason says how far an early stop overstates
-        said = re.search(r"stopped early, at look 2 of 4: were the change the printed "
-                         r"([-+][\d.]+)%, a cell stopping here would print ([-+][\d.]+)%",
+        said = re.search(r"stopped early, at look 2 of 4: a cell stopping here prints "
+                         r"([-+][\d.]+)% on average were the change the "
+                         r"printed ([-+][\d.]+)%, and ([-+][\d.]+)% were it ([-+][\d.]+)%",
                          verdict.throughput.reason)  # fmt: skip
         assert said, verdict.throughput.reason
-        printed, further = float(said[1]), float(said[2])
+        at, printed, at_near, near = (float(x) for x in said.groups())
         assert printed == pytest.approx(100 * verdict.throughput.change, abs=0.05)
-        assert further <= printed < 0
+        assert near == pytest.approx(100 * (verdict.throughput.ratio_ci[1] - 1), abs=0.05)
+        assert at < 0 and printed < near < 0
+        # the smallest change the interval allows stops here only far beyond itself
+        assert at_near < near - 5
 
 
 def test_without_the_rule_every_slot_is_sent(tmp_path: Path) -> None:
