@@ -12,7 +12,7 @@ from ...errors import ConfigError
 from ..variance.pairs import design_slot_df, expected_pair_variance
 from ..variance.power import ASSUMED_RESIDUAL_SD, MAX_STARTS, DesignPower, design_power
 from ..variance.restarts import RestartNoise, t_quantile
-from ..variance.spending import boundaries, fractions_of, look_slots, nominal_level
+from ..variance.spending import boundaries, fractions_of, look_slots, look_times, nominal_level
 from ..variance.time_drift import TimeDrift, block_sd
 from .adaptive import target_se
 from .compare import METRICS
@@ -251,8 +251,9 @@ def looks_half_width(
             return offsets + var_n / m
 
         fractions = fractions_of([variance(m) for m in looks[: k + 1]], variance(planned))
-        level_k = nominal_level(fractions, one_sided)
-        bound = boundaries(fractions, one_sided)[-1]
+        times = look_times(looks[: k + 1], planned)
+        level_k = nominal_level(fractions, one_sided, times)
+        bound = boundaries(fractions, one_sided, times)[-1]
         out.append(LookWidth(n, t_quantile(1.0 - level_k, df) * math.sqrt(tau2), bound))
     return tuple(out)
 

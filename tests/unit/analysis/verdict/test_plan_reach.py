@@ -159,7 +159,8 @@ def test_the_plan_prints_one_reach_per_look_and_the_twin_compares_with_it(
     assert 2.3 < looks[-1].boundary < 2.9
     twin = next(line for line in lines if line.startswith("a twin baseline"))
     assert f"where this design prints ±{looks[-1].half_width:.1%} " in twin
-    assert f"±{found.half_width:.1%}" not in twin or found.half_width == looks[-1].half_width
+    if f"{found.half_width:.1%}" != f"{looks[-1].half_width:.1%}":  # the two may round alike
+        assert f"±{found.half_width:.1%}" not in twin
 
 
 def test_under_the_stop_rule_the_plan_gives_the_half_width_where_a_cell_stops(
@@ -177,14 +178,16 @@ def test_under_the_stop_rule_the_plan_gives_the_half_width_where_a_cell_stops(
     found = reach(s, _prior(), accelerator="gpu")["throughput"]
     looks = look_slots(48)
     assert tuple(look.slots for look in found.at_looks) == looks
-    # n-gram's own speed-up per prompt (20%) is noise until the prompts repeat (the first look)
+    # n-gram's own speed-up per prompt (20%) is noise until the prompts repeat (the first look;
+    # its boundary is the slots' schedule's whatever the noise, so only the width moves)
     residual = _prior()["throughput"].residual or 0.0
     planned = {
         look.slots: look.half_width
         for look in looks_half_width(s, found.noise, residual, 48, speedup_var=0.2**2)
     }
     bare = {look.slots: look.half_width for look in looks_half_width(s, found.noise, residual, 48)}
-    assert planned[12] > 1.2 * bare[12]
+    assert abs(planned[12] / bare[12] - 1.0) > 0.2
+    assert all(planned[n] == pytest.approx(bare[n]) for n in looks[1:])
     noise = {"throughput": _prior()["throughput"]}
     rng = np.random.default_rng(4)
     ratios, stops = [], []
