@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .arms import AA_ARM
-from .break_even import map_candidates, point_of
+from .break_even import map_candidates, map_carriers, point_of, target_shape
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -98,6 +98,12 @@ class RunConfig:
     # --spec-break-even: "auto" or the k to map ("3,5"); each at break_even_points lengths
     break_even: str | None = None
     break_even_points: int = 2
+    # what drafts on its servers (config/break_even.py): auto (an EAGLE-3 head of the target's
+    # shape where it can be had, else n-gram), ngram or eagle3; the drafters whose pay-off it
+    # also tells, each with servers of its own ("eagle3", "draft_model:NAME"); a head you made
+    break_even_carrier: str = "auto"
+    break_even_drafters: tuple[str, ...] = ()
+    break_even_head: str = ""
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
     order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
     # "together": two servers at once; "auto": together where the host has room (run/arms.py)
@@ -116,7 +122,7 @@ class RunConfig:
     drafter_check_requests: int = 4
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
-        for key in ("concurrency", "rate"):
+        for key in ("concurrency", "rate", "break_even_drafters"):
             value = getattr(self, key)
             if not isinstance(value, tuple):
                 items = list(value) if isinstance(value, list) else [value]
@@ -229,9 +235,6 @@ def load_settings(
             f"{' '.join(names)} (or measure them in a run of their own; a stored run of this "
             "host lends the search its cost model)"
         )
-    if run.break_even:
-        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
-        candidates += map_candidates(run.break_even, candidates, run.break_even_points)
     if run.search and run.repeats > 1:
         if (run_overrides or {}).get("repeats") is not None:
             raise ConfigError(
@@ -253,6 +256,16 @@ def load_settings(
         base,
         where,
     )
+    if run.break_even:
+        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
+        carriers = map_carriers(
+            run.break_even_carrier,
+            run.break_even_drafters,
+            candidates,
+            target_shape(target, reports),
+            head=run.break_even_head,
+        )
+        candidates += map_candidates(run.break_even, candidates, run.break_even_points, carriers)
     return Settings(
         source=path,
         target=target,
