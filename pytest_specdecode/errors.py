@@ -41,3 +41,8 @@ class BrokenDrafter(ServiceError):
     def __init__(self, message: str, *, check: object) -> None:
         super().__init__(message)
         self.check = check
+
+
+class ShapeRefused(ConfigError):
+    """A shape that cannot be served as asked (an architecture the serving vLLM lacks, a depth
+    that does not fit, MoE routing left unbalanced): found before anything was touched."""

@@ -55,6 +55,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "arms": opt("spec_arms"),
             "break_even": opt("spec_break_even"),
         },
+        shape_overrides={"source": opt("spec_shape"), "layers": opt("spec_shape_layers")},
     )
     return settings
 

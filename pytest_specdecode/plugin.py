@@ -76,6 +76,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "which speculation pays, and its ceiling, on this engine and load",
     )
     add(
+        "--spec-shape",
+        metavar="unit|file:PATH|NAME",
+        default=None,
+        help="serve the model's architecture with dummy weights on the same vLLM and GPUs, "
+        "before any reload of the real weights: `unit` (or `served`) the served model's own "
+        "config.json, `file:PATH` a config.json here, or a named shape (llama-3.1-8b, "
+        "llama-3.2-1b, deepseek-v3, kimi-k2); cut to the depth that fits ([shape] source)",
+    )
+    add(
+        "--spec-shape-layers",
+        metavar="auto|N[,N...]",
+        default=None,
+        help="--spec-shape: the depths to serve (auto: the largest that fits; [shape] layers)",
+    )
+    add(
         "--spec-max-reloads",
         type=int,
         metavar="N",

@@ -22,6 +22,7 @@ from .load import (
 )
 from .prompts import PROMPT_KEYS, Prompt, prompts_of_table
 from .replicas import ReplicaConfig, target_and_replicas
+from .shape.table import ShapeConfig, shape_config
 from .specconfig import SpecConfig, check_spec_shape, parse_spec_config
 from .target import TargetConfig
 from .values import no_unknown, positive_int, positive_number
@@ -159,6 +160,8 @@ class Settings:
     host_profiles: Path | None = None  # the experiment's `host_profiles` folder (record/profile.py)
     # [[target.replicas]] (config/replicas.py): `target` is then the first replica's
     replicas: tuple[ReplicaConfig, ...] = ()
+    # [shape] / --spec-shape (config/shape/): the served model's architecture, dummy weights
+    shape: ShapeConfig | None = None
 
     @property
     def aa_only(self) -> bool:
@@ -176,6 +179,7 @@ _TOP_KEYS = {
     "reports_dir",
     "host_profiles",
     "slo",
+    "shape",
 }
 _RUN_KEYS = set(RunConfig.__dataclass_fields__)
 SEARCH_METHODS = ("ngram",)  # what --spec-search can search
@@ -195,6 +199,7 @@ def load_settings(
     reports_dir: Path | None = None,
     table: str | None = None,
     rootdir: Path | None = None,
+    shape_overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Read and validate everything; raises ConfigError naming the file and the key.
 
@@ -256,6 +261,12 @@ def load_settings(
         base,
         where,
     )
+    shape = shape_config(_table(raw, "shape", where), shape_overrides or {}, base=base, where=where)
+    if shape is not None and replicas:
+        raise ConfigError(
+            f"{where}: [shape] with [[target.replicas]]: a shape is served on one target; "
+            "measure it on one replica's target"
+        )
     if run.break_even:
         positive_int(run.break_even_points, "break_even_points", where, minimum=2)
         carriers = map_carriers(
@@ -276,6 +287,7 @@ def load_settings(
         reports_dir=(reports if reports.is_absolute() else Path.cwd() / reports).resolve(),
         slo=slo,
         host_profiles=_folder(raw, "host_profiles", base, where),
+        shape=shape,
     )
 
 

@@ -141,6 +141,12 @@ class VllmFacts:
     v2_unsupported: frozenset[str] | None = None
     triton: bool | None = None
     async_never: str | None = None  # why no start schedules asynchronously there (a CPU build)
+    # the shape target (config/shape/): the architectures its model registry serves, and the
+    # MoE routing strategies of VLLM_MOE_ROUTING_SIMULATION_STRATEGY (() where it has no such
+    # variable); None: not told, with `shape_note` saying why
+    architectures: frozenset[str] | None = None
+    moe_routing: tuple[str, ...] | None = None
+    shape_note: str | None = None
 
     @property
     def offline(self) -> bool:
@@ -182,6 +188,9 @@ class VllmFacts:
             ),
             "triton": self.triton,
             "async_never": self.async_never,
+            "architectures": len(self.architectures) if self.architectures is not None else None,
+            "moe_routing": list(self.moe_routing) if self.moe_routing is not None else None,
+            "shape_note": self.shape_note,
         }
 
 

@@ -22,6 +22,7 @@ SPEC_FLAG = "--speculative-config"
 REQUEST_METRICS_FLAG = "--per-request-spec-decode-metrics"
 REQUEST_METRICS_LEVEL = "detailed"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 # Images whose entrypoint is vLLM's OpenAI server (`vllm serve`, or the api_server module in older
 # tags). Others count only when the user names them: [target] vllm_images.
 VLLM_IMAGES = ("vllm/vllm-openai",)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config.arms import design_keys
 from ..config.settings import PromptType, RunConfig
+from ..config.shape.served import ServedShape
 from ..errors import ConfigError
 from .counters import Acceptance, TrafficWatch, combine
 from .drafter_check import DrafterCheck
@@ -187,6 +188,9 @@ class RunRecord:
     regime: RegimeWindow | None = None  # beside two or more: the baseline beside one first
     # a drafter with a model: each candidate start's check before its timed windows, by start
     drafter_checks: dict[str, DrafterCheck] = field(default_factory=dict)
+    # --spec-shape: the architecture served with dummy weights, its depth, what is real, random,
+    # cut and changed (config/shape/served.py); None: the model itself was measured
+    shape: ServedShape | None = None
     schema: int = SCHEMA
 
     @property
@@ -239,6 +243,7 @@ class RunRecord:
                 "cut": _optional(self.cut),
                 "regime": _optional(self.regime),
                 "drafter_checks": {k: c.to_dict() for k, c in self.drafter_checks.items()},
+                "shape": _optional(self.shape),
                 "phases": {k: p.to_json() for k, p in self.phases.items()},
             }
         )
@@ -274,6 +279,7 @@ class RunRecord:
                     k: DrafterCheck.from_dict(c)
                     for k, c in (data.get("drafter_checks") or {}).items()
                 },
+                shape=_read(ServedShape, data.get("shape")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(

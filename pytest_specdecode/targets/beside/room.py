@@ -18,10 +18,9 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...config.vllm_argv import option_value
+from ...config.vllm_argv import VLLM_GPU_MEMORY_UTILIZATION, option_value
 from ..facts.gpu import Gpu, UnitGpuSnapshot
 
-VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default for --gpu-memory-utilization
 PORT_SPAN = 100  # ports tried after the original's
 
 

@@ -111,10 +111,17 @@ def parse_facts(
         v2_unsupported=_names(rules.get("v2_unsupported")),
         triton=rules["triton"] if isinstance(rules.get("triton"), bool) else None,
         async_never=str(rules["async_never"]) if rules.get("async_never") else None,
+        architectures=_names(data.get("architectures")),
+        moe_routing=_routing(data.get("moe_routing")),
+        shape_note=str(data["shape_note"]) if data.get("shape_note") else None,
         host=host,
         interpreter=interpreter,
         seconds=seconds,
     )
+
+
+def _routing(value: object) -> tuple[str, ...] | None:
+    return tuple(map(str, value)) if isinstance(value, list) else None
 
 
 def _names(value: object) -> frozenset[str] | None:
@@ -226,8 +233,9 @@ def ask_vllm(
     say = progress or (lambda _message: None)
     key = facts_cache.fingerprint(host, interpreter)
     kept = facts_cache.recall(key)
-    # an answer kept by an older snippet lacks the side rules, which it never read: ask again
-    if kept is not None and '"side_rules"' in kept[0]:
+    # an answer kept by an older snippet lacks the side rules or the architectures, which it
+    # never read: ask again
+    if kept is not None and all(f'"{key}"' in kept[0] for key in ("side_rules", "architectures")):
         answer, path = kept
         try:
             facts = parse_facts(answer, host=host.name, interpreter=shown)

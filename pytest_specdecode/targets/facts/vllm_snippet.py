@@ -3,8 +3,9 @@
 It imports `vllm.config.speculative` without loading a model and prints one JSON line after
 `MARKER`: vLLM's version, its speculative methods, config keys and closed choices, the levels
 of its per-request metrics option, whether its CPU sampler refuses synthetic acceptance, and
-the side changes per method read from its own `vllm/config/vllm.py`. vllm.py → `ask_vllm` runs
-it, `parse_facts` reads the line.
+the side changes per method read from its own `vllm/config/vllm.py`; for the shape target, the
+architectures its model registry serves and the strategies of its MoE routing simulation.
+vllm.py → `ask_vllm` runs it, `parse_facts` reads the line.
 """
 
 MARKER = "pytest-specdecode-vllm-facts:"  # the snippet's last line prints it, then the JSON
@@ -199,6 +200,26 @@ try:
         out["side_rules"] = rules
     except Exception as exc:
         out["side_rules"] = {"note": "%s: %s" % (type(exc).__name__, exc)}
+    out["architectures"] = None  # the shape target: what this vLLM can serve, and balance
+    out["moe_routing"] = None
+    try:
+        from vllm.model_executor.models import ModelRegistry
+        out["architectures"] = sorted(ModelRegistry.get_supported_archs())
+    except Exception as exc:
+        out["shape_note"] = "its model registry: %s: %s" % (type(exc).__name__, exc)
+    try:
+        import vllm.envs as envs
+        if "VLLM_MOE_ROUTING_SIMULATION_STRATEGY" not in getattr(envs, "environment_variables", {}):
+            out["moe_routing"] = []
+        else:
+            try:
+                from vllm.model_executor.layers.fused_moe.router import (
+                    routing_simulator_router as rs)
+            except ImportError:
+                from vllm.model_executor.layers.fused_moe import routing_simulator as rs
+            out["moe_routing"] = sorted(rs.RoutingSimulator._routing_strategies)
+    except Exception as exc:
+        out["shape_note"] = "its MoE routing simulation: %s: %s" % (type(exc).__name__, exc)
 except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 print("pytest-specdecode-vllm-facts:" + json.dumps(out))

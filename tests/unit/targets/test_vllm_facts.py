@@ -251,6 +251,7 @@ class _Installation:
         else:
             self.asked += 1
             answer = {"version": "0.32.0", "keys": {"method": "str"}, "side_rules": {}}
+            answer |= {"architectures": ["LlamaForCausalLM"], "moe_routing": []}
             out = MARKER + json.dumps(answer)
         return CommandResult(self.name, tuple(argv), 0, out, "")
 
@@ -285,3 +286,17 @@ def test_an_answer_kept_before_the_side_rules_were_read_is_asked_again(
     kept.write_text(MARKER + json.dumps({"version": "0.32.0", "keys": {"method": "str"}}))
     assert ask_vllm(host, argv, where="u").remembered is None and host.asked == 2
     assert ask_vllm(host, argv, where="u").remembered and host.asked == 2
+
+
+def test_an_answer_kept_before_the_architectures_were_read_is_asked_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The shape target needs the architectures and the MoE routing: an older answer lacks them."""
+    monkeypatch.setenv("SPECDECODE_CACHE_DIR", str(tmp_path))
+    host, argv = _Installation(), ["/opt/v/bin/python3", "-m", "vllm"]
+    first = ask_vllm(host, argv, where="u")
+    assert first.architectures == {"LlamaForCausalLM"} and first.moe_routing == ()
+    (kept,) = (tmp_path / "vllm-facts").iterdir()
+    older = {"version": "0.32.0", "keys": {"method": "str"}, "side_rules": {}}
+    kept.write_text(MARKER + json.dumps(older))
+    assert ask_vllm(host, argv, where="u").remembered is None and host.asked == 2
