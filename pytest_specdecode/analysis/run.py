@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
-from ..config.break_even import point_of
+from ..config.break_even import depth_of_arm, is_map_arm
 from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
@@ -19,6 +19,7 @@ from .map.break_even import BreakEvenMap, MapCheck, check_against_map, map_of_ru
 from .map.dynamic_k import DynamicK, recommend_dynamic_k
 from .map.paying_load import LevelPoint, PayingLoad, paying_load
 from .map.regime import Regime, regime_of
+from .map.shape import MapOnShape, map_on_shape
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
 from .search.answer import SearchAnswer, search_answer
@@ -129,6 +130,7 @@ class RunAnalysis:
     map_checks: list[MapCheck] = field(default_factory=list)  # the candidates against the map
     # beside two or more: the baseline beside them all against beside one (analysis/map/regime.py)
     regime: Regime | None = None
+    map_on_shape: MapOnShape | None = None  # carried to the full depth; drafters' pay-offs
 
     @property
     def outcome(self) -> str:
@@ -178,6 +180,7 @@ class RunAnalysis:
             "break_even": self.break_even.to_json() if self.break_even else None,
             "map_checks": [c.to_dict() for c in self.map_checks],
             "regime": self.regime.to_json() if self.regime else None,
+            "map_on_shape": self.map_on_shape.to_json() if self.map_on_shape else None,
         }
 
 
@@ -213,12 +216,9 @@ def drift(record: RunRecord) -> Drift | None:
 
 def analyze(record: RunRecord) -> RunAnalysis:
     """Everything derived from the record: nothing here measures or starts anything."""
-    both = (
-        {c: candidate_verdicts(record, c) for c in record.measured_candidates}
-        if record.arm_phases(BASELINE)
-        else {}
-    )
-    on_map = {c for c in both if point_of(record.candidates.get(c) or {}) is not None}
+    kept = [c for c in record.measured_candidates if depth_of_arm(c) is None]  # map/shape.py
+    both = {c: candidate_verdicts(record, c) for c in kept} if record.arm_phases(BASELINE) else {}
+    on_map = {c for c in both if is_map_arm(c, record.candidates.get(c) or {})}
     verdicts = {c: v for c, v in both.items() if c not in on_map}
     map_verdicts = {c: v for c, v in both.items() if c in on_map}
     checks = drift(record)
@@ -256,6 +256,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         break_even=(found := map_of_run(record, map_verdicts)),
         map_checks=map_checks(record, verdicts, prediction, found) if found else [],
         regime=regime_of(record),
+        map_on_shape=map_on_shape(record, found),
     )
 
 

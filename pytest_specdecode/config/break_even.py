@@ -15,9 +15,9 @@ can be had). `[run] break_even_drafters` adds the drafters whose pay-off the run
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,11 @@ __all__ = [
     "MAP_PREFIX",
     "Carrier",
     "carrier_of",
+    "depth_arms",
+    "depth_of_arm",
+    "is_map_arm",
     "map_candidates",
+    "map_depths",
     "map_ks",
     "map_lengths",
     "map_spec",
@@ -42,6 +46,8 @@ __all__ = [
 ]
 
 MAP_PREFIX = "map-"
+DEPTH_ARM = re.compile(r"^map-d(\d+)-")  # a map arm served at another depth: map-d4-k3-L1
+DEPTH_BASELINE = "baseline"  # map-d4-baseline: the original's configuration at depth 4
 OTHER_K = {1: 3, 2: 4, 3: 5}  # the candidate's k and one other: 2 further, down where k > 3
 CARRIERS = ("auto", "ngram", "eagle3")  # [run] break_even_carrier
 DRAFT_MODEL = "draft_model:"  # [run] break_even_drafters: "draft_model:NAME" (a named shape)
@@ -137,6 +143,46 @@ def point_of(spec: Mapping[str, Any]) -> tuple[int, float] | None:
     return None
 
 
+def depth_of_arm(name: str) -> int | None:
+    """The depth a map arm was served at where it is not the run's own (`map-d4-...`)."""
+    found = DEPTH_ARM.match(name)
+    return int(found.group(1)) if found else None
+
+
+def is_map_arm(name: str, spec: Mapping[str, Any]) -> bool:
+    """A server of the map (synthetic acceptance), or the original at another depth for it:
+    it measures the engine, never a hypothesis, and never gates the run."""
+    return point_of(spec) is not None or depth_of_arm(name) is not None
+
+
+def map_depths(served: int, full: int, least: int, asked: Sequence[int] = ()) -> tuple[int, ...]:
+    """The depths the map is measured at: the one served where it is the full depth (nothing to
+    carry); else those asked (two or more), else the one served and about half of it (no less
+    than `least`, the shape's shallowest cut, nor 2: an EAGLE-3 head reads three states)."""
+    if served >= full:
+        return (full,)
+    if len(set(asked)) >= 2:
+        return tuple(sorted(set(asked)))
+    half = max(least, 2, (served + 1) // 2)
+    return tuple(sorted({half, served}))
+
+
+def depth_arms(
+    servers: Sequence[SpecConfig], depths: Sequence[int], overrides: Mapping[int, Mapping[str, Any]]
+) -> tuple[SpecConfig, ...]:
+    """The original and each map server again at each of `depths` (`map-d4-baseline`,
+    `map-d4-k3-L1`, ...), served with that depth's `--hf-overrides` (given last, it is the one
+    vLLM takes)."""
+    out = []
+    for depth in depths:
+        args = ("--hf-overrides", json.dumps(dict(overrides[depth]), sort_keys=True))
+        out.append(SpecConfig(f"{MAP_PREFIX}d{depth}-{DEPTH_BASELINE}", {}, extra_args=args))
+        for spec in servers:
+            name = f"{MAP_PREFIX}d{depth}-{spec.name[len(MAP_PREFIX) :]}"
+            out.append(SpecConfig(name, spec.values, extra_args=args))
+    return tuple(out)
+
+
 def map_ks(text: str, candidates: Sequence[SpecConfig]) -> tuple[int, ...]:
     """The k the map measures: `auto` (the first n-gram candidate's k and one other; 3 and 5
     without one), or a list such as `3,5`."""
@@ -214,7 +260,6 @@ class TargetShape:
     layers: int | None  # served: --hf-overrides' num_hidden_layers, else the config's
     dummy: bool  # --load-format dummy: a drafter it loads inherits it (random weights too)
     folder: str | None  # where the run makes drafters on the serving host; None: it cannot
-    digest: str = ""  # of the config: the made folders' names
 
     @property
     def architectures(self) -> list[str]:
@@ -222,10 +267,12 @@ class TargetShape:
         return [str(a) for a in found] if isinstance(found, list) else []
 
 
-def target_shape(target: TargetConfig, reports_dir: Path) -> TargetShape:
-    """The target as the map's carrier sees it from here: a local server's model folder is read
-    on this machine (its config.json), its depth and load format from its command; the run
-    makes drafters in `<reports_dir>/map-drafters`. Elsewhere nothing is read here."""
+def target_shape(target: TargetConfig) -> TargetShape:
+    """The target as the map's carrier sees it before the plan: a local server's model folder
+    is read on this machine (its config.json), its depth and load format from its command.
+    The run makes a drafter's folder only for a shape target (run/map_on_shape.py chooses the
+    carrier again once the shape is resolved); here a head must be named ([run]
+    break_even_head)."""
     if target.backend != "local" or not target.command:
         return TargetShape(config=None, layers=None, dummy=False, folder=None)
     argv = list(target.command)
@@ -243,10 +290,7 @@ def target_shape(target: TargetConfig, reports_dir: Path) -> TargetShape:
             config = found if isinstance(found, dict) else None
         except (OSError, ValueError):
             config = None
-    layers = served_layers(argv, config)
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
-    folder = str((reports_dir / "map-drafters").absolute())
-    return TargetShape(config, layers, dummy, folder, digest if config else "")
+    return TargetShape(config, served_layers(argv, config), dummy, folder=None)
 
 
 def served_layers(argv: Sequence[str], config: Mapping[str, Any] | None) -> int | None:
@@ -282,8 +326,8 @@ def eagle3_unavailable(shape: TargetShape, head: str = "") -> str | None:
         )
     if shape.folder is None:
         return (
-            "the run makes a drafter's folder on this machine only: name one in [run] "
-            "break_even_head"
+            "the run makes a drafter's folder for a shape target only (--spec-shape): name a "
+            "head in [run] break_even_head"
         )
     return None
 
@@ -299,10 +343,7 @@ def map_carriers(
     """The map's carrier (`[run] break_even_carrier`: auto, ngram, eagle3) and each further
     drafter of `[run] break_even_drafters` (eagle3, draft_model:NAME), in that order; a
     ConfigError, nothing touched, where one asked for cannot be had."""
-    if setting not in CARRIERS:
-        raise ConfigError(
-            f"[run] break_even_carrier must be one of {', '.join(CARRIERS)}, got {setting!r}"
-        )
+    check_carrier_keys(setting, drafters)
     why_not = eagle3_unavailable(shape, head)
     if setting == "eagle3" and why_not:
         raise ConfigError(f"[run] break_even_carrier = 'eagle3': {why_not}; nothing was touched")
@@ -319,20 +360,30 @@ def map_carriers(
                 raise ConfigError(f"[run] break_even_drafters 'eagle3': {why_not}")
             if out[0].method != "eagle3":
                 out.append(_eagle3(shape, head, tag="eagle3", why="asked for its pay-off"))
-        elif entry.startswith(DRAFT_MODEL) and _slug(entry[len(DRAFT_MODEL) :]):
-            out.append(_draft_model(shape, entry[len(DRAFT_MODEL) :]))
         else:
+            out.append(_draft_model(shape, entry[len(DRAFT_MODEL) :]))
+    return tuple(out)
+
+
+def check_carrier_keys(setting: str, drafters: Sequence[str]) -> None:
+    """`[run] break_even_carrier` and `break_even_drafters` as written; a ConfigError else."""
+    if setting not in CARRIERS:
+        raise ConfigError(
+            f"[run] break_even_carrier must be one of {', '.join(CARRIERS)}, got {setting!r}"
+        )
+    for entry in drafters:
+        named = isinstance(entry, str) and entry.startswith(DRAFT_MODEL)
+        if entry != "eagle3" and not (named and _slug(entry[len(DRAFT_MODEL) :])):
             raise ConfigError(
                 f"[run] break_even_drafters: {entry!r} is neither 'eagle3' nor "
                 "'draft_model:NAME' (a named shape, e.g. draft_model:llama-3.2-1b)"
             )
-    return tuple(out)
 
 
 def _eagle3(shape: TargetShape, head: str, *, tag: str, why: str) -> Carrier:
     if head:
         return Carrier("eagle3", head, tag, why=f"{why} (the head in {head})")
-    folder = f"{shape.folder}/eagle3-d{shape.layers}-{shape.digest}"
+    folder = f"{shape.folder}/eagle3-d{shape.layers}"
     return Carrier("eagle3", folder, tag, make="eagle3", why=why)
 
 
@@ -343,7 +394,7 @@ def _draft_model(shape: TargetShape, name: str) -> Carrier:
             "served with random weights, which it inherits from a target served with "
             "--load-format dummy on this machine; this target is not"
         )
-    folder = f"{shape.folder}/draft-{_slug(name)}-{shape.digest}"
+    folder = f"{shape.folder}/draft-{_slug(name)}"
     return Carrier(
         "draft_model", folder, f"dm-{_slug(name).replace('.', 'p')}", make=f"{DRAFT_MODEL}{name}",
         why=f"asked for its pay-off: {name}'s shape, random weights",

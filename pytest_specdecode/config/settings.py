@@ -10,7 +10,13 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .arms import AA_ARM
-from .break_even import map_candidates, map_carriers, point_of, target_shape
+from .break_even import (
+    check_carrier_keys,
+    map_candidates,
+    map_carriers,
+    point_of,
+    target_shape,
+)
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -267,15 +273,16 @@ def load_settings(
             f"{where}: [shape] with [[target.replicas]]: a shape is served on one target; "
             "measure it on one replica's target"
         )
-    if run.break_even:
+    if run.break_even:  # on a shape, chosen again once it is resolved (run/map_on_shape.py)
         positive_int(run.break_even_points, "break_even_points", where, minimum=2)
-        carriers = map_carriers(
+        check_carrier_keys(run.break_even_carrier, run.break_even_drafters)
+        carriers = () if shape else map_carriers(
             run.break_even_carrier,
             run.break_even_drafters,
             candidates,
-            target_shape(target, reports),
+            target_shape(target),
             head=run.break_even_head,
-        )
+        )  # fmt: skip
         candidates += map_candidates(run.break_even, candidates, run.break_even_points, carriers)
     return Settings(
         source=path,

@@ -28,7 +28,7 @@ import numpy as np
 from scipy import stats
 
 from ...config.arms import cell_key
-from ...config.break_even import carrier_of, point_of
+from ...config.break_even import carrier_of, depth_of_arm, point_of
 from ...record.measurement import Measurement
 from ...record.schema import RunRecord
 from ..verdict.compare import PromptTypeVerdict
@@ -249,7 +249,11 @@ def map_of_run(
     record: RunRecord, verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]]
 ) -> BreakEvenMap | None:
     """The run's map, from its synthetic candidates' verdicts; None where it measured none."""
-    found = {c: p for c in verdicts if (p := point_of(record.candidates.get(c) or {}))}
+    found = {
+        c: p
+        for c in verdicts
+        if (p := point_of(record.candidates.get(c) or {})) and depth_of_arm(c) is None
+    }
     if not found:
         return None
     levels = record.run.levels

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ...config.arms import BASELINE
-from ...config.break_even import carrier_of, point_of
 from ...errors import ConfigError
-from ...record.schema import RunRecord
-from .break_even import measured_steps
 
 __all__ = [
     "Band",
@@ -44,7 +41,6 @@ __all__ = [
     "LayerFit",
     "StepCell",
     "fit_depths",
-    "step_cells",
 ]
 
 DRAWS = 2000
@@ -357,47 +353,3 @@ def _finite(value: float) -> float | None:
 
 def _num(value: float, fmt: str) -> str:
     return format(value, fmt) if math.isfinite(value) else "never"
-
-
-# --- from a run's record -------------------------------------------------------------------------
-
-
-def step_cells(record: RunRecord, depth: int) -> list[StepCell]:
-    """The baseline's and each map server's step times in a run that served `depth` layers,
-    per load level (prompt types pooled as strata). A map server's tokens per step are its
-    counters' (else the asked L: a drafter with a model proposes k every step)."""
-    out: list[StepCell] = []
-    for arm, spec in [(BASELINE, None), *record.candidates.items()]:
-        point = point_of(spec) if spec is not None else None
-        if spec is not None and point is None:
-            continue
-        for level in record.run.levels:
-            strata, cells = [], []
-            for m in (m for p in record.arm_phases(arm) for m in p.measurements.values()):
-                if m.level.label == level.label and m.tpot_ms:
-                    strata.append(m.tpot_ms)
-                    cells.append(m)
-            if not strata:
-                continue
-            x = 1.0
-            if point is not None:
-                counted = measured_steps(cells).tokens_per_step
-                x = counted if counted is not None else point[1]
-            out.append(StepCell(
-                arm, level.label, depth, tuple(tuple(v * x for v in s) for s in strata), x,
-                carrier_of(spec) if spec is not None else "",
-                point[0] if point else None, point[1] if point else None,
-            ))  # fmt: skip
-    return out
-
-
-def cells_of_runs(runs: Sequence[tuple[int, RunRecord]]) -> list[StepCell]:
-    """Every run's cells at the depth it served; a ConfigError where two runs served one depth
-    (which start's step would the line take?)."""
-    seen: dict[int, int] = {}
-    for depth, _ in runs:
-        seen[depth] = seen.get(depth, 0) + 1
-    twice = sorted(d for d, n in seen.items() if n > 1)
-    if twice:
-        raise ConfigError(f"two runs served {twice} layers: give one run per depth")
-    return [c for depth, record in runs for c in step_cells(record, depth)]

@@ -3,6 +3,7 @@ named smaller shape as a draft model; and how the map's carrier is chosen, with 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -99,18 +100,18 @@ def test_a_named_smaller_shape_drafts_with_the_targets_vocabulary() -> None:
 
 
 def _shape(config=LLAMA_8B, *, layers=4, dummy=True, folder="/r/map-drafters") -> TargetShape:
-    return TargetShape(config, layers, dummy, folder, "abc")
+    return TargetShape(config, layers, dummy, folder)
 
 
 def test_auto_takes_an_eagle3_head_where_it_can_be_had_and_n_gram_elsewhere() -> None:
     (carrier,) = map_carriers("auto", (), (), _shape())
     assert carrier.method == "eagle3" and carrier.make == "eagle3" and carrier.tag == ""
-    assert carrier.model == "/r/map-drafters/eagle3-d4-abc"
+    assert carrier.model == "/r/map-drafters/eagle3-d4"
     for shape, why in (
         (_shape(dummy=False), "its own weights"),
         (_shape(config=None), "cannot be read here"),
         (_shape({**LLAMA_8B, "architectures": ["MixtralForCausalLM"]}), "no EAGLE-3"),
-        (_shape(folder=None), "on this machine only"),
+        (_shape(folder=None), "for a shape target only"),
     ):
         (fallback,) = map_carriers("auto", (), (), shape)
         assert fallback.method == "ngram" and why in fallback.why
@@ -127,7 +128,7 @@ def test_auto_takes_an_eagle3_head_where_it_can_be_had_and_n_gram_elsewhere() ->
 def test_the_drafters_to_pay_off_get_servers_of_their_own() -> None:
     carriers = map_carriers("ngram", ("eagle3", "draft_model:llama-3.2-1b"), (), _shape())
     assert [c.tag for c in carriers] == ["", "eagle3", "dm-llama-3p2-1b"]
-    assert carriers[2].model == "/r/map-drafters/draft-llama-3.2-1b-abc"
+    assert carriers[2].model == "/r/map-drafters/draft-llama-3.2-1b"
     assert carriers[2].label == "draft_model:llama-3.2-1b"
     names = [c.name for c in map_candidates("3", (), 2, carriers)]
     assert names == ["map-k3-L1", "map-k3-L4", "map-eagle3-k3-L1", "map-eagle3-k3-L4",
@@ -167,17 +168,19 @@ def test_the_depth_served_is_read_from_the_hf_overrides() -> None:
     assert served_layers(["vllm", "serve", "/m", "--hf-overrides", "[1]"], None) is None
 
 
-def test_a_local_dummy_target_is_read_here_and_its_drafters_made_in_the_reports(tmp_path) -> None:
+def test_a_local_target_is_read_here_and_a_head_must_be_named(tmp_path) -> None:
     model = tmp_path / "shape"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA_8B))
     s = synthetic.settings(tmp_path, candidates=())
     argv = ("vllm", "serve", str(model), "--load-format", "dummy", "--hf-overrides",
             '{"num_hidden_layers": 4}')  # fmt: skip
-    import dataclasses
-
-    shape = target_shape(dataclasses.replace(s.target, command=argv), tmp_path / "reports")
+    shape = target_shape(dataclasses.replace(s.target, command=argv))
     assert shape.config == LLAMA_8B and shape.layers == 4 and shape.dummy
-    assert shape.folder == str(tmp_path / "reports" / "map-drafters") and shape.digest
-    unread = target_shape(s.target, tmp_path / "reports")  # /m: no config.json here
+    assert shape.folder is None  # the run makes a head for a shape target only
+    (carrier,) = map_carriers("auto", (), (), shape)
+    assert carrier.method == "ngram" and "break_even_head" in carrier.why
+    (named,) = map_carriers("auto", (), (), shape, head="/heads/e3")
+    assert named.method == "eagle3" and named.model == "/heads/e3"
+    unread = target_shape(s.target)  # /m: no config.json here
     assert unread.config is None and not unread.dummy

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from pytest_specdecode.analysis.map.depth import StepCell, cells_of_runs, fit_depths, step_cells
+from pytest_specdecode.analysis.map.depth import StepCell, fit_depths
+from pytest_specdecode.analysis.map.shape import cells_of_runs, step_cells
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.record.counters import Acceptance
