@@ -28,6 +28,7 @@ _EXPERIMENT_OPTIONS = (
     "spec_config",
     "spec_search",
     "spec_break_even",
+    "spec_shape",
     "spec_file",
     "spec_host",
     "spec_dry_run",

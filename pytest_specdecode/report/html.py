@@ -27,6 +27,7 @@ from .sections import (
     prediction,
     regime,
     search,
+    shape,
     side_changes,
 )
 from .text import STATISTICS_NOTE, acceptance_text, design_text, fmt_num, suite_text
@@ -97,6 +98,7 @@ def summary(record: RunRecord, analysis: RunAnalysis, plots: Mapping[str, Path] 
         f"<section class='specdecode' id='specdecode-summary'><style>{CSS}</style>",
         cut.html_section(record.cut),
         search.answer_html(analysis.search),
+        shape.html_section(record),
         f"<p class='headline {klass}'>{_e(cut.result_label(record))}: {_e(headline(analysis))}</p>",
         *(f"<p class='note'>{_e(line)}</p>" for line in undecided(analysis, record)),
         regime.html_block(analysis),
@@ -254,4 +256,6 @@ def environment(record: RunRecord) -> dict[str, Any]:
     }
     if record.baseline_from:
         table_rows["Stored baseline"] = record.baseline_from.path
+    if record.shape:
+        table_rows["Shape"] = record.shape.label + " (dummy weights)"
     return table_rows

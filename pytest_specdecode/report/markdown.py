@@ -11,7 +11,17 @@ from ..analysis.verdict.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
 from .rows import TABLE_HEADER, checks, headline, rows, undecided
-from .sections import acceptance, break_even, cut, levels, prediction, regime, search, side_changes
+from .sections import (
+    acceptance,
+    break_even,
+    cut,
+    levels,
+    prediction,
+    regime,
+    search,
+    shape,
+    side_changes,
+)
 from .text import STATISTICS_NOTE, acceptance_text, design_text, suite_text, title
 
 
@@ -39,6 +49,7 @@ def summary(
         "",
         design_text(record.run) + ".",
         "",
+        *shape.markdown_lines(record),
         f"**{cut.result_label(record)}: {headline(analysis)}**",
         "",
         *(f"- {line}" for line in not_decided),

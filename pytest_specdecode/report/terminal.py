@@ -10,7 +10,17 @@ from ..config.arms import BASELINE
 from ..record.counters import ACCEPTED_PER_DRAFT, ACCEPTED_PER_DRAFT_MEANS
 from ..record.schema import RunRecord
 from .rows import checks, headline, rows, undecided
-from .sections import acceptance, break_even, cut, levels, prediction, regime, search, side_changes
+from .sections import (
+    acceptance,
+    break_even,
+    cut,
+    levels,
+    prediction,
+    regime,
+    search,
+    shape,
+    side_changes,
+)
 from .text import fmt_num, fmt_p, fmt_pct
 
 
@@ -32,7 +42,8 @@ def lines(record: RunRecord, analysis: RunAnalysis, *, files: dict[str, Path]) -
     if not baseline and not record.failures:
         banner = cut.terminal_lines(record.cut)
         return [*banner, *(f"{name}: {path}" for name, path in files.items())] if banner else []
-    out: list[str] = [*cut.terminal_lines(record.cut), *search.answer_lines(analysis.search)]
+    out: list[str] = [*cut.terminal_lines(record.cut), *shape.terminal_lines(record)]
+    out += search.answer_lines(analysis.search)
     found = rows(analysis)
     wide = max([12, *(len(r.prompt_type) for r in found)])  # e.g. structured@c32
     cand = max([14, *(len(name) for name in analysis.verdicts)])

@@ -20,6 +20,7 @@ import pytest
 
 from ..analysis.drafters.check import Drafter
 from ..config.settings import Settings
+from ..config.shape.served import ServedShape
 from ..config.specconfig import VllmFacts
 from ..errors import ConfigError, HostError, SpecDecodeError
 from ..measure.experiment.arms import Experiment
@@ -35,6 +36,7 @@ from ..report.plan import (
     service_plan,
     side_change_plan,
 )
+from ..report.sections.shape import plan_lines as shape_plan_lines
 from ..report.stored_plan import stored_prediction, stored_search_plan
 from ..targets.base import Service, Target
 from ..targets.facts.vllm import (
@@ -44,6 +46,7 @@ from ..targets.facts.vllm import (
     with_request_metrics,
 )
 from ..targets.host_env import busiest
+from ..targets.shaped import SHAPE_FOLDER, resolve_shape
 from .arms import choose_arms, with_arms, with_regime
 from .drafters import check_drafters
 from .host_noise import HostNoise
@@ -60,6 +63,8 @@ class Planning:
         host_noise: HostNoise,
         progress: ProgressLog,
         open_target: Callable[[Path], Target],
+        *,
+        run_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.settings = settings  # as configured; then as resolved on the target
@@ -70,6 +75,10 @@ class Planning:
         self.drafters: list[Drafter] = []  # each drafter's config, checked where it is loaded
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
         self.planned_s: float | None = None  # the plan's estimate, before this host's pace
+        # --spec-shape: the architecture served with dummy weights; its config.json goes into
+        # the run's folder (targets/shaped.py); `open_target` serves it once it is resolved
+        self.shape: ServedShape | None = None
+        self.shape_folder = (run_dir or settings.reports_dir) / SHAPE_FOLDER
 
     def validate(self) -> None:
         """The candidates checked against the target's own vLLM (read-only), and the drafters;
@@ -80,6 +89,7 @@ class Planning:
                 target, self.settings.candidates, progress=self.progress
             )
             self.drafters = check_drafters(target, self.settings.candidates, progress=self.progress)
+            self.resolve_shape(target, facts)
         except HostError as exc:  # the host cannot be reached: nothing was touched
             raise ConfigError(str(exc)) from None
         finally:
@@ -94,6 +104,25 @@ class Planning:
         candidates = with_request_metrics(self.settings.candidates, facts)
         self.settings = dataclasses.replace(self.settings, candidates=candidates)
 
+    def resolve_shape(self, target: Target, facts: VllmFacts) -> None:
+        """--spec-shape: the shape read, its depth fitted to the room and checked against the
+        serving vLLM, or refused (ShapeRefused); reads only (targets/shaped.py)."""
+        asked, run = self.settings.shape, self.settings.run
+        if asked is None or self.shape is not None:
+            return
+        # side by side (or auto, which may choose it): the depth must fit each server's part
+        several = min(run.beside, len(self.settings.candidates))
+        beside = 0 if run.arms == "one-at-a-time" else several
+        self.shape = resolve_shape(
+            target,
+            self.settings.target,
+            asked,
+            facts,
+            folder=self.shape_folder,
+            beside=beside,
+            progress=self.progress,
+        )
+
     # -- the dry run ----------------------------------------------------------------------------
     def dry_run(self) -> int:
         """Print the plan. Nothing is started, written or locked; only reads on a host."""
@@ -103,7 +132,7 @@ class Planning:
         target = self.open_target(settings.reports_dir)
         try:
             checked = []
-            if settings.candidates:
+            if settings.candidates or settings.shape is not None:
                 facts = validated_against_target(
                     target, settings.candidates, progress=self.progress
                 )
@@ -119,6 +148,7 @@ class Planning:
                     checked.append(
                         "\n".join(["checked the drafters:", *drafter_plan(self.drafters)])
                     )
+                target = self._shaped(target, facts)
             arms = self.choose_arms(target)
             settings = self.settings
             steps = [*checked, *service_plan(settings, target)]
@@ -145,8 +175,18 @@ class Planning:
             side_changes=side_change_plan(settings, self._target_version(), self.vllm_facts),
             arms=arms,
         )
+        at = next((i + 1 for i, line in enumerate(lines) if line.startswith("model:")), 1)
+        lines[at:at] = shape_plan_lines(self.shape)
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
+
+    def _shaped(self, target: Target, facts: VllmFacts) -> Target:
+        """--spec-shape: the target opened again, serving the shape (its plan, its servers)."""
+        if self.settings.shape is None:
+            return target
+        self.resolve_shape(target, facts)
+        target.close()
+        return self.open_target(self.settings.reports_dir)
 
     # -- the run's plan -------------------------------------------------------------------------
     def log(self, target: Target) -> None:
@@ -161,6 +201,8 @@ class Planning:
             aba=self.config.getoption("spec_aba"),
             adopts_original=target.adopts_running_original,
         )[0]
+        for line in shape_plan_lines(self.shape):
+            self.progress(f"plan: {line}")
         for step in service_plan(settings, target):
             self.progress(f"plan: {step}")
         if settings.run.search:

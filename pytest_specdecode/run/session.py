@@ -8,6 +8,7 @@ The hooks in plugin.py and the fixtures in fixtures.py only call into it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -25,6 +26,7 @@ from ..analysis.verdict.reuse import stored_baseline
 from ..config.arms import BASELINE, BASELINE_AFTER
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig, validate_spec_values
+from ..config.target import TargetConfig
 from ..errors import ConfigError, SpecDecodeError
 from ..measure.environment import environment
 from ..measure.experiment.arms import Experiment
@@ -39,10 +41,11 @@ from ..redaction import redact_argv, redact_env, redact_text
 from ..report import Written, write_reports
 from ..report import terminal as terminal_report
 from ..report.plan import RUN_LOG
-from ..targets.base import Target
+from ..targets.base import Progress, Target
 from ..targets.facts.vllm import with_request_metrics
 from ..targets.host_env import HostProbe
 from ..targets.lifecycle import RunEnding, experiment_services
+from ..targets.shaped import shaped_target
 from .drafters import drafters_environment
 from .folder import api_headers, check_writable, new_run_dir
 from .host_noise import HostNoise
@@ -89,7 +92,14 @@ class SpecDecodeSession:
             facts=lambda: self.plan.vllm_facts,
         )
         # before anything is touched: the candidates checked, the arms chosen, the plan said
-        self.plan = Planning(config, settings, self.host_noise, self.progress, self._open_target)
+        self.plan = Planning(
+            config,
+            settings,
+            self.host_noise,
+            self.progress,
+            self._open_target,
+            run_dir=self.run_dir,
+        )
 
     @property
     def settings(self) -> Settings:
@@ -103,10 +113,15 @@ class SpecDecodeSession:
         target's vLLM refuses (run/planning.py)."""
         check_design(self.settings)
         path = self.config.getoption("spec_baseline_from")
+        if path and self.settings.shape is not None:
+            raise ConfigError(
+                f"--spec-baseline-from {path} with --spec-shape: a stored baseline measured "
+                "another model than the shape; the shape's baseline is its own start"
+            )
         if path:
             stored_baseline(path, self.settings)
         check_writable(self.settings.reports_dir)
-        wanted = self.settings.candidates or self.settings.run.search
+        wanted = self.settings.candidates or self.settings.run.search or self.settings.shape
         if wanted and self.writes_html:  # a run; the dry run checks its own
             self.plan.validate()
 
@@ -245,8 +260,23 @@ class SpecDecodeSession:
         return f"{candidate} ({found.label})" if found else candidate
 
     def _open_target(self, log_dir: Path) -> Target:
-        return self.config.hook.pytest_specdecode_open_target(
-            config=self.config, settings=self.settings, log_dir=log_dir, progress=self.progress
+        """The target (the `pytest_specdecode_open_target` hook's, else the configured
+        backend); with --spec-shape, once the plan resolved it, serving the shape."""
+        settings = self.settings
+
+        def hook(target: TargetConfig, *, log_dir: Path, progress: Progress | None) -> Target:
+            return self.config.hook.pytest_specdecode_open_target(
+                config=self.config,
+                settings=dataclasses.replace(settings, target=target),
+                log_dir=log_dir,
+                progress=progress,
+            )
+
+        served = self.plan.shape if hasattr(self, "plan") else None
+        if served is None:
+            return hook(settings.target, log_dir=log_dir, progress=self.progress)
+        return shaped_target(
+            settings.target, served, open_target=hook, log_dir=log_dir, progress=self.progress
         )
 
     def _new_record(self, target: Target) -> RunRecord:
@@ -259,7 +289,7 @@ class SpecDecodeSession:
                 backend=t.backend,
                 host=target.host_name,
                 api_base=target.api_base,
-                model=t.model,
+                model=self.plan.shape.model_label(t.model) if self.plan.shape else t.model,
                 unit=t.unit,
                 command=redact_argv(t.command),
                 env=redact_env(t.env),
@@ -278,6 +308,7 @@ class SpecDecodeSession:
                 "vllm": self.plan.vllm_facts.record() if self.plan.vllm_facts else None,
                 **drafters_environment(self.plan.drafters),  # each named, with its warnings
             },
+            shape=self.plan.shape,
         )
         reuse = self.config.getoption("spec_baseline_from")
         if reuse:

@@ -21,14 +21,75 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config.shape.resolve import serve_shape
 from ..config.shape.served import CONFIG_NAME, ServedShape
-from ..config.specconfig import SpecConfig
+from ..config.shape.table import ShapeConfig
+from ..config.specconfig import SpecConfig, VllmFacts
 from ..config.target import TargetConfig
 from ..errors import ShapeRefused
 from ..files import write_atomically
 from .base import Progress, Target
+from .beside.placement import GPU_SHARE, gpu_share_of
+from .facts.model_config import ModelSite
+from .facts.shape_site import read_room, read_shape
 
 OpenTarget = Callable[..., Target]
+SHAPE_FOLDER = "shape"  # in the run's folder: the shape's config.json
+
+
+def resolve_shape(
+    target: Target,
+    config: TargetConfig,
+    asked: ShapeConfig,
+    facts: VllmFacts,
+    *,
+    folder: Path,
+    beside: int = 0,
+    progress: Progress | None = None,
+) -> ServedShape:
+    """Before anything is touched: the shape read where it is, the room read on the serving
+    host (each server's part, where `beside` servers may serve beside the baseline), the depth
+    chosen, and the refusals (config/shape/resolve.py). Reads only."""
+    say = progress or (lambda _line: None)
+    site: ModelSite | None = getattr(target, "model_site", lambda: None)()
+    argv, env = served_command(target, config)
+    shape, vocab = read_shape(asked, site)
+    say(f"shape: {shape.describe()} ({shape.origin})")
+    room = read_room(target.host, argv, env)
+    if room is not None and beside:
+        servers = beside + 1
+        room = room.shared(
+            servers,
+            share=gpu_share_of(GPU_SHARE, servers),
+            beside=f"each of {servers} servers side by side gets its part (--spec-arms "
+            "one-at-a-time gives one server all of it)",
+        )
+    say(f"shape: the room on {target.host_name}: " + (room.where if room else "not read"))
+    where = site.where if site is not None else f"the server on {target.host_name}"
+    served = serve_shape(
+        shape,
+        asked,
+        command=argv,
+        env=env,
+        served_name=config.model,
+        facts=facts,
+        room=room,
+        folder=str(folder),
+        where=where,
+        tokenizer_vocab=vocab,
+        images=config.vllm_images or None,
+    )
+    refuse_backend(config, served)
+    return served
+
+
+def served_command(target: Target, config: TargetConfig) -> tuple[list[str], dict[str, str]]:
+    """The target's server command and environment: the local command, or the unit's
+    ExecStart as systemd expands it."""
+    if config.backend == "local":
+        return list(config.command), dict(config.env)
+    found = target.command()  # type: ignore[attr-defined]
+    return list(found.argv), dict(found.env.values)
 
 
 def shaped_target(
@@ -53,8 +114,9 @@ def refuse_backend(config: TargetConfig, served: ServedShape | None = None) -> N
     if config.backend == "local":
         return
     what = f"the shape {served.shape.source}" if served else "a shape"
+    fits = f" ({served.cut_text()})" if served else ""
     raise ShapeRefused(
-        f"unit {config.unit} on {config.host}: {what} cannot be served on a systemd unit yet "
+        f"unit {config.unit} on {config.host}: {what}{fits} cannot be served on a systemd unit yet "
         "(its server would be a drop-in on the unit, its config.json written on the host and "
         "removed by the restore: not built). Serve it with the local backend on the same GPUs "
         "and vLLM ([target] backend = 'local' with the unit's command); the unit is left as it "

@@ -1,7 +1,7 @@
 """The depth that fits: a shape's memory per layer, and the room the serving host gives it.
 
 Pure arithmetic over the config.json's figures; the room is read on the host by
-targets/facts/shape_room.py. What a depth needs:
+targets/facts/shape_site.py. What a depth needs:
 - weights: the embedding and the LM head (once where tied), then per layer its attention
   (q, k, v and o; with MLA the low-rank q and kv projections) and its MLP: a dense layer's
   gate, up and down; a MoE layer's routed experts, shared experts and router. In the dtype the
@@ -18,6 +18,7 @@ rest, and a start that does not fit fails before anything is measured.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,52 +38,102 @@ def gib(value: float) -> str:
 
 @dataclass(frozen=True)
 class Room:
-    """Where the shape must fit: bytes for its weights (and, where `kv_bytes` is None, for its
-    KV cache too: a GPU's share), and in words where they are."""
+    """Where the shape must fit, from what the serving host told: the server's GPUs at its share
+    of their memory, or a CPU host's available memory (and its KV space apart); `servers`
+    sharing it (1: the server alone; side by side, each gets its part)."""
 
-    bytes: int  # GPU: memory x --gpu-memory-utilization less the allowance; CPU: available
     device: str  # "gpu" or "cpu"
-    where: str  # e.g. "1 x NVIDIA H200 (143771 MiB) x --gpu-memory-utilization 0.9 on gpu-1"
-    kv_bytes: int | None = None  # CPU: VLLM_CPU_KVCACHE_SPACE, apart from the weights
+    host: str
+    totals_mib: tuple[int, ...] = ()  # GPU: each of the server's GPUs' memory
+    names: tuple[str, ...] = ()  # GPU: their names
+    share: float = 0.9  # GPU: --gpu-memory-utilization (each server's, side by side)
+    available_bytes: int = 0  # CPU: MemAvailable
+    kv_space_gib: int | None = None  # CPU: VLLM_CPU_KVCACHE_SPACE
+    visible_gpus: int = 0  # GPU: all the server may see (side by side, each may get its own)
+    servers: int = 1  # servers sharing it
+    beside: str = ""  # how they share it, in words
+
+    @property
+    def bytes(self) -> int:
+        """For the weights (and, where `kv_bytes` is None, the KV cache too)."""
+        if self.device == "gpu":
+            usable = sum(int(t * (1 << 20) * self.share) - GPU_ALLOWANCE for t in self.totals_mib)
+            return max(usable, 0)
+        each = self.available_bytes // self.servers - (self.kv_bytes or 0) - CPU_ALLOWANCE
+        return max(each, 0)
+
+    @property
+    def kv_bytes(self) -> int | None:
+        return self.kv_space_gib * GIB if self.kv_space_gib else None
+
+    @property
+    def where(self) -> str:
+        if self.device == "gpu":
+            kinds = ", ".join(sorted(set(self.names))) or "GPU"
+            text = (
+                f"{len(self.totals_mib)} x {kinds} "
+                f"({', '.join(f'{t} MiB' for t in self.totals_mib)}) x "
+                f"--gpu-memory-utilization {self.share:g}, less {gib(GPU_ALLOWANCE)} a GPU, on "
+                f"{self.host}"
+            )
+        else:
+            kv = f", VLLM_CPU_KVCACHE_SPACE={self.kv_space_gib} GiB for the KV cache"
+            part = f", split {self.servers} ways" if self.servers > 1 else ""
+            text = (
+                f"{gib(self.available_bytes)} of memory available on {self.host}{part}"
+                f"{kv if self.kv_space_gib else ''}, less {gib(CPU_ALLOWANCE)} for the server"
+            )
+        return text + (f"; {self.beside}" if self.beside else "")
+
+    def shared(self, servers: int, *, share: float, beside: str) -> Room:
+        """The room of each of `servers` servers side by side: GPUs of their own where enough
+        are visible (the room unchanged), else the same GPUs at `share` each; on a CPU, the
+        memory split."""
+        own = self.visible_gpus >= servers * len(self.totals_mib)
+        if servers <= 1 or (self.device == "gpu" and own):
+            return self
+        changes: dict[str, Any] = {"servers": servers, "beside": beside}
+        if self.device == "gpu":
+            changes["share"] = min(self.share, share)
+        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "device": self.device, "where": self.where,
-                "kv_bytes": self.kv_bytes}  # fmt: skip
+        found = dataclasses.asdict(self)
+        return {**found, "totals_mib": list(self.totals_mib), "names": list(self.names),
+                "bytes": self.bytes, "where": self.where}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Room:
-        return cls(int(data["bytes"]), str(data["device"]), str(data["where"]),
-                   data.get("kv_bytes"))  # fmt: skip
+        names = {f.name for f in dataclasses.fields(cls)}
+        found = {k: v for k, v in data.items() if k in names}
+        return cls(**{**found, "totals_mib": tuple(found.get("totals_mib") or ()),
+                      "names": tuple(found.get("names") or ())})  # fmt: skip
 
 
 def gpu_room(
-    totals_mib: Sequence[int], *, share: float, host: str, names: Sequence[str] = ()
+    totals_mib: Sequence[int],
+    *,
+    share: float,
+    host: str,
+    names: Sequence[str] = (),
+    visible: int | None = None,
 ) -> Room:
     """The server's GPUs: each one's memory x its share (`--gpu-memory-utilization`), less the
-    allowance per GPU."""
-    usable = sum(int(t * (1 << 20) * share) - GPU_ALLOWANCE for t in totals_mib)
-    kinds = ", ".join(sorted(set(names))) or "GPU"
+    allowance per GPU; `visible`: all the GPUs it may see (default: its own)."""
     return Room(
-        max(usable, 0),
         "gpu",
-        f"{len(totals_mib)} x {kinds} ({', '.join(f'{t} MiB' for t in totals_mib)}) x "
-        f"--gpu-memory-utilization {share:g}, less {gib(GPU_ALLOWANCE)} a GPU, on {host}",
+        host,
+        totals_mib=tuple(totals_mib),
+        names=tuple(names),
+        share=share,
+        visible_gpus=visible if visible is not None else len(totals_mib),
     )
 
 
 def cpu_room(available_bytes: int, *, kv_space_gib: int | None, host: str) -> Room:
     """A CPU server: the host's available memory, less its KV cache where
     VLLM_CPU_KVCACHE_SPACE sets one apart, less the allowance."""
-    kv = kv_space_gib * GIB if kv_space_gib else None
-    usable = available_bytes - (kv or 0) - CPU_ALLOWANCE
-    kv_text = f", VLLM_CPU_KVCACHE_SPACE={kv_space_gib} GiB for the KV cache" if kv else ""
-    return Room(
-        max(usable, 0),
-        "cpu",
-        f"{gib(available_bytes)} of memory available on {host}{kv_text}, less "
-        f"{gib(CPU_ALLOWANCE)} for the server itself",
-        kv_bytes=kv,
-    )
+    return Room("cpu", host, available_bytes=available_bytes, kv_space_gib=kv_space_gib)
 
 
 @dataclass(frozen=True)

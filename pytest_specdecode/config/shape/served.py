@@ -56,6 +56,17 @@ class ServedShape:
         return self.layers < self.full
 
     @property
+    def label(self) -> str:
+        """`llama-3.1-8b (LlamaForCausalLM), 2 of 32 layers`."""
+        depth = f"{self.layers} of {self.full} layers"
+        return f"{self.shape.source} ({self.shape.architecture}), {depth}"
+
+    def model_label(self, model: str) -> str:
+        """The run record's model: the served name with the shape, so that a shape's runs are
+        never read as the model's own (stored runs, host profiles, a reused baseline)."""
+        return f"{model} [shape {self.label}]"
+
+    @property
     def routing(self) -> str | None:
         """The MoE routing strategy the server is given; None for a dense shape."""
         return self.env.get(MOE_ROUTING_ENV)

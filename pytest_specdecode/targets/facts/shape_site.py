@@ -91,7 +91,7 @@ def read_room(host: Host, argv: Sequence[str], env: Mapping[str, str]) -> Room |
         if len(totals) == len(used):
             share = _share(argv)
             names = [g.name or "GPU" for g in used]
-            return gpu_room(totals, share=share, host=host.name, names=names)
+            return gpu_room(totals, share=share, host=host.name, names=names, visible=len(gpus))
     try:
         found = host.run(["sh", "-c", _MEMINFO], timeout=30, privileged=False)
     except HostError:
