@@ -298,6 +298,7 @@ def map_checks(
                     tokens_per_step=length,
                     source=source,
                     measured=(v.throughput.ratio, low, high),
+                    method=str((record.candidates.get(candidate) or {}).get("method")),
                 )
                 if check is not None:
                     out.append(check)

@@ -205,13 +205,20 @@ class BreakEvenMap:
         own = self.carriers[:1]
         return sorted({line.k for line in self.lines if line.carrier in own})
 
-    def near(self, k: int, level: str, prompt_type: str) -> MapLine | None:
-        """The line for `k`, else the map's nearest k (the caller names it), at the level."""
-        found = self.line(k, level, prompt_type) or self.line(k, level)
-        if found is not None or not self.ks:
+    def near(
+        self, k: int, level: str, prompt_type: str, carrier: str | None = None
+    ) -> MapLine | None:
+        """The line for `k`, else the map's nearest k (the caller names it), at the level: of
+        `carrier` where the map measured it (a candidate's own method), else the map's own."""
+        carrier = carrier if carrier in self.carriers else None
+        ks = sorted({ln.k for ln in self.lines if ln.carrier == carrier}) if carrier else self.ks
+        found = self.line(k, level, prompt_type, carrier) or self.line(k, level, carrier=carrier)
+        if found is not None or not ks:
             return found
-        nearest = min(self.ks, key=lambda m: (abs(m - k), m))
-        return self.line(nearest, level, prompt_type) or self.line(nearest, level)
+        nearest = min(ks, key=lambda m: (abs(m - k), m))
+        return self.line(nearest, level, prompt_type, carrier) or self.line(
+            nearest, level, carrier=carrier
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"drafting": self.drafting, "lines": [line.to_dict() for line in self.lines]}
@@ -452,10 +459,11 @@ def check_against_map(
     tokens_per_step: float,
     source: str,
     measured: tuple[float, float, float],
+    method: str | None = None,
 ) -> MapCheck | None:
-    """The candidate's measured ratio beside the map's band at its tokens per step; None off
-    the map."""
-    line = found.near(k, level, prompt_type)
+    """The candidate's measured ratio beside the map's band at its tokens per step (the lines
+    its own method carried, where the map has them); None off the map."""
+    line = found.near(k, level, prompt_type, method)
     if line is None:
         return None
     predicted, low, high = line.at(tokens_per_step)

@@ -186,7 +186,7 @@ def plan_lines(
         + ", ".join(f"{per_depth[d]} starts at {d}" for d in depths)
         + f"; {starts} starts in all (each compiles the shape at its depth), "
         f"{settings.run.beside} beside the original at once where the host has room"
-        + (f"; about {seconds / 60:.0f} min at {pace}" if seconds is not None else "")
+        + (f"; about {seconds / 60:.0f} min (the pace: {pace})" if seconds is not None else "")
     )
     return out
 

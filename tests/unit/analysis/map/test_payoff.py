@@ -77,5 +77,9 @@ def test_a_run_with_two_drafters_gets_a_line_and_a_pay_off_each(tmp_path) -> Non
     head = found.line(3, "c1", carrier="eagle3")
     assert head.break_even[0] == pytest.approx(1.6, rel=0.1) and head.name == "k=3 (eagle3)"
     assert found.ks == [3]
+    # a measured candidate is checked against the lines of its own method, where measured
+    assert found.near(3, "c1", ALL_PROMPTS, "eagle3").carrier == "eagle3"
+    assert found.near(5, "c1", ALL_PROMPTS, "eagle3").k == 3  # the nearest k of that carrier
+    assert found.near(3, "c1", ALL_PROMPTS, "suffix").carrier == "ngram"  # else the map's own
     (pay,) = payoffs_of_map(found.overall, "the depth served")
     assert pay.carrier == "eagle3" and pay.break_even.estimate == pytest.approx(1.6, rel=0.1)
