@@ -175,11 +175,21 @@ class DepthMap:
              if (ln.k, ln.level) == (k, level) and carrier in (None, ln.carrier)), None,
         )  # fmt: skip
 
+    @property
+    def carried(self) -> bool:
+        """Fitted per layer over two depths or more (else measured at the full depth alone)."""
+        return len(self.depths) >= 2
+
+    def reaches(self, depth: int) -> bool:
+        """Whether a step at `depth` can be read: any depth where carried, else the one."""
+        return self.carried or depth in self.depths
+
     def step_ms(self, server: str, level: str, depth: int) -> Band | None:
         """A server's time per decode step (ms) at `depth` layers, with its band; BASELINE for
-        the baseline. None where it was not measured at this load."""
+        the baseline. None where it was not measured at this load, or at a depth the map
+        cannot reach (`reaches`)."""
         fit, ab = self.fit(server, level), self.draws.get((server, level))
-        if fit is None or ab is None:
+        if fit is None or ab is None or not self.reaches(depth):
             return None
         values = ab[:, 0] + ab[:, 1] * depth
         point = fit.intercept_ms.estimate + fit.per_layer_ms.estimate * depth
@@ -197,13 +207,13 @@ class DepthMap:
         """What a step of k drafts costs over the baseline's step at `depth` layers and this
         load (1.0: the same), with its band: over the map's servers of this k (the first
         carrier measured, unless named), at `tokens_per_step` where given (the line through
-        them in x), else their mean. None off the map."""
+        them in x), else their mean. None off the map, or at a depth it cannot reach."""
         servers = [f for f in self.fits if f.k == k and f.level == level and f.carrier
                    and carrier in (None, f.carrier)]  # fmt: skip
         servers = [f for f in servers if f.carrier == servers[0].carrier] if servers else []
         base = self.draws.get((BASELINE, level))
         base_fit = self.fit(BASELINE, level)
-        if not servers or base is None or base_fit is None:
+        if not servers or base is None or base_fit is None or not self.reaches(depth):
             return None
         t_base = base[:, 0] + base[:, 1] * depth
         point_base = base_fit.intercept_ms.estimate + base_fit.per_layer_ms.estimate * depth
@@ -240,13 +250,15 @@ def fit_depths(
     seed: int = SEED,
 ) -> DepthMap:
     """Every server's step line over its depths, carried to `full_depth`, and the map's lines
-    there. A ConfigError where fewer than two depths were measured, or the baseline at none."""
+    there; measured at the full depth alone, each step as it is (readable at that depth only).
+    A ConfigError where one depth below the full one was measured, or the baseline at none."""
     by_server: dict[tuple[str, str], list[StepCell]] = {}
     for cell in cells:
         if cell.strata and all(cell.strata):
             by_server.setdefault((cell.server, cell.level), []).append(cell)
     depths = tuple(sorted({c.depth for cs in by_server.values() for c in cs}))
-    if len(depths) < 2:
+    whole = depths == (full_depth,)
+    if len(depths) < 2 and not whole:
         raise ConfigError(
             f"the map is carried to {full_depth} layers from two served depths or more; "
             f"measured: {list(depths) or 'none'}"
@@ -259,14 +271,18 @@ def fit_depths(
     fits, ab_draws = [], {}
     for (server, level), found in sorted(by_server.items()):
         found = sorted(found, key=lambda c: c.depth)
-        if len({c.depth for c in found}) < 2:
+        if len({c.depth for c in found}) < 2 and not whole:
             continue
         d = np.array([c.depth for c in found], dtype=float)
         means = np.array([c.mean_ms for c in found])
         redrawn = np.stack([_redraw(c, rng, draws) for c in found], axis=1)
         redrawn *= np.exp(restart_noise * rng.standard_normal(redrawn.shape))
-        a, b = _ols(d, means[None, :])
-        a_d, b_d = _ols(d, redrawn)
+        if whole:  # the step as measured, no line: nothing per layer is told
+            a, b = means[:1].copy(), np.zeros(1)
+            a_d, b_d = redrawn.mean(axis=1), np.zeros(draws)
+        else:
+            a, b = _ols(d, means[None, :])
+            a_d, b_d = _ols(d, redrawn)
         ab_draws[(server, level)] = np.stack([a_d, b_d], axis=1)
         first = found[0]
         fits.append(LayerFit(

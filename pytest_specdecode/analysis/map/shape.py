@@ -39,6 +39,9 @@ class MapOnShape:
     carried: DepthMap | None
     payoffs: tuple[Payoff, ...]
     notes: tuple[str, ...] = ()
+    # the step reader (`step_ms`, `step_cost`) for the prediction: the carried map, or the
+    # steps measured where the shape was served whole; None where neither
+    steps: DepthMap | None = None
 
     @property
     def extrapolated(self) -> bool:
@@ -67,6 +70,9 @@ class MapOnShape:
             "extrapolated": self.extrapolated,
             "statement": self.statement(),
             "carried": self.carried.to_json() if self.carried else None,
+            "steps": (
+                self.steps.to_json() if self.steps and self.steps is not self.carried else None
+            ),  # measured at the full depth alone
             "payoffs": [p.to_dict() for p in self.payoffs],
             "notes": list(self.notes),
         }
@@ -100,6 +106,14 @@ def map_on_shape(record: RunRecord, found: BreakEvenMap | None) -> MapOnShape | 
             f"measured at {served} of {full} layers only: two depths carry it to {full} "
             "([shape] layers = [n/2, n], or --spec-shape-layers)"
         )
+    steps = carried
+    if carried is None and served is not None and served == full and depths == (full,):
+        noise = best_estimate(record).get("tpot")
+        try:
+            steps = fit_depths(cells, full, confidence=1.0 - record.run.alpha,
+                               restart_noise=noise.sd if noise is not None else 0.0)  # fmt: skip
+        except ConfigError:  # no baseline measured: no step to read
+            steps = None
     if carried is not None:
         payoffs = payoffs_at_depth(carried.lines, carried.depths, carried.full_depth)
         notes += _linearity(carried)
@@ -112,7 +126,7 @@ def map_on_shape(record: RunRecord, found: BreakEvenMap | None) -> MapOnShape | 
         payoffs = payoffs_of_map(found.overall, where)
     else:
         payoffs = []
-    return MapOnShape(served, full, depths, carried, tuple(payoffs), tuple(notes))
+    return MapOnShape(served, full, depths, carried, tuple(payoffs), tuple(notes), steps)
 
 
 def _depths(record: RunRecord) -> tuple[int | None, int | None]:

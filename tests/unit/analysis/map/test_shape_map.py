@@ -83,3 +83,15 @@ def test_a_shape_served_whole_tells_the_pay_off_at_its_depth(tmp_path) -> None:
     assert pay.where == "as served"
     assert pay.break_even.estimate == pytest.approx(TRUE_BREAK_EVEN, rel=0.05)
     assert found.statement() == "Measured at the depth served"
+    # the prediction's reading: a step of k=3 over a plain one, at the depth measured only
+    cost = found.steps.step_cost(3, "c1", FULL)
+    assert cost.estimate == pytest.approx(TRUE_BREAK_EVEN, rel=1e-3)
+    assert found.steps.step_ms(BASELINE, "c1", FULL).estimate == pytest.approx(18.0, rel=1e-3)
+    assert found.steps.step_cost(3, "c1", 16) is None and not found.steps.carried
+
+
+def test_the_carried_map_is_the_step_reader_at_any_depth(tmp_path) -> None:
+    found = analyze(_shape_run(tmp_path)).map_on_shape
+    assert found.steps is found.carried and found.steps.reaches(61)
+    half = found.steps.step_cost(3, "c1", 16, tokens_per_step=2.0)
+    assert half.estimate == pytest.approx(_truth(K3, 16) / _truth(BASE, 16), rel=1e-3)
