@@ -73,3 +73,38 @@ def test_a_head_of_the_shape_serves_from_its_config_alone(tmp_path: Path) -> Non
     assert found["draft_load_config"] == "None"  # so the head loads as the target: dummy
     assert len(found["rates"]) == 3  # synthetic acceptance resolved per position
     assert found["fc"] == [576, 3 * 576] and found["lm_head"] == [32000, 576]
+
+
+SPEC_ONLY = textwrap.dedent(
+    """
+    import json, sys
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+    target, head, tok = sys.argv[1], sys.argv[2], sys.argv[3]
+    mc = ModelConfig(model=target, tokenizer=tok, dtype="bfloat16", max_model_len=512,
+                     hf_overrides={"num_hidden_layers": 4})
+    sc = SpeculativeConfig(method="eagle3", model=head, num_speculative_tokens=3,
+                           rejection_sample_method="synthetic", synthetic_acceptance_length=2.5,
+                           target_model_config=mc, target_parallel_config=ParallelConfig())
+    h = sc.draft_model_config.hf_config
+    print(json.dumps({"architectures": sc.draft_model_config.architectures,
+                      "kv_lora_rank": h.kv_lora_rank, "layers": h.num_hidden_layers,
+                      "target_layers": mc.hf_config.num_hidden_layers}))
+    """
+)
+
+
+def test_an_mla_shapes_head_is_taken_as_vllms_mla_head_not_as_mtp(tmp_path: Path) -> None:
+    from pytest_specdecode.config.shape.named import named_shape
+
+    deepseek = dict(named_shape("deepseek-v3").config)
+    target, head = tmp_path / "shape", tmp_path / "head"
+    target.mkdir()
+    head.mkdir()
+    (target / "config.json").write_text(json.dumps(deepseek))
+    (head / "config.json").write_text(json.dumps(carrier_head_config(deepseek, depth=4)))
+    cmd = [str(SERVER_PYTHON), "-c", SPEC_ONLY, str(target), str(head), str(MODEL_DIR)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    assert found["kv_lora_rank"] == 512 and found["layers"] == 1 and found["target_layers"] == 4

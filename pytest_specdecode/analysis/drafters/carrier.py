@@ -96,7 +96,9 @@ def carrier_head_config(
     if is_mla(target):
         config.update({k: t[k] for k in MLA_KEYS if k in t})
         config["architectures"] = [MLA_HEAD]
-        config["model_type"] = "deepseek_v3"  # transformers' class for Kimi's kimi_k2 text too
+        # deepseek_v2: its transformers class reads MLA and the yarn rope; a draft of model_type
+        # deepseek_v3 is taken for DeepSeek's MTP (speculative.py → hf_config_override)
+        config["model_type"] = "deepseek_v2"
     else:
         config["architectures"] = [LLAMA_HEAD]
         config["model_type"] = "llama"

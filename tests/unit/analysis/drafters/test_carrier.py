@@ -81,7 +81,7 @@ def test_a_llama_heads_config_is_of_the_targets_shape_and_passes_the_drafter_che
 
 def test_an_mla_target_gets_an_mla_head_with_its_attention() -> None:
     head = carrier_head_config(DEEPSEEK_V3, depth=8)
-    assert head["architectures"] == [MLA_HEAD] and head["model_type"] == "deepseek_v3"
+    assert head["architectures"] == [MLA_HEAD] and head["model_type"] == "deepseek_v2"
     assert head["kv_lora_rank"] == 512 and head["qk_rope_head_dim"] == 64
     assert head["intermediate_size"] == 18432  # a dense MLP, never MoE (deepseek_eagle3.py)
     assert "n_routed_experts" not in head and head["num_hidden_layers"] == 1
