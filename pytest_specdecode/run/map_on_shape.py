@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..analysis.drafters.carrier import carrier_head_config, draft_model_config
 from ..config.break_even import (
@@ -85,17 +86,30 @@ def drafter_files(
     ids within the shallowest depth served, so one head serves every depth), a named smaller
     shape's draft model with the shape's vocabulary. A ConfigError for an unknown name."""
     out = {}
+    target = as_served(served)
     for carrier in carriers:
         if carrier.make is None or carrier.model is None:
             continue
         if carrier.make == "eagle3":
-            config = carrier_head_config(served.shape.config, depth=depth)
+            config = carrier_head_config(target, depth=depth)
         else:
             name = carrier.make[len(DRAFT_MODEL) :]
-            config = draft_model_config(named_shape(name).config, served.shape.config)
+            config = draft_model_config(named_shape(name).config, target)
         text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         out[posixpath.join(carrier.model, CONFIG_NAME)] = text
     return out
+
+
+def as_served(served: ServedShape) -> dict[str, Any]:
+    """The shape's config.json with the vocabulary it is served with (raised to the tokenizer's
+    where it was smaller: `--hf-overrides vocab_size`), which a drafter must share."""
+    config = dict(served.shape.config)
+    vocab = served.overrides.get("vocab_size")
+    if isinstance(vocab, int):
+        config["vocab_size"] = vocab
+        if isinstance(config.get("text_config"), Mapping):
+            config["text_config"] = {**config["text_config"], "vocab_size": vocab}
+    return config
 
 
 def map_plan(

@@ -130,3 +130,15 @@ def test_the_shape_target_writes_the_drafters_beside_the_shape(tmp_path) -> None
     head = tmp_path / "run" / "map-drafters" / "eagle3-d4" / "config.json"
     assert json.loads(head.read_text())["num_hidden_layers"] == 1
     assert (tmp_path / "run" / "shape" / "config.json").exists()
+
+
+def test_the_drafters_share_the_vocabulary_the_shape_is_served_with(tmp_path) -> None:
+    import dataclasses
+
+    raised = dataclasses.replace(
+        _served("llama-3.1-8b", 32, tmp_path),
+        overrides={"num_hidden_layers": 32, "vocab_size": 130000},  # the tokenizer's, larger
+    )
+    extra = 'break_even_drafters = ["draft_model:llama-3.2-1b"]'
+    _, served = with_map_on_shape(_settings(tmp_path, extra), raised)
+    assert {json.loads(t)["vocab_size"] for t in served.extras[FILES].values()} == {130000}
