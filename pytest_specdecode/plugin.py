@@ -314,7 +314,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         html_hooks.register(config, session)
         session.on_discard.append(lambda: html_hooks.disable(config))  # a refused run: no report
-    interrupt_on_signals()
+    interrupt_on_signals(session.progress)  # it says so where Ctrl-C cannot cut the run
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -9,6 +9,7 @@ support/    helpers, no tests
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,9 +107,14 @@ def _own_host_profiles(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Non
     monkeypatch.setenv("SPECDECODE_HOST_PROFILES", str(folder))
 
 
+# Set (make test): a test host this session booted stays up, for make test's next pytest run,
+# and make test takes it down at the end. Unset: it is stopped again at the session's end.
+KEEP_UP = "SPECDECODE_TESTBED_KEEP"
+
+
 def _booted(instance: int) -> Iterator[Testbed]:
     """scripts/testbed/systemd-host --instance N: booted if it is down, and stopped again if
-    this booted it."""
+    this booted it (unless KEEP_UP is set)."""
     script = REPO / "scripts" / "testbed" / "systemd-host"
     cmd = ["bash", str(script), "--instance", str(instance)]
     was_up = subprocess.run([*cmd, "status"], capture_output=True).returncode == 0
@@ -124,7 +130,7 @@ def _booted(instance: int) -> Iterator[Testbed]:
         yield bed
     finally:
         bed.close()
-        if not was_up:
+        if not was_up and not os.environ.get(KEEP_UP):
             subprocess.run([*cmd, "down"], capture_output=True)
 
 

@@ -15,11 +15,12 @@ from ..config.break_even import depth_of_arm, is_map_arm
 from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
-from .map.break_even import BreakEvenMap, MapCheck, check_against_map, map_of_run, measured_steps
+from .map.break_even import BreakEvenMap, map_of_run
 from .map.dynamic_k import DynamicK, recommend_dynamic_k
 from .map.paying_load import LevelPoint, PayingLoad, paying_load
 from .map.regime import Regime, regime_of
 from .map.shape import MapOnShape, map_on_shape
+from .prediction.candidates import CandidatePrediction, candidate_predictions
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
 from .search.answer import SearchAnswer, search_answer
@@ -127,7 +128,8 @@ class RunAnalysis:
     # --spec-break-even: the map's servers against the baseline (never a gate), and the map
     map_verdicts: dict[str, dict[str, PromptTypeVerdict]] = field(default_factory=dict)
     break_even: BreakEvenMap | None = None
-    map_checks: list[MapCheck] = field(default_factory=list)  # the candidates against the map
+    # per measured candidate, prompt type and level: its one prediction beside the measured
+    candidate_predictions: list[CandidatePrediction] = field(default_factory=list)
     # beside two or more: the baseline beside them all against beside one (analysis/map/regime.py)
     regime: Regime | None = None
     map_on_shape: MapOnShape | None = None  # carried to the full depth; drafters' pay-offs
@@ -178,7 +180,7 @@ class RunAnalysis:
             "side_changes": {c: x.to_dict() for c, x in self.side_changes.items()},
             "control_splits": {c: x.to_json() for c, x in self.splits.items()},
             "break_even": self.break_even.to_json() if self.break_even else None,
-            "map_checks": [c.to_dict() for c in self.map_checks],
+            "candidate_predictions": [c.to_dict() for c in self.candidate_predictions],
             "regime": self.regime.to_json() if self.regime else None,
             "map_on_shape": self.map_on_shape.to_json() if self.map_on_shape else None,
         }
@@ -214,17 +216,30 @@ def drift(record: RunRecord) -> Drift | None:
     return Drift(verdicts) if verdicts else None
 
 
-def analyze(record: RunRecord) -> RunAnalysis:
-    """Everything derived from the record: nothing here measures or starts anything."""
+Verdicts = dict[str, dict[str, PromptTypeVerdict]]  # candidate -> key -> verdict
+
+
+def verdicts_and_map(record: RunRecord) -> tuple[Verdicts, Verdicts]:
+    """The candidates' verdicts, and the break-even map's servers' apart (never a gate)."""
     kept = [c for c in record.measured_candidates if depth_of_arm(c) is None]  # map/shape.py
     both = {c: candidate_verdicts(record, c) for c in kept} if record.arm_phases(BASELINE) else {}
     on_map = {c for c in both if is_map_arm(c, record.candidates.get(c) or {})}
-    verdicts = {c: v for c, v in both.items() if c not in on_map}
-    map_verdicts = {c: v for c, v in both.items() if c in on_map}
+    return (
+        {c: v for c, v in both.items() if c not in on_map},
+        {c: v for c, v in both.items() if c in on_map},
+    )
+
+
+def analyze(record: RunRecord) -> RunAnalysis:
+    """Everything derived from the record: nothing here measures or starts anything."""
+    verdicts, map_verdicts = verdicts_and_map(record)
     checks = drift(record)
     outputs = equivalences(record)
     assumed = noise.outside(record)
-    prediction = predict_run(record) if record.arm_phases(BASELINE) else None
+    found = map_of_run(record, map_verdicts)
+    prediction = (
+        predict_run(record, found=found, verdicts=verdicts) if record.arm_phases(BASELINE) else None
+    )
     points = level_points(record, verdicts) if len(record.run.levels) > 1 else {}
     by_level = acceptance_by_level(record)
     return RunAnalysis(
@@ -253,75 +268,11 @@ def analyze(record: RunRecord) -> RunAnalysis:
         time_drift=noise.drifts_of_run(record),
         position_bias=noise.position_bias(record),
         map_verdicts=map_verdicts,
-        break_even=(found := map_of_run(record, map_verdicts)),
-        map_checks=map_checks(record, verdicts, prediction, found) if found else [],
+        break_even=found,
+        candidate_predictions=candidate_predictions(record, verdicts, prediction, found),
         regime=regime_of(record),
         map_on_shape=map_on_shape(record, found),
     )
-
-
-def map_checks(
-    record: RunRecord,
-    verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]],
-    prediction: RunPrediction | None,
-    found: BreakEvenMap,
-) -> list[MapCheck]:
-    """Each measured candidate with a k, per prompt type and level, against the map's band at
-    its tokens per step: the baseline's ids replayed for its config where the prediction has
-    them (the first level), else counted by vLLM's counters (output tokens over decode steps;
-    never the accepted per draft, which leaves out the steps that drafted nothing)."""
-    out = []
-    levels = record.run.levels
-    for candidate, per in verdicts.items():
-        k = (record.candidates.get(candidate) or {}).get("num_speculative_tokens")
-        if not isinstance(k, int):
-            continue
-        for name in record.prompt_types:
-            for i, level in enumerate(levels):
-                key = cell_key(name, level, several=len(levels) > 1)
-                v = per.get(key)
-                if v is None:
-                    continue
-                cells = [m for p in record.arm_phases(candidate) if (m := p.measurements.get(key))]
-                length, source = _tokens_per_step(
-                    prediction, candidate, name, measured_steps(cells).tokens_per_step, first=i == 0
-                )
-                if length is None:
-                    continue
-                low, high = v.throughput.ratio_ci
-                check = check_against_map(
-                    found,
-                    candidate=candidate,
-                    prompt_type=name,
-                    level=level.label,
-                    k=k,
-                    tokens_per_step=length,
-                    source=source,
-                    measured=(v.throughput.ratio, low, high),
-                    method=str((record.candidates.get(candidate) or {}).get("method")),
-                )
-                if check is not None:
-                    out.append(check)
-    return out
-
-
-def _tokens_per_step(
-    prediction: RunPrediction | None,
-    candidate: str,
-    prompt_type: str,
-    counted: float | None,
-    *,
-    first: bool,
-) -> tuple[float | None, str]:
-    suffix = (prediction.suffix.get(candidate) or {}).get(prompt_type) if prediction else None
-    if suffix is not None and first:
-        return suffix.tokens_per_step, "replayed"
-    per = prediction.comparisons.get(candidate) if prediction else None
-    compared = (per or {}).get(prompt_type)
-    replay = (compared.own or compared.predicted) if compared and first else None
-    if replay is not None:
-        return replay.decode_tokens_per_step, "replayed"
-    return counted, "counted"
 
 
 def run_figures(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..analysis.prediction.predict import RunPrediction, predict_run
-from ..analysis.run import candidate_verdicts, max_num_seqs, run_figures
+from ..analysis.run import RunAnalysis, analyze, candidate_verdicts, max_num_seqs
 from ..analysis.search.policy import SearchPlan, plan_search
 from ..config.arms import BASELINE
 from ..errors import ConfigError
@@ -19,9 +19,12 @@ from ..report.sections.prediction import grid_lines, notes, prediction_rows
 from ..report.sections.search import plan_lines
 
 
-def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) -> list[str]:
-    """What specdecode-predict prints: the source, the candidates, predicted against measured,
-    the grid per prompt type, the cost model and the recommendation."""
+def prediction_lines(
+    record: RunRecord, prediction: RunPrediction, *, top: int, analysis: RunAnalysis | None = None
+) -> list[str]:
+    """What specdecode-predict prints: the source, the candidates, predicted against measured
+    (the run's one prediction per candidate and prompt type, as its report gives it), the grid
+    per prompt type, the cost model and the recommendation."""
     versions = sorted({p.server_version for p in record.phases.values() if p.server_version})
     lines = [
         f"{record.target.model} on {record.target.host}, vLLM {', '.join(versions) or 'unknown'}",
@@ -34,9 +37,9 @@ def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) 
             + (f"effective {n.settings.label}" if n.settings else str(n.reason))
             for n in prediction.candidates.values()
         ]
-    verdicts = {c: candidate_verdicts(record, c) for c in record.measured_candidates}
-    figures = run_figures(record, verdicts, None) if record.arm_phases(BASELINE) else {}
-    found = prediction_rows(record, prediction, figures)
+    figures = analysis.figures if analysis is not None else {}
+    ones = analysis.candidate_predictions if analysis is not None else []
+    found = prediction_rows(record, prediction, figures, ones)
     if found:
         lines.append("predicted / measured (server counters), per prompt type:")
         for r in found:
@@ -44,7 +47,7 @@ def prediction_lines(record: RunRecord, prediction: RunPrediction, *, top: int) 
             lines.append(
                 f"  {cells[0]:<12} {cells[1]:<26} accepted per draft {cells[2]}, draft "
                 f"acceptance {cells[3]}, {cells[4]} tokens per step, tok/s {cells[5]} / "
-                f"{cells[6]}: {cells[7]}"
+                f"{cells[6]}, in band {cells[7]}: {cells[8]}"
             )
             if r.status not in ("exact", "within bound"):
                 lines.append(f"    {r.detail}")
@@ -77,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"specdecode-predict: {exc}", file=sys.stderr)
         return 2
-    prediction = predict_run(record)
+    # the run's own analysis: the same prediction, read from its map where it measured one
+    analysis = analyze(record) if record.arm_phases(BASELINE) else None
+    prediction = analysis.prediction if analysis and analysis.prediction else predict_run(record)
     plan = search_plan(record, Path(args.run), args.stored) if prediction.available else None
     if args.json:
         data = prediction.to_json()
@@ -85,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data["search_plan"] = plan_json(plan)
         print(json.dumps(data, indent=1, default=str))
     else:
-        lines = prediction_lines(record, prediction, top=args.top)
+        lines = prediction_lines(record, prediction, top=args.top, analysis=analysis)
         if plan is not None:
             lines += plan_lines(plan)
         print("\n".join(lines))

@@ -453,7 +453,8 @@ def break_even_map(analysis: RunAnalysis, path: Path) -> Path:
                     [p.x], [p.ratio], yerr=[[p.ratio - low], [high - p.ratio]],
                     color=color, marker="o", ms=5, capsize=3, lw=1.2, zorder=4,
                 )  # fmt: skip
-        for j, check in enumerate(c for c in analysis.map_checks if c.level == level):
+        on_map = (c for c in analysis.candidate_predictions if c.on_map and c.level == level)
+        for j, check in enumerate(on_map):
             below, above = check.measured - check.measured_low, check.measured_high - check.measured
             ax.errorbar(
                 [check.tokens_per_step], [check.measured], yerr=[[below], [above]],

@@ -16,14 +16,19 @@ from ..config.specconfig import SpecConfig, VllmFacts
 from ..errors import ServiceError, StartDied
 from .hosts.base import Host
 from .start_failure import (
-    config_refusal,
     failure_lines,
     first_errors,
     last_exception,
     root_cause,
+    settled,
+    start_cause,
 )
 
 Progress = Callable[[str], None]
+# A dead start's log is read again every SETTLE_POLL_S until it settles (`start_failure.settled`:
+# it stopped growing, and it names a cause beside the engine's death), SETTLE_MOST_S at most
+SETTLE_POLL_S = 2.0
+SETTLE_MOST_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -184,9 +189,8 @@ def wait_until_ready(
         while True:
             elapsed = clock.now() - start
             reason = service.failure()
-            if reason:
-                clock.sleep(2)  # let the dying server finish writing its traceback
-                raise start_died(service, reason, elapsed)
+            if reason:  # the cause, once the dying server (or its journal) has written it
+                raise start_died(service, reason, elapsed, settled_log(service, clock))
             if _serves(client, service):
                 progress(f"{service.label} ready after {elapsed:.0f}s")
                 return elapsed
@@ -229,17 +233,34 @@ def _serves(client: httpx.Client, service: Service) -> bool:
     return True
 
 
-def start_died(service: Service, reason: str, elapsed: float) -> StartDied:
-    """A start that died before it served: its text (`start_failure_text`), its root cause,
-    and whether vLLM refused its configuration (`start_failure.config_refusal`)."""
-    whole = _whole_log(service)
-    root = root_cause(first_errors(whole))
-    cause = root.text if root is not None else (last_exception(service.log_tail(30)) or reason)
+def settled_log(service: Service, clock: Clock = MACHINE) -> list[str]:
+    """A dead start's whole log, once it settled (`SETTLE_POLL_S`, `SETTLE_MOST_S`): a retry is
+    decided on its cause, not on which of its lines came first."""
+    lines = _whole_log(service)
+    waited = 0.0
+    while waited < SETTLE_MOST_S:
+        clock.sleep(SETTLE_POLL_S)
+        waited += SETTLE_POLL_S
+        again = _whole_log(service)
+        if settled(lines, again):
+            return again
+        lines = again
+    return lines
+
+
+def start_died(
+    service: Service, reason: str, elapsed: float, whole: Sequence[str] | None = None
+) -> StartDied:
+    """A start that died before it served: its text (`start_failure_text`), its cause, and
+    whether vLLM refused its configuration (`start_failure.start_cause`), from `whole`, its
+    settled log (read now where not given)."""
+    whole = _whole_log(service) if whole is None else list(whole)
+    found = start_cause(whole)
     return StartDied(
-        start_failure_text(service, reason, elapsed),
-        cause=cause,
+        start_failure_text(service, reason, elapsed, whole),
+        cause=found.cause or last_exception(service.log_tail(30)) or reason,
         after_s=elapsed,
-        refused=config_refusal(whole),
+        refused=found.refused,
     )
 
 
@@ -247,11 +268,13 @@ def _whole_log(service: Service) -> list[str]:
     return service.start_log() if hasattr(service, "start_log") else service.log_tail(30)
 
 
-def start_failure_text(service: Service, reason: str, elapsed: float) -> str:
+def start_failure_text(
+    service: Service, reason: str, elapsed: float, whole: Sequence[str] | None = None
+) -> str:
     """Why a start failed: the root cause first, then the first error of every process of the
     server (API server, engine core, workers) from the start's whole log, then its tail."""
     tail = service.log_tail(30)
-    whole = _whole_log(service)  # a hook's own Service may keep no start log
+    whole = _whole_log(service) if whole is None else whole  # a hook's own may keep none
     errors = first_errors(whole)
     root = root_cause(errors)
     if root is not None:

@@ -79,10 +79,12 @@ def note_signal(signum: int) -> None:
     INTERRUPTS.signalled(signum)
 
 
-def interrupt_on_signals() -> None:
+def interrupt_on_signals(progress: Progress | None = None) -> None:
     """SIGTERM (a cancelled CI job), SIGHUP (a closed terminal) and Ctrl-C all unwind like
     Ctrl-C, so the restore runs; the first of them first hands the restore to the host.
-    Handlers someone else installed are left alone. Installed by the plugin for a run."""
+    Handlers someone else installed are left alone, and so is a SIGINT ignored on entry (a
+    background job of a script, `cmd &`, starts so): `progress` is told that Ctrl-C cannot cut
+    the run. Installed by the plugin for a run."""
 
     def interrupt(signum: int, frame: object) -> None:
         note_signal(signum)
@@ -97,7 +99,14 @@ def interrupt_on_signals() -> None:
             if signal.getsignal(sig) in (default, None):
                 signal.signal(sig, interrupt)
         except ValueError:  # not the main thread
-            pass
+            return
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN and progress is not None:
+        cut = [s.name for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is interrupt]
+        still = f"; {' or '.join(cut)} still can" if cut else ""
+        progress(
+            "SIGINT is ignored in this process (started in the background?): Ctrl-C cannot cut "
+            f"this run{still}"
+        )
 
 
 def _signal_name(signum: int) -> str:

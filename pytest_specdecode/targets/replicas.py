@@ -32,6 +32,7 @@ from .lifecycle import Switchboard, experiment_services
 Runner = Callable[[Sequence[str], float], None]  # argv, timeout: raises HostError on failure
 COMMAND_TIMEOUT_S = 120.0
 JOIN_AFTER_INTERRUPT_S = 5.0  # how long the exit waits for a start still under way
+WAKE_S = 0.2  # how often a wait for the replicas' threads lets a signal's handler run
 
 
 def run_command(argv: Sequence[str], timeout_s: float) -> None:
@@ -93,8 +94,11 @@ class Replica:
 
 def all_of(futures: Sequence[Future[Any]]) -> list[BaseException | None]:
     """Wait for every future; each one's exception (or None), in order. A KeyboardInterrupt
-    while waiting is raised, and the work goes on in its thread."""
-    wait(futures)
+    while waiting is raised, and the work goes on in its thread. The wait wakes every
+    `WAKE_S`: a signal that another thread received (or this one, just as it fell asleep) is
+    handled in this one only once it runs, and a start can take an hour."""
+    while wait(futures, timeout=WAKE_S).not_done:
+        pass
     return [f.exception() for f in futures]
 
 

@@ -43,6 +43,14 @@ skips: a hog cannot rise above a full host, so the test cannot check what it is 
 where the hog goes unseen from a quiet start.
 8 tokens a request, 6 rounds, one vLLM start pair (the candidate's and the restore): 122-137 s
 here, with or without a busy loop beside it.
+
+Alone (marker `alone`). Beside make test's other worker it failed all the same (a fresh-clone
+CI, issue 48: "other work took 64% of the host's CPU time (its usual: 37% ...; bound: 25%
+more)" in the A/A run that should flag nothing): that worker's real vLLM tests start servers
+and send requests in bursts, which move other work on the machine by more than the bound
+between the windows that are compared. Other work is what this test measures, so make test runs
+it by itself after the two-worker run, on the test host that run left up; by hand, `pytest
+tests/real_host` still runs it with the rest, and the waits above still apply.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ from ..support.testbed import (
     suite_args,
     write_remote_experiment,
 )
+
+pytestmark = pytest.mark.alone  # by itself in make test: other work is what it measures
 
 HOG_UNIT = "specdecode-test-hog"
 HOG_LIMIT_S = 40  # the hog's bound whatever happens to the test (it is stopped once seen)

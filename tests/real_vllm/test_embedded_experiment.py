@@ -33,6 +33,7 @@ from ..support.embedded import (
     write_experiment,
 )
 from ..support.pipes import finish
+from ..support.terminal import default_signals
 
 PROMPT_TYPES = ["coding", "math", "structured", "explanatory"]
 PLOTS = ("throughput", "tpot", "acceptance", "time")
@@ -350,8 +351,9 @@ def test_sigterm_mid_measurement_restores_and_keeps_samples(pytester: pytest.Pyt
     terminal = pytester.path / "stdout.txt"  # a file: a pipe nobody reads could fill and block
     with terminal.open("w") as stdout:  # the child keeps its own copy
         proc = subprocess.Popen(
-            cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=stdout
-        )
+            cmd, cwd=pytester.path, stderr=subprocess.PIPE, text=True, stdout=stdout,
+            preexec_fn=default_signals,  # SIGTERM as a CI runner's job gets it
+        )  # fmt: skip
     lines = []
     deadline = time.monotonic() + 400
     assert proc.stderr is not None

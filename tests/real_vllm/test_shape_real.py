@@ -136,8 +136,8 @@ def test_the_dry_run_says_what_is_real_random_and_cut_and_touches_nothing(tmp_pa
     require_embedded()
     exp = write_experiment(tmp_path, run=RUN)
     done = run_suite(
-        exp, "--spec-config", "ngram", "--spec-shape", "llama-3.1-8b", "--spec-shape-layers",
-        "2", "--spec-dry-run",
+        exp, "--spec-config", "ngram", "--spec-prompt-type", "coding", "--spec-shape",
+        "llama-3.1-8b", "--spec-shape-layers", "2", "--spec-dry-run",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

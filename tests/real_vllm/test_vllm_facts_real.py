@@ -49,6 +49,9 @@ def test_the_embedded_vllm_tells_its_facts(program, tmp_path, monkeypatch):
     assert facts.v2_unsupported == {"suffix", "medusa", "mlp_speculator", "custom_class"}
     assert facts.triton is False
     assert facts.async_never and "CPU platform turns async scheduling off" in facts.async_never
+    # the shape target's: its model registry, and the MoE routing simulation it balances with
+    assert {"LlamaForCausalLM", "DeepseekV3ForCausalLM"} <= (facts.architectures or set())
+    assert facts.moe_routing == ("normal_routing", "uniform_random")
     with pytest.raises(ConfigError, match=r"on localhost \(vLLM 0.32.0\): unknown key\(s\) 'x'"):
         validate_spec_values({**NGRAM, "x": 1}, source="n", facts=facts)
 

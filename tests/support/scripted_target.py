@@ -58,6 +58,9 @@ class Script:
     restarted: dict[str, Speed] | None = None  # from its second start on, if it drifts
     crash_at_start: str | None = None  # the process exits with this in its log
     crash_log: list[str] | None = None  # the whole log of a crashed start (a captured one)
+    # lines of a crashed start's log that arrive late_s after its death (a journal behind)
+    crash_log_late: list[str] | None = None
+    late_s: float = 3.0
     crash_starts: int | None = None  # how many of its starts crash (None: every one)
     ready_after_s: float = 0.0  # math.inf: never ready
     restore_s: float = 0.0  # the original takes this long to come back at the restore
@@ -125,7 +128,9 @@ class ScriptedService:
 
     def start_log(self) -> list[str]:
         if self.crashed and self.script.crash_log is not None:
-            return list(self.script.crash_log)
+            late = self.script.crash_log_late or []
+            arrived = self.target.time.now - self.started_at >= self.script.late_s
+            return [*self.script.crash_log, *(late if arrived else [])]
         tail = ["INFO starting", "Traceback (most recent call last):"]
         if self.crashed and self.script.crash_at_start:
             return [*tail, self.script.crash_at_start]

@@ -18,6 +18,13 @@ from collections.abc import Sequence
 
 import pytest
 
+# The head of a child pytest run's conftest where the run sends itself Ctrl-C: SIGINT as a
+# terminal's Python finds it. A child of tests started with SIGINT ignored (a background job of
+# a script: `nohup bash .ci/run &`) inherits it ignored, and the plugin rightly leaves it so.
+SIGINT_AS_IN_A_TERMINAL = (
+    "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+)
+
 
 def _take_terminal() -> None:
     """In the child, after setsid: the pty on stdin becomes the controlling terminal, and
@@ -28,9 +35,11 @@ def _take_terminal() -> None:
 
 
 def default_signals() -> None:
-    """For a child's preexec_fn: SIGINT and SIGHUP as a terminal's processes get them."""
+    """For a child's preexec_fn: SIGINT, SIGHUP and SIGTERM as a terminal's processes get them
+    (nohup ignores SIGHUP, a script's background job SIGINT)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Terminal:

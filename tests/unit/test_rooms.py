@@ -1,19 +1,16 @@
-"""The house's shape: the import contracts hold (import-linter, pyproject.toml), every room is
-small enough to read, and docs/architecture.md names only files that exist."""
+"""The house's shape: the import contracts hold (import-linter, pyproject.toml), and every room
+and module is small enough to read. The docs' limits: test_docs.py."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pytest_specdecode"
 MOST_MODULES = 12  # a folder's own .py files, __init__.py included
-MOST_LINES = 600
+MOST_LINES = 500  # 600 before issue 48
 ARMS = PACKAGE / "measure" / "experiment" / "arms.py"  # where the arms are started
 
 
@@ -36,7 +33,7 @@ def test_no_room_holds_more_than_twelve_modules() -> None:
     assert crowded == {}
 
 
-def test_no_module_is_over_six_hundred_lines_and_the_arms_under_four_hundred() -> None:
+def test_no_module_is_over_five_hundred_lines_and_the_arms_under_four_hundred() -> None:
     long = {
         str(p.relative_to(REPO)): n
         for p in PACKAGE.rglob("*.py")
@@ -44,22 +41,6 @@ def test_no_module_is_over_six_hundred_lines_and_the_arms_under_four_hundred() -
     }
     assert long == {}
     assert len(ARMS.read_text().splitlines()) < 400
-
-
-@pytest.mark.parametrize("page", ["docs/architecture.md", "CONTRIBUTING.md"])
-def test_the_maps_name_only_files_that_exist(page: str) -> None:
-    """A path in backticks, from the repository's root or the package's; a bare file name, in
-    its room's line, anywhere in the package."""
-    text = (REPO / page).read_text()
-    named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)*\.(?:py|md|toml))[`:]", text))
-    assert len(named) > 30  # each follows the code file by file
-    anywhere = {p.name for p in PACKAGE.rglob("*.py")}
-    missing = sorted(
-        n
-        for n in named
-        if not ((REPO / n).exists() or (PACKAGE / n).exists() or ("/" not in n and n in anywhere))
-    )
-    assert missing == []
 
 
 def test_no_unit_test_folder_holds_more_than_fifteen_test_files() -> None:

@@ -36,11 +36,9 @@ from ..verdict.compare import PromptTypeVerdict
 __all__ = [
     "ALL_PROMPTS",
     "BreakEvenMap",
-    "MapCheck",
     "MapLine",
     "MapPoint",
     "Steps",
-    "check_against_map",
     "fit_line",
     "map_of_run",
     "measured_steps",
@@ -409,65 +407,3 @@ def _length(value: float) -> str:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-@dataclass(frozen=True)
-class MapCheck:
-    """A measured candidate against the map: its change beside the map's band at its tokens
-    per step (replayed, else counted), for its k (or the map's nearest) and load."""
-
-    candidate: str
-    prompt_type: str
-    level: str
-    k: int
-    map_k: int
-    tokens_per_step: float
-    source: str  # "replayed" or "counted"
-    measured: float  # the candidate's throughput ratio
-    measured_low: float
-    measured_high: float
-    predicted: float
-    low: float
-    high: float
-
-    @property
-    def inside(self) -> bool:
-        return self.low <= self.measured <= self.high
-
-    def text(self) -> str:
-        where = "inside" if self.inside else "outside"
-        k = f"k={self.k}" + (f" (read at the map's k={self.map_k})" if self.map_k != self.k else "")
-        return (
-            f"{self.candidate}/{self.prompt_type} at {self.level}, {k}, "
-            f"{self.tokens_per_step:.2f} tokens per step ({self.source}): measured "
-            f"{self.measured:.2f}x [{self.measured_low:.2f}, {self.measured_high:.2f}], the map "
-            f"says {self.predicted:.2f}x [{self.low:.2f}, "
-            f"{self.high:.2f}]: {where} its band"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "inside": self.inside}
-
-
-def check_against_map(
-    found: BreakEvenMap,
-    *,
-    candidate: str,
-    prompt_type: str,
-    level: str,
-    k: int,
-    tokens_per_step: float,
-    source: str,
-    measured: tuple[float, float, float],
-    method: str | None = None,
-) -> MapCheck | None:
-    """The candidate's measured ratio beside the map's band at its tokens per step (the lines
-    its own method carried, where the map has them); None off the map."""
-    line = found.near(k, level, prompt_type, method)
-    if line is None:
-        return None
-    predicted, low, high = line.at(tokens_per_step)
-    return MapCheck(
-        candidate, prompt_type, level, k, line.k, tokens_per_step, source, *measured,
-        predicted, low, high,
-    )  # fmt: skip

@@ -137,10 +137,19 @@ class DepthLine:
     points: tuple[tuple[float, Band], ...]
     break_even: Band  # tokens per step where the ratio is 1 (inf: never)
     ceiling: Band  # the ratio with every draft accepted, x = k + 1
+    line: tuple[float, float] = (math.nan, math.nan)  # (intercept, slope) of r(x)
+    confidence: float = 0.95
+    draws: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)), repr=False)
 
     @property
     def pays(self) -> bool:
         return self.break_even.estimate <= self.k + 1
+
+    def at(self, tokens_per_step: float) -> Band:
+        """The ratio over the baseline's at `tokens_per_step`, at the full depth, with its band."""
+        a, b = self.line
+        values = self.draws[:, 0] + self.draws[:, 1] * tokens_per_step
+        return _band(a + b * tokens_per_step, values, self.confidence)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,6 +203,19 @@ class DepthMap:
         values = ab[:, 0] + ab[:, 1] * depth
         point = fit.intercept_ms.estimate + fit.per_layer_ms.estimate * depth
         return _band(point, values, self.confidence)
+
+    def ratio_at(
+        self, k: int, tokens_per_step: float, level: str, carrier: str | None = None
+    ) -> tuple[float, float, float] | None:
+        """The map's ratio at the full depth for k at `tokens_per_step` and this load
+        (estimate, low, high): the prediction's `ratio_at` (analysis/prediction/from_map/
+        proposer.py → `predict_on_shape`). `carrier` picks whose lines (default: the first
+        measured); None off the map."""
+        line = self.line(k, level, carrier)
+        if line is None:
+            return None
+        found = line.at(tokens_per_step)
+        return found.estimate, found.low, found.high
 
     def step_cost(
         self,
@@ -326,6 +348,7 @@ def _lines(found: DepthMap) -> tuple[DepthLine, ...]:
             carrier, k, level, points,
             _band(_crossing(float(a[0]), float(b[0])), crossing, found.confidence),
             _band(float(a[0] + b[0] * (k + 1)), a_d + b_d * (k + 1), found.confidence),
+            (float(a[0]), float(b[0])), found.confidence, np.stack([a_d, b_d], axis=1),
         ))  # fmt: skip
     return tuple(sorted(out, key=lambda ln: (ln.carrier, ln.k, ln.level)))
 

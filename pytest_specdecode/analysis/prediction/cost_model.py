@@ -240,6 +240,7 @@ class Prediction:
     speedup_band: tuple[float, float] | None = None
     p_faster: float | None = None  # P(speedup > 1), reading the band as a normal 95% interval
     withheld: str | None = None  # why this is no prediction (bounded.py → `withheld_reason`)
+    basis: str | None = None  # read from the map (from_map/read.py); None: this cost model
 
     @property
     def verdict(self) -> str:

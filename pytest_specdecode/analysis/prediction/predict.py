@@ -13,7 +13,11 @@ token ids (`Measurement.token_ids`, recorded after each prompt type's timed requ
   differs from its description. Where outputs differ, it says where and how far apart the
   figures are, and replays the candidate's own outputs as well;
 - fits the cost model (`cost_model`) from the baseline's TPOT and the measured n-gram
-  candidates, predicts tok/s with a band for every config, and recommends the next reload.
+  candidates, predicts tok/s with a band for every config, and recommends the next reload;
+- where the run measured a break-even map (`found`), every config at a k the map measured reads
+  the map instead (from_map/read.py: the baseline's tok/s times the map's ratio at its replayed
+  tokens per step, plus the measured n-gram candidates' own cost per step beyond the map's,
+  `proposer`, taken from the other prompt types); the cost model stays for the other k.
 
 Suffix decoding is not predicted; draft-model, EAGLE and MTP candidates have measured figures
 only (`ngram_types.unsupported_reason`).
@@ -30,7 +34,9 @@ from typing import Any
 from ...config.arms import BASELINE
 from ...record.measurement import Measurement
 from ...record.schema import RunRecord
+from ..map.break_even import BreakEvenMap
 from ..verdict import noise
+from ..verdict.compare import PromptTypeVerdict
 from .bands.bounded import Recommendation, Support, bounded, recommend, support_of
 from .check import Comparison, compare_prediction, output_divergence
 from .cost_model import (
@@ -42,6 +48,8 @@ from .cost_model import (
     predict,
     relative_noise,
 )
+from .from_map.proposer import ProposerCost
+from .from_map.read import proposer_costs, read_map
 from .inputs import (
     baseline_ids,
     earlier_prompts,
@@ -102,6 +110,9 @@ class RunPrediction:
     suffix: dict[str, dict[str, SuffixReplay]] = field(default_factory=dict)
     suffix_note: str | None = None
     support: Support | None = None  # the tokens per step the cost fit's observations measured
+    # per measured n-gram candidate on the map: its own cost per step beyond the map's
+    proposer: dict[str, ProposerCost] = field(default_factory=dict)
+    mapped: tuple[int, ...] = ()  # the k whose configs were read from the map
 
     @property
     def available(self) -> bool:
@@ -140,6 +151,8 @@ class RunPrediction:
             "suffix_note": self.suffix_note,
             "fit": _fit_json(self.fit),
             "support": self.support.to_json() if self.support else None,
+            "proposer": {c: cost.to_json() for c, cost in self.proposer.items()},
+            "mapped_k": list(self.mapped),
             "recommendation": _recommendation_json(self.recommendation),
             "grid": {
                 name: _grid_json(replays, self.predictions.get(name, {}))
@@ -150,19 +163,29 @@ class RunPrediction:
 
 
 def predict_run(
-    record: RunRecord, *, configs: Mapping[str, Mapping[str, Any]] | None = None
+    record: RunRecord,
+    *,
+    configs: Mapping[str, Mapping[str, Any]] | None = None,
+    found: BreakEvenMap | None = None,
+    verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]] | None = None,
 ) -> RunPrediction:
     """The replay, the comparisons and the cost model for one run (see the module docstring).
 
     `configs` are the candidates to predict (default: the run's own); the dry run passes the
-    planned ones to read a stored baseline with. A pure function of its inputs; the replay of
-    the grid is most of the analysis's time, so a run calls it once, in `analysis.run.analyze`,
-    and hands that analysis to every renderer.
+    planned ones to read a stored baseline with. `found` is the run's break-even map, and
+    `verdicts` its candidates' (the proposer's cost is measured from them). A pure function of
+    its inputs; the replay of the grid is most of the analysis's time, so a run calls it once,
+    in `analysis.run.analyze`, and hands that analysis to every renderer.
     """
-    return _predict(record, configs)
+    return _predict(record, configs, found, verdicts or {})
 
 
-def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None) -> RunPrediction:
+def _predict(
+    record: RunRecord,
+    configs: Mapping[str, Mapping[str, Any]] | None,
+    the_map: BreakEvenMap | None,
+    verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]],
+) -> RunPrediction:
     notes = {name: _note(name, values) for name, values in (configs or record.candidates).items()}
     measured = {name: _note(name, record.candidates[name]) for name in record.measured_candidates}
     settings = sorted(
@@ -198,6 +221,12 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
     )
     predictions = predict(bases, replays, fit, restart_sd=restart.sd) if replays else {}
     predictions = bounded(predictions, support)  # a band that does not bound is no prediction
+    costs: dict[str, ProposerCost] = {}
+    if the_map is not None and predictions and record.run.levels:
+        costs = proposer_costs(record, verdicts, the_map, bases)
+        predictions = read_map(predictions, bases, the_map, record.run.levels[0].label, costs)
+    mapped = tuple(sorted({s.num_speculative_tokens for per in predictions.values()
+                           for s, p in per.items() if p.basis}))  # fmt: skip
     advice = (
         recommend(predictions, measured=[n.settings for n in measured.values() if n.settings])
         if predictions and not noise.is_aa_run(record)
@@ -224,6 +253,8 @@ def _predict(record: RunRecord, configs: Mapping[str, Mapping[str, Any]] | None)
         comparisons=comparisons,
         warnings=warnings,
         support=support,
+        proposer=costs,
+        mapped=mapped,
     )
 
 
@@ -349,6 +380,7 @@ GRID_COLUMNS = (
     "speedup_high",
     "p_faster",
     "withheld",  # why the band is no prediction (cost_model.withheld_reason), or null
+    "basis",  # read from the map (and the proposer's cost), or null: the cost model
 )
 
 
@@ -379,6 +411,7 @@ def _grid_json(
             *speed_band,
             p.p_faster if p else None,
             p.withheld if p else None,
+            p.basis if p else None,
         ]
         rows.append([round(x, 4) if isinstance(x, float) else x for x in row])
     return {"columns": list(GRID_COLUMNS), "rows": rows}

@@ -45,7 +45,7 @@ def serve_shape(
     images: Sequence[str] | None = None,
 ) -> ServedShape:
     """The shape served at the depth that fits (or the depths asked) on `where`'s vLLM."""
-    notes = check_architecture(shape, facts, where=where)
+    notes = check_architecture(shape, facts, where=where) + remote_code(shape)
     routing = check_routing(shape, facts, env, where=where)
     max_model_len = max_model_len_of(command, shape)
     fit = None
@@ -115,6 +115,19 @@ def check_architecture(shape: Shape, facts: VllmFacts, *, where: str) -> tuple[s
             + f"), so the shape {shape.source} cannot be served there. {NOTHING}"
         )
     return ()
+
+
+def remote_code(shape: Shape) -> tuple[str, ...]:
+    """A note where the config.json names remote code: the shape's folder holds it alone."""
+    found = shape.config.get("auto_map")
+    if not isinstance(found, dict) or not found:
+        return ()
+    modules = sorted({str(v).split(".", 1)[0] + ".py" for v in found.values() if "." in str(v)})
+    return (
+        f"its config.json names remote code (auto_map: {', '.join(modules)}), which the "
+        "shape's folder does not hold: a server run with --trust-remote-code may fail to "
+        "read it; a named shape or a file: source without auto_map avoids that",
+    )
 
 
 def check_routing(

@@ -1,5 +1,7 @@
-"""The break-even map in the reports (analysis/map/break_even.py): a row per k and load, and each
-measured candidate against the map's band. Every renderer reads these lines."""
+"""The break-even map in the reports (analysis/map/break_even.py): a row per k and load, the
+measured n-gram candidates' own cost per step beyond the map's, and each measured candidate's
+one prediction read from the map (analysis/prediction/candidates.py), beside what it measured.
+Every renderer reads these lines."""
 
 from __future__ import annotations
 
@@ -76,7 +78,9 @@ def lines(analysis: RunAnalysis) -> list[str]:
         out.insert(0, f"The map was measured in a slowed regime: {regime.text()}.")
     out.append(f"Drafting: {found.drafting}.")
     out.append(f"{TOKENS_PER_STEP_MEANS[0].upper()}{TOKENS_PER_STEP_MEANS[1:]}.")
-    out += [c.text() for c in analysis.map_checks]
+    if analysis.prediction is not None:  # measured against the map, before the checks use it
+        out += [cost.text() for cost in analysis.prediction.proposer.values()]
+    out += [c.text() for c in analysis.candidate_predictions if c.on_map]
     return out
 
 

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...analysis.map.break_even import map_of_run
+from ...analysis.prediction.candidates import CandidatePrediction
 from ...analysis.prediction.inputs import first_key
 from ...analysis.prediction.ngram_types import NGRAM_GRID_K, NgramSettings
 from ...analysis.prediction.predict import RunPrediction, predict_run
-from ...analysis.run import Figures, RunAnalysis
+from ...analysis.run import Figures, RunAnalysis, verdicts_and_map
 from ...config.settings import Settings
 from ...record.counters import ACCEPTED_PER_DRAFT_MEANS, TOKENS_PER_STEP_MEANS
 from ...record.schema import RunRecord
@@ -39,6 +41,7 @@ HEADER = (
     "Tokens per step",
     "tok/s predicted [band]",
     "tok/s measured",
+    "Measured in band",
     "Replay vs counters",
 )
 
@@ -61,6 +64,7 @@ class PredictionRow:
     band: tuple[float, float] | None
     measured_tps: float | None
     withheld: str | None = None  # why the band is no prediction (the notes say it whole)
+    inside: bool | None = None  # the measured ratio in the predicted band; None: not predicted
 
     def cells(self) -> tuple[str, ...]:
         band = f" [{self.band[0]:.1f}, {self.band[1]:.1f}]" if self.band else ""
@@ -74,16 +78,23 @@ class PredictionRow:
             fmt_num(self.tokens_per_step, ".2f"),
             predicted,
             fmt_num(self.measured_tps),
+            {True: "yes", False: "no", None: "-"}[self.inside],
             self.status,
         )
 
 
 def prediction_rows(
-    record: RunRecord, prediction: RunPrediction, figures: Figures
+    record: RunRecord,
+    prediction: RunPrediction,
+    figures: Figures,
+    ones: Sequence[CandidatePrediction] = (),
 ) -> list[PredictionRow]:
     """Predicted beside measured; the measured tok/s is the arm's figure in the results table
-    (`RunAnalysis.figures`)."""
+    (`RunAnalysis.figures`), and whether it lies in the band is the candidate's one prediction's
+    (`RunAnalysis.candidate_predictions`, the same figure)."""
     out = []
+    first = record.run.levels[0].label if record.run.levels else None
+    inside = {(o.candidate, o.prompt_type): o.inside for o in ones if o.level == first}
     for candidate, per in prediction.comparisons.items():
         for name, c in per.items():
             pred = prediction.predictions.get(name, {}).get(c.settings)
@@ -106,6 +117,7 @@ def prediction_rows(
                     band=pred.tokens_per_s_band if pred else None,
                     measured_tps=measured,
                     withheld=pred.withheld if pred else None,
+                    inside=inside.get((candidate, name)),
                 )
             )
     return out
@@ -134,6 +146,15 @@ def notes(prediction: RunPrediction, *, searched: bool = False) -> list[str]:
         for name, per in prediction.suffix.items()
         for w, r in per.items()
     ]
+    if prediction.mapped:
+        ks = ", ".join(f"k={k}" for k in prediction.mapped)
+        out.append(
+            f"Read from the break-even map: the configs at {ks} (the baseline's tok/s times the "
+            "map's ratio at their replayed tokens per step, with its band, plus the measured "
+            "n-gram candidates' own cost per step beyond the map's, from the other prompt types; "
+            "the break-even map's section gives each measured candidate's line)"
+            + ("; the cost model below only at other k" if prediction.fit is not None else "")
+        )
     if prediction.fit is not None:
         out.append(f"Cost model: {prediction.fit.describe()}")
     elif prediction.available:
@@ -162,18 +183,18 @@ def terminal_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     if not prediction.available:
         return [f"prediction: none ({prediction.reason})"]
     out = [f"{TITLE} (predicted / measured):"]
-    found = prediction_rows(record, prediction, analysis.figures)
+    found = prediction_rows(record, prediction, analysis.figures, analysis.candidate_predictions)
     if found:
         out.append(
             f"  {'prompt':<12} {'candidate (effective)':<28} {'accepted per draft':>18} "
             f"{'draft acc':>13} {'tokens per step':>15} {'tok/s pred [band]':>24} {'meas':>6}"
-            "  replay"
+            f" {'in band':>7}  replay"
         )
         for r in found:
             cells = r.cells()
             out.append(
                 f"  {cells[0]:<12} {cells[1]:<28} {cells[2]:>18} {cells[3]:>13} {cells[4]:>15} "
-                f"{cells[5]:>24} {cells[6]:>6}  {cells[7]}"
+                f"{cells[5]:>24} {cells[6]:>6} {cells[7]:>7}  {cells[8]}"
             )
         out += [f"  {ACCEPTED_PER_DRAFT_MEANS}", f"  {TOKENS_PER_STEP_MEANS}"]
     out += [f"  {line}" for line in notes(prediction, searched=record.search is not None)]
@@ -187,9 +208,9 @@ def markdown_lines(record: RunRecord, analysis: RunAnalysis) -> list[str]:
     if not prediction.available:
         return ["### Prediction", "", f"Not predicted: {prediction.reason}.", ""]
     lines = [f"### {TITLE}", ""]
-    found = prediction_rows(record, prediction, analysis.figures)
+    found = prediction_rows(record, prediction, analysis.figures, analysis.candidate_predictions)
     if found:
-        lines += ["| " + " | ".join(HEADER) + " |", "|:--|:--|--:|--:|--:|--:|--:|:--|"]
+        lines += ["| " + " | ".join(HEADER) + " |", "|:--|:--|--:|--:|--:|--:|--:|:-:|:--|"]
         for r in found:
             cells = list(r.cells())
             if r.status == "mismatch":
@@ -206,11 +227,14 @@ _FOOTNOTE = (
     "and a look-ahead recorded after the timed requests). Measured: the candidate's "
     "spec-decode counters over its timed requests. Exact where the outputs are equal and the "
     "look-ahead covered the last step; otherwise within the last step's bound (at most k-1 "
-    "tokens per request). tok/s predicted: the cost model fitted from the measured n-gram "
-    "candidates, its band a 95% prediction interval widened by the baseline's TPOT noise and "
-    "the restart noise (a new server start). A band spanning more than a factor of 2, or at "
-    "tokens per step outside those its observations measured, is no prediction: the notes say "
-    "what limits it, and no reload is recommended from it. "
+    "tokens per request). tok/s predicted: where the run measured a break-even map at the "
+    "config's k, the baseline's tok/s times the map's ratio at the replayed tokens per step, "
+    "plus the measured n-gram candidates' own cost per step beyond the map's (from the other "
+    "prompt types), with the map's band; otherwise the cost model fitted from the measured "
+    "n-gram candidates, its band a 95% prediction interval widened by the baseline's TPOT "
+    "noise and the restart noise (a new server start). A band spanning more than a factor of "
+    "2, or at tokens per step outside those its observations measured, is no prediction: the "
+    "notes say what limits it, and no reload is recommended from it. "
     + ACCEPTED_PER_DRAFT_MEANS[0].upper()
     + ACCEPTED_PER_DRAFT_MEANS[1:]
     + ". "
@@ -229,7 +253,7 @@ def html_section(record: RunRecord, analysis: RunAnalysis) -> str:
     if not prediction.available:
         return f"<h3>Prediction</h3><p class='note'>Not predicted: {e(str(prediction.reason))}</p>"
     parts = [f"<h3 id='specdecode-prediction'>{e(TITLE)}</h3>"]
-    found = prediction_rows(record, prediction, analysis.figures)
+    found = prediction_rows(record, prediction, analysis.figures, analysis.candidate_predictions)
     if found:
         head = "".join(f"<th>{e(h)}</th>" for h in HEADER)
         body = []
@@ -410,7 +434,9 @@ def dry_run_lines(settings: Settings, record: RunRecord, source: str) -> list[st
         and (record.prompt_types[name].prompt, record.prompt_types[name].max_tokens)
         == (t.prompt, t.max_tokens)
     ]
-    prediction = predict_run(record, configs=configs)
+    verdicts, map_verdicts = verdicts_and_map(record)  # its map, where it measured one
+    found = map_of_run(record, map_verdicts)
+    prediction = predict_run(record, configs=configs, found=found, verdicts=verdicts)
     if not prediction.available:
         return [f"prediction: none from the stored run {source} ({prediction.reason})"]
     cost = (
@@ -418,6 +444,9 @@ def dry_run_lines(settings: Settings, record: RunRecord, source: str) -> list[st
         if prediction.fit
         else "no measured n-gram candidate there, so the cost is unknown: ceilings only"
     )
+    if prediction.mapped:
+        ks = ", ".join(f"k={k}" for k in prediction.mapped)
+        cost = f"the configs at {ks} read from its break-even map; " + cost
     lines = [f"prediction from the stored baseline of {source} (n-gram replay; {cost}):"]
     for note in prediction.candidates.values():
         if note.settings is None:

@@ -95,3 +95,20 @@ def test_without_a_room_a_depth_must_be_asked() -> None:
     assert "give [shape] layers" in refused("llama-3.1-8b", room=None)
     assert serve("llama-3.1-8b", room=None, layers=(2,)).layers == 2
     assert "depths run from 4 to 61" in refused("deepseek-v3", room=None, layers=(2,))
+
+
+def test_a_config_that_names_remote_code_is_served_with_a_note() -> None:
+    shape = named_shape("kimi-k2")
+    config = {**shape.config, "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}
+    served = serve_shape(
+        dataclasses.replace(shape, config=config),
+        ShapeConfig("kimi-k2", (2,)),
+        command=COMMAND,
+        env={},
+        served_name="m",
+        facts=ASKED,
+        room=H200,
+        folder="/f",
+        where=WHERE,
+    )
+    assert served.notes and "auto_map: configuration_deepseek.py" in served.notes[0]

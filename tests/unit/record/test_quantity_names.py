@@ -58,7 +58,7 @@ def _map_run(tmp_path: Path) -> RunRecord:
 def _figures(analysis: RunAnalysis) -> tuple[str, str]:
     """The candidate's accepted per draft and its tokens per step on the map, as printed."""
     [row] = [r for r in rows(analysis, "ngram") if r.prompt_type == "coding"]
-    [check] = [c for c in analysis.map_checks if c.prompt_type == "coding"]
+    [check] = [c for c in analysis.candidate_predictions if c.prompt_type == "coding"]
     assert row.accepted_per_draft is not None
     return f"{row.accepted_per_draft:.2f}", f"{check.tokens_per_step:.2f}"
 

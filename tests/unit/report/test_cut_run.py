@@ -153,14 +153,16 @@ def test_the_terminal_opens_with_the_cut(tmp_path: Path) -> None:
 
 
 # SIGINT as a terminal's Ctrl-C finds it (an xdist worker's children inherit it ignored); sent
-# to this very process at the Nth timed request, or as a test of the suite's own begins.
+# to this very process at the Nth timed request, as a test of the suite's own begins, or at the
+# first readiness poll of a candidate's start.
 CONFTEST = """
-import os, signal
+import json, os, signal
 from tests.support.scripted_target import Script, ScriptedTarget, Speed
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 CUT_AT_STREAM = {stream}
 CUT_AT_TEST = {test!r}
+CUT_AT_START = {start!r}
 
 
 class CutTarget(ScriptedTarget):
@@ -172,6 +174,25 @@ class CutTarget(ScriptedTarget):
             os.kill(os.getpid(), signal.SIGINT)
         return await super()._stream(request)
 
+    def candidate(self, spec):
+        service = super().candidate(spec)
+        if spec.name == CUT_AT_START:
+            ready = service.ready
+
+            def cut_while_starting():
+                if not getattr(service, "cut", False):
+                    service.cut = True
+                    os.kill(os.getpid(), signal.SIGINT)
+                return ready()
+
+            service.ready = cut_while_starting
+        return service
+
+    def close(self):
+        super().close()
+        with open("events.json", "w") as out:  # the starts and stops, for the test to read
+            json.dump(self.events, out)
+
 
 def pytest_runtest_call(item):
     if CUT_AT_TEST and CUT_AT_TEST in item.name:
@@ -179,7 +200,8 @@ def pytest_runtest_call(item):
 
 
 def pytest_specdecode_open_target(config, settings, log_dir):
-    return CutTarget(Script(), {{"ngram": Script({{"math": Speed(gap_s=0.005)}})}})
+    return CutTarget(Script(), {{"ngram": Script({{"math": Speed(gap_s=0.005)}})}},
+                     running={running})
 """
 
 
@@ -188,13 +210,22 @@ def _importable_support(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # `tests.support` for the copied conftest
 
 
-def run_cut_suite(pytester: pytest.Pytester, *, stream: int = 0, test: str = "") -> tuple:
+def run_cut_suite(
+    pytester: pytest.Pytester,
+    *,
+    stream: int = 0,
+    test: str = "",
+    start: str = "",
+    running: bool = False,
+) -> tuple:
     shutil.copytree(
         REPO / "suites", pytester.path / "suites", ignore=shutil.ignore_patterns("*.toml")
     )
     config = pytester.path / "experiment.toml"
     config.write_text(CONFIG.format(reports=pytester.path / "reports"))
-    (pytester.path / "suites" / "conftest.py").write_text(CONFTEST.format(stream=stream, test=test))
+    (pytester.path / "suites" / "conftest.py").write_text(
+        CONFTEST.format(stream=stream, test=test, start=start, running=running)
+    )
     result = pytester.runpytest_subprocess(
         str(pytester.path / "suites"),
         "--spec-file",
@@ -253,3 +284,37 @@ def test_a_ctrl_c_in_a_test_after_the_design_names_the_tests_that_ran(
     assert summary.startswith("> **⚠ Cut short by SIGINT")
     assert f"{len(ran)} of {cut['tests']['collected']} tests ran" in summary
     assert "**Result: " in summary and "partial" not in summary  # the design was measured
+
+
+def test_a_sigint_during_a_candidates_start_restores_the_original_and_keeps_the_baseline(
+    pytester: pytest.Pytester,
+) -> None:
+    # the original serves before the run; the baseline is measured as it runs, then ngram's
+    # start is cut at its first readiness poll
+    result, run, data = run_cut_suite(pytester, start="ngram", running=True)
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out + err
+    cut = data["cut"]
+    assert cut["by"] == "SIGINT" and cut["kind"] == "signal", cut
+    assert cut["step"] == "starting ngram", cut
+    assert cut["design_complete"] is False
+    ran = cut["tests"]["ran"]  # the baseline's own tests ran; none that needs ngram
+    assert ran and all("baseline" in name for name in ran), ran
+    # nothing measured is lost: the baseline's start, every one of its slots
+    assert cut["measured"]["starts"] == 1 and cut["measured"]["starts_planned"] == 2, cut
+    assert cut["measured"]["samples"] == 10  # 5 slots of each of the two prompt types
+    assert set(data["phases"]) == {"baseline"} and not data["failures"]  # ngram: cut, not failed
+    stored = data["phases"]["baseline"]["measurements"]
+    assert {name: len(m["samples"]) for name, m in stored.items()} == {"coding": 5, "math": 5}
+    journal = (run / "samples.jsonl").read_text().splitlines()
+    assert sum('"warmup": false' in line for line in journal) == 10
+    # the restore ran: the candidate stopped, the original started again and serving
+    assert data["ending"]["how"] == "interrupted" and data["ending"]["signals"] == ["SIGINT"]
+    assert data["ending"]["restore_observed"] is True
+    assert "restored to active and serving" in err, err
+    events = json.loads((pytester.path / "events.json").read_text())
+    assert [e for e in events if e.startswith(("start", "stop"))] == [
+        "stop original", "start ngram", "stop ngram", "start original",
+    ]  # fmt: skip
+    summary = (run / "summary.md").read_text()
+    assert summary.startswith("> **⚠ Cut short by SIGINT") and "while starting ngram." in summary

@@ -6,9 +6,13 @@ change, the replica effect and the period effect."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import signal
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,22 +21,34 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.run import crossover as crossover_module
 from pytest_specdecode.run.crossover import CrossoverRun
-from pytest_specdecode.targets.interrupts import INTERRUPTS
-from pytest_specdecode.targets.replicas import Replica, replica_services
+from pytest_specdecode.targets.interrupts import INTERRUPTS, Interrupts
+from pytest_specdecode.targets.replicas import Replica, all_of, replica_services
 
 from ...support.scripted_target import Script, ScriptedTarget, Speed
+from ...support.sigint import own_interrupts, plugin_sigint
 from ...support.synthetic import settings, store
+from ...support.terminal import SIGINT_AS_IN_A_TERMINAL
 from ..config.test_replicas_config import CONFTEST, HEAD, smi
 
 PROMPT = "the coding prompt"
+DIED = "RuntimeError: Engine core initialization failed. See root cause above."
 FAST = Script(speeds={PROMPT: Speed(gap_s=0.008)})
 
 
-def two(tmp_path: Path, *, drains: bool = False):
-    """Two scripted replicas, each running its original, on one virtual time."""
-    s = settings(tmp_path, samples=3, prompt_types=("coding",), candidates=("ngram",))
-    a = ScriptedTarget(Script(), {"ngram": FAST}, running=True)
-    b = ScriptedTarget(Script(), {"ngram": FAST}, running=True)
+def two(
+    tmp_path: Path,
+    *,
+    drains: bool = False,
+    prompt_types: tuple[str, ...] = ("coding",),
+    candidates: tuple[str, ...] = ("ngram",),
+    speeds: dict[str, Speed] | None = None,
+):
+    """Two scripted replicas, each running its original, on one virtual time; every candidate
+    streams FAST, or as `speeds` say (by prompt)."""
+    s = settings(tmp_path, samples=3, prompt_types=prompt_types, candidates=candidates)
+    scripts = {name: Script(speeds={**FAST.speeds, **(speeds or {})}) for name in candidates}
+    a = ScriptedTarget(Script(), scripts, running=True)
+    b = ScriptedTarget(Script(), scripts, running=True)
     b.time = a.time
     log: list[str] = []
     replicas = [
@@ -49,7 +65,7 @@ def two(tmp_path: Path, *, drains: bool = False):
     return run, a, b, log
 
 
-def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0):
+def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0, **more):
     kwargs = {"runner": runner} if runner else {}
     return replica_services(
         run.replicas,
@@ -57,6 +73,7 @@ def hold(run: CrossoverRun, log: list[str], runner=None, restore_s: float = 2.0)
         restore_timeout_s=restore_s,
         progress=log.append,
         **kwargs,
+        **more,
     )
 
 
@@ -112,6 +129,40 @@ def test_each_replica_is_started_at_most_twice_and_left_as_it_was(tmp_path: Path
         low, high = entry["throughput"][key]["low"], entry["throughput"][key]["high"]
         assert low <= entry["throughput"][key]["estimate"] <= high
     assert entry["throughput"]["change"]["estimate"] > 0  # the candidate streams faster here
+
+
+def test_the_family_counts_each_candidate_and_each_metric_every_slot_has(
+    tmp_path: Path,
+) -> None:
+    """docs/statistics.md: each change at 1 - 2 alpha / m, m = candidates x metrics. A slot
+    whose candidate's output is one token long has no TPOT on that replica (the baseline's has
+    one): TPOT leaves the family; a second candidate (a rotation of three periods) doubles it."""
+    alpha = 0.05
+
+    def analysed(path: Path, **kwargs) -> dict:
+        path.mkdir()
+        run, _, _, log = two(path, **kwargs)
+        with hold(run, log) as held:
+            run.held = held
+            run.measure_all()
+        found, why = run.analysed()
+        assert why is None and found is not None
+        return found
+
+    both = analysed(tmp_path / "both")["ngram"]
+    assert both["throughput"]["confidence"] == pytest.approx(1 - 2 * alpha / 2)
+    assert both["tpot"]["confidence"] == pytest.approx(1 - 2 * alpha / 2)
+    one_token = analysed(tmp_path / "one", prompt_types=("coding", "math"),
+                         speeds={"the math prompt": Speed(tokens=1)})["ngram"]  # fmt: skip
+    assert "tpot" not in one_token
+    assert one_token["throughput"]["confidence"] == pytest.approx(1 - 2 * alpha / 1)
+    assert one_token["slots"] == 2 * 6  # the math slots are analysed for their throughput
+    rotated = analysed(tmp_path / "rotated", candidates=("ngram", "eagle"))
+    assert set(rotated) == {"ngram", "eagle"}
+    for entry in rotated.values():
+        assert entry["periods"] == 3
+        for metric in ("throughput", "tpot"):
+            assert entry[metric]["confidence"] == pytest.approx(1 - 2 * alpha / 4)
 
 
 class Cut(Exception):
@@ -202,6 +253,100 @@ def test_a_failed_drain_names_the_replica_and_both_are_restored(tmp_path: Path) 
     assert b.original().is_active() and a.original().is_active()
 
 
+def sigint_as_it_starts(target: ScriptedTarget, interrupts: Interrupts) -> None:
+    """The target's candidate start (in its replica's thread, during a switch) sends SIGINT to
+    this process, as a Ctrl-C would, and goes on once the main thread's handler noted it; it
+    ends a while after (0.2 s of real time), as a start does."""
+    made = target.candidate
+
+    def candidate(spec):
+        service = made(spec)
+        real = service.start
+
+        def start() -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 5.0
+            while not interrupts.signals and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.2)
+            real()
+
+        service.start = start  # type: ignore[method-assign]
+        return service
+
+    target.candidate = candidate  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["starts", "dies-with-the-signal"])
+def test_a_sigint_during_a_replicas_switch_restores_both_and_keeps_period_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies: bool
+) -> None:
+    """Period 2's switch: a is restarted into the candidate while b goes back to its original,
+    each in its own thread; a Ctrl-C comes as a's candidate starts (`dies`: and its engine dies
+    with it, as a local server's process group gets the Ctrl-C too). The restore waits for the
+    switch, puts a's original back, and the candidate is never started a second time."""
+    interrupts = own_interrupts(monkeypatch)
+    run, a, b, log = two(tmp_path)
+    if dies:
+        script = dataclasses.replace(FAST, crash_at_start=DIED, crash_starts=1)
+        a._scripts = {"ngram": script}  # a's own: b's candidate started in period 1
+    sigint_as_it_starts(a, interrupts)
+    with (
+        plugin_sigint(),
+        pytest.raises(KeyboardInterrupt),
+        hold(run, log, retry_failed_start=True) as held,
+    ):
+        run.held = held
+        run.measure_all()
+    assert interrupts.signals == ["SIGINT"]
+    # a: its original in period 1, the candidate started once in period 2's switch, back
+    assert starts_and_stops(a) == ["stop original", "start ngram", "stop ngram", "start original"]
+    assert starts_and_stops(b) == ["stop original", "start ngram", "stop ngram", "start original"]
+    assert a.original().is_active() and b.original().is_active()
+    assert not any("once more" in line for line in log)
+    assert [r.starts for r in run.replicas] == [2, 2]
+    assert [r.left for r in run.replicas] == ["active, serving", "active, serving"]
+    for replica in run.replicas:
+        assert replica.board is not None and replica.board.ending.how == "interrupted"
+    # nothing measured is lost: period 1's slots, in the journal and results.json
+    assert not run.done and {s["period"] for s in journal(run)} == {1}
+    assert len(journal(run)) == 2 * 3
+    stored = json.loads(run.store.path.read_text())["crossover_slots"]
+    assert [(s["period"], s["slot"]) for s in stored] == [(1, 0), (1, 1), (1, 2)]
+
+
+def test_a_ctrl_c_that_another_thread_receives_ends_the_wait_for_the_switches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel hands a process's SIGINT to any thread that does not block it; its handler
+    runs in the main thread only once that one runs. One that lands on a replica's thread (or
+    on the main thread just as it falls asleep) while the main thread waits for the switches
+    must end the wait then, not once the switch is done: a start can take an hour."""
+    interrupts = own_interrupts(monkeypatch)
+    sent, done = threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="specdecode-a")
+
+    def switch() -> None:
+        sent.wait(5.0)
+        os.kill(os.getpid(), signal.SIGINT)  # the main thread blocks it: this thread gets it
+        done.wait(5.0)  # a start still under way
+
+    with plugin_sigint():
+        future = pool.submit(switch)  # its thread starts with SIGINT unblocked
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        began = time.monotonic()
+        try:
+            sent.set()
+            with pytest.raises(KeyboardInterrupt):
+                all_of([future])
+            waited = time.monotonic() - began
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            done.set()
+            pool.shutdown()
+    assert waited < 2.0 and interrupts.signals == ["SIGINT"]
+
+
 # -- through the plugin ---------------------------------------------------------------------
 
 
@@ -241,7 +386,26 @@ def _importable_support(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[3]))
 
 
-def crossover(pytester: pytest.Pytester, replicas: str, *args: str) -> pytest.RunResult:
+# Ctrl-C as a's candidate starts (period 2's switch)
+CUT_IN_A_SWITCH = """    def candidate(self, spec):
+        import os, signal
+        service = super().candidate(spec)
+        if self.api_base.endswith(".1:8000"):
+            start = service.start
+
+            def cut_as_it_starts():
+                os.kill(os.getpid(), signal.SIGINT)
+                start()
+
+            service.start = cut_as_it_starts
+        return service
+
+    def close(self):"""
+
+
+def crossover(
+    pytester: pytest.Pytester, replicas: str, *args: str, cut_switch: bool = False
+) -> pytest.RunResult:
     facts = {
         "http://10.0.0.1:8000": {"vllm": "0.11.0", "nvidia_smi": smi(1)},
         "http://10.0.0.2:8000": {"vllm": "0.11.0", "nvidia_smi": smi(1)},
@@ -249,7 +413,10 @@ def crossover(pytester: pytest.Pytester, replicas: str, *args: str) -> pytest.Ru
     (pytester.path / "facts.json").write_text(json.dumps(facts))
     conftest = CONFTEST.replace("super().__init__(Script())",
                                 "super().__init__(Script(), running=True)")  # fmt: skip
-    pytester.makeconftest(conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1))
+    conftest = conftest.replace("    def close(self):", CUT_IN_PERIOD_2, 1)
+    if cut_switch:
+        conftest = conftest.replace("    def close(self):", CUT_IN_A_SWITCH, 1)
+    pytester.makeconftest(SIGINT_AS_IN_A_TERMINAL + conftest)  # the Ctrl-C tests send SIGINT
     text = 'reports_dir = "reports"\n' + HEAD.format(extra="") + RUN + replicas
     pytester.makefile(".toml", specdecode=text)
     return pytester.runpytest_subprocess("--spec-config", "ngram", "-rs", *args)
@@ -329,6 +496,44 @@ def test_a_ctrl_c_in_period_2_restores_both_and_says_the_run_was_cut(
     events = [json.loads(e) for e in (pytester.path / "events.jsonl").read_text().splitlines()]
     started = [[e for e in ev[1] if e.startswith("start")] for ev in events if len(ev[1]) > 1]
     assert sorted(started) == [["start ngram", "start original"]] * 2  # each: twice, back
+
+
+@pytest.mark.usefixtures("_importable_support")
+def test_a_ctrl_c_during_period_2_s_switch_restores_both_and_says_so(
+    pytester: pytest.Pytester,
+) -> None:
+    result = crossover(pytester, TWO, cut_switch=True)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret not in (pytest.ExitCode.OK, pytest.ExitCode.USAGE_ERROR), out
+    assert "[crossover] period 2 of 2: switching the replicas" in out
+    assert "[crossover] period 2 of 2: a serves ngram, b serves baseline" not in out  # no slot
+    (path,) = (pytester.path / "reports").glob("*/results.json")
+    results = json.loads(path.read_text())
+    cut = results["cut"]
+    assert cut["by"] == "SIGINT" and cut["kind"] == "signal", cut
+    assert cut["step"] == (
+        "crossover period 2: switching the replicas (a serves ngram, b serves baseline)"
+    )
+    assert cut["design_complete"] is False
+    assert results["crossover"] is None
+    assert results["crossover_missing"] == "period 2 not measured"
+    # nothing measured is lost: period 1's slots, each to both replicas
+    assert [(s["period"], s["slot"]) for s in results["crossover_slots"]] == [(1, 0), (1, 1),
+                                                                            (1, 2)]  # fmt: skip
+    samples = (path.parent / "samples.jsonl").read_text().splitlines()
+    assert {(json.loads(x)["period"], json.loads(x)["replica"]) for x in samples} == {
+        (1, "a"), (1, "b")
+    }  # fmt: skip
+    assert [(r["name"], r["starts"], r["left"]) for r in results["replicas"]] == [
+        ("a", 2, "active, serving"),
+        ("b", 2, "active, serving"),
+    ]
+    assert results["ending"]["how"] == "interrupted"
+    summary = (path.parent / "summary.md").read_text()
+    assert "Run cut short" in summary and "switching the replicas" in summary
+    events = [json.loads(e) for e in (pytester.path / "events.jsonl").read_text().splitlines()]
+    started = [[e for e in ev[1] if e.startswith("start")] for ev in events if len(ev[1]) > 1]
+    assert sorted(started) == [["start ngram", "start original"]] * 2  # each: once, and back
 
 
 @pytest.mark.usefixtures("_importable_support")

@@ -6,6 +6,8 @@ The same paths run against the real CPU vLLM (tests/real_vllm) and the real syst
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,10 +16,12 @@ import pytest
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import ServiceError
 from pytest_specdecode.measure.experiment.arms import Experiment
-from pytest_specdecode.record.store import RunStore
+from pytest_specdecode.record.ending import RunEnding
+from pytest_specdecode.record.store import RunStore, load_run
 from pytest_specdecode.targets.lifecycle import experiment_services
 
 from ...support.scripted_target import NEVER, Script, ScriptedTarget, measure_arms
+from ...support.sigint import own_interrupts, plugin_sigint
 from ...support.synthetic import record, settings
 
 
@@ -174,3 +178,66 @@ def test_an_original_never_stopped_is_said_so_not_restored(tmp_path: Path) -> No
     assert again.board.restore_report is not None
     assert not again.board.restore_report.never_stopped
     assert "restored to active and serving" in again.board.restore_report.describe()
+
+
+def sigint_at_first_poll(target: ScriptedTarget, name: str) -> list[int]:
+    """The candidate `name`'s first readiness poll sends SIGINT to this process: a Ctrl-C while
+    its server starts. Returns the list that counts the signals sent."""
+    sent: list[int] = []
+    made = target.candidate
+
+    def candidate(spec):
+        service = made(spec)
+        if spec.name == name:
+            real = service.ready
+
+            def ready() -> bool:
+                if not sent:
+                    sent.append(signal.SIGINT)
+                    os.kill(os.getpid(), signal.SIGINT)
+                return real()
+
+            service.ready = ready  # type: ignore[method-assign]
+        return service
+
+    target.candidate = candidate  # type: ignore[method-assign]
+    return sent
+
+
+def test_a_sigint_during_a_candidates_start_restores_and_keeps_what_was_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    interrupts = own_interrupts(monkeypatch)
+    target = ScriptedTarget(Script(), {"ngram": Script(ready_after_s=3.0)}, running=True)
+    sent = sigint_at_first_poll(target, "ngram")
+    s = settings(tmp_path, samples=2, prompt_types=("coding",))
+    (tmp_path / "run").mkdir()
+    store = RunStore(tmp_path / "run", record(s))
+    endings: list[RunEnding] = []
+    steps: list[str] = []
+    with plugin_sigint(), pytest.raises(KeyboardInterrupt), experiment_services(
+        target, ready_timeout_s=10, restore_timeout_s=10, progress=lambda _: None,
+        transport=target.transports().sync, clock=target.time.clock,
+        record_ending=endings.append,
+    ) as board:  # fmt: skip
+        exp = Experiment(s, board, store, progress=lambda _: None,
+                         transports=target.transports(), step=steps.append)  # fmt: skip
+        exp.arm(BASELINE)
+        exp.arm("ngram")
+    assert sent and steps[-1] == "starting ngram"  # the signal came while ngram started
+    # the restore ran: the candidate, started but not yet serving, stopped; the original back
+    assert [e for e in target.events if e.startswith(("start", "stop"))] == [
+        "stop original", "start ngram", "stop ngram", "start original",
+    ]  # fmt: skip
+    assert target.original().is_active() and target.events[-1] == "close"
+    report = board.restore_report
+    assert report is not None and report.is_active and report.serving and not report.failed
+    assert endings[-1].how == "interrupted" and endings[-1].signals == ["SIGINT"]
+    assert interrupts.signals == ["SIGINT"]  # the plugin's handler noted it
+    # nothing measured is lost: the baseline's requests, in results.json and the journal
+    measured = store.record.phases[BASELINE].measurements["coding"].samples
+    assert len(measured) == 2 and "ngram" not in store.record.phases
+    stored = load_run(tmp_path / "run").phases[BASELINE].measurements["coding"].samples
+    assert [x.to_json() for x in stored] == [x.to_json() for x in measured]
+    journal = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    assert sum('"warmup": false' in line for line in journal) == 2

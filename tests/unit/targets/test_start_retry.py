@@ -1,13 +1,17 @@
 """A candidate whose engine dies before it ever serves is started once more, where the run
-allows it; one whose configuration vLLM refuses is not. The report names both starts.
+allows it; one whose configuration vLLM refuses is not, whatever order the log's lines came in.
+The report names both starts.
 
 Seen in CI: a candidate's engine died 19 s into its start with `RuntimeError: Did not receive
 response from front-end process within 5 minutes`, and the test that needed its window failed.
+And (issue 48): a suffix candidate refused by `ImportError: Arctic Inference is required` was
+started twice, its cause read as `EngineDeadError`, which its unit's journal held first.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,11 +24,19 @@ from pytest_specdecode.record.schema import RunRecord
 from pytest_specdecode.record.store import RunStore
 from pytest_specdecode.report.rows import checks
 from pytest_specdecode.targets import lifecycle
+from pytest_specdecode.targets.base import SETTLE_MOST_S, settled_log
 from pytest_specdecode.targets.lifecycle import experiment_services
-from pytest_specdecode.targets.start_failure import config_refusal
+from pytest_specdecode.targets.start_failure import (
+    config_refusal,
+    first_errors,
+    root_cause,
+    settled,
+    start_cause,
+)
 
 from ...support.inprocess import run_in_process
 from ...support.scripted_target import Script, ScriptedTarget
+from ...support.sigint import own_interrupts
 from ...support.synthetic import record, settings
 from ..plugin.test_gate import CONFTEST, REPO, write_gate
 from .test_arms_together import SPEC, alive, local_target, sleeping_vllm  # noqa: F401 (a fixture)
@@ -33,6 +45,18 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 DIED = "RuntimeError: Did not receive response from front-end process within 5 minutes"
 LOADING = "(EngineCore_DP0 pid=9) INFO 12-04 10:00:00 [core.py:1] Loading model weights"
 ASYNC = "(APIServer pid=7) WARNING 12-04 10:00:00 [config.py:1] Async scheduling not supported"
+# The CPU vLLM 0.32, captured 2026-12-07 (tests/data/README.md): a suffix start refused at its
+# config, and the last lines of a serving server whose engine core died (its EngineDeadError).
+SUFFIX = (DATA / "vllm-0.32-cpu-suffix-refused.log").read_text().splitlines()
+ENGINE_DEAD = (DATA / "vllm-0.32-cpu-engine-dead.log").read_text().splitlines()
+ARCTIC = (
+    "ImportError: Arctic Inference is required for suffix decoding. "
+    "Install via `pip install arctic-inference==0.1.1`."
+)
+DEAD = (
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+    "See stack trace (above) for the root cause."
+)
 
 
 # -- which deaths a second start would repeat ------------------------------------------------
@@ -66,6 +90,63 @@ def test_a_real_failed_start_whose_module_is_missing_is_a_refusal() -> None:
     captured = (DATA / "vllm-0.32-cpu-worker-import-failure.log").read_text().splitlines()
     refused = config_refusal(captured)
     assert refused == "ModuleNotFoundError: No module named 'flashinfer'"
+
+
+@pytest.mark.parametrize("first", ["the refusal", "the engine's death"])
+def test_a_refusal_beside_an_engines_death_is_a_refusal_in_either_order(first: str) -> None:
+    # A process's log (the local backend) or a unit's journal since the start (systemd: the
+    # stopped original's last lines may come first, as in CI), in both orders.
+    lines = SUFFIX + ENGINE_DEAD if first == "the refusal" else ENGINE_DEAD + SUFFIX
+    found = start_cause(lines)
+    assert (found.refused, found.cause, found.pending) == (ARCTIC, ARCTIC, False)
+    root = root_cause(first_errors(lines))
+    assert root is not None and (root.process, root.text) == ("APIServer pid=7635", ARCTIC)
+
+
+def test_a_units_journal_of_restarts_gives_the_traceback_to_the_latest_server() -> None:
+    # The stopped original (pid 30180), the candidate (7635), and its restart by systemd (7702):
+    # an unprefixed traceback is the latest API server's, not the first that logged.
+    again = [line.replace("pid=7635", "pid=7702") for line in SUFFIX]
+    found = [(e.process, e.text) for e in first_errors(ENGINE_DEAD + SUFFIX + again)]
+    assert found == [("APIServer pid=30180", DEAD), ("APIServer pid=7635", ARCTIC),
+                     ("APIServer pid=7702", ARCTIC)]  # fmt: skip
+
+
+def test_the_engines_death_alone_awaits_its_cause() -> None:
+    found = start_cause(ENGINE_DEAD)
+    assert (found.cause, found.refused, found.pending) == (DEAD, None, True)
+    assert not settled(ENGINE_DEAD, ENGINE_DEAD)  # unchanged, but its cause may be on its way
+    assert not settled(ENGINE_DEAD, ENGINE_DEAD + SUFFIX)  # still growing
+    assert settled(ENGINE_DEAD + SUFFIX, ENGINE_DEAD + SUFFIX)
+    died = [LOADING, "Traceback (most recent call last):", DIED]
+    assert settled(died, died) and start_cause(died) == start_cause(died)
+    assert start_cause(died).cause == DIED and not start_cause(died).pending
+
+
+class GrowingLog:
+    """A dead start whose log never stops growing: a line a read."""
+
+    label = "a start that keeps logging"
+
+    def __init__(self) -> None:
+        self.lines = [*ENGINE_DEAD]
+
+    def start_log(self) -> list[str]:
+        self.lines.append(
+            f"(APIServer pid=30180) ERROR 12-07 11:23:20 [x.py:1] line {len(self.lines)}"
+        )
+        return list(self.lines)
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        return self.lines[-lines:]
+
+
+def test_the_wait_for_a_dead_starts_log_is_bounded() -> None:
+    target = ScriptedTarget(Script(), {})
+    before = target.time.now
+    lines = settled_log(GrowingLog(), target.time.clock)  # type: ignore[arg-type]
+    assert target.time.now - before == SETTLE_MOST_S
+    assert lines[: len(ENGINE_DEAD)] == ENGINE_DEAD and len(lines) > len(ENGINE_DEAD)
 
 
 # -- the setting --------------------------------------------------------------------------------
@@ -159,6 +240,32 @@ def test_a_configuration_vllm_refuses_is_not_started_again(tmp_path: Path) -> No
     assert target.original().is_active()  # restored
 
 
+@pytest.mark.parametrize("late", ["the refusal", "the engine's death"])
+def test_a_refusal_whose_line_comes_late_is_not_started_again(tmp_path: Path, late: str) -> None:
+    # The death is seen at once; the rest of the log reaches it 3 s later (a journal behind its
+    # unit): the retry is decided once the log settled, on the refusal either way.
+    log, rest = (ENGINE_DEAD, SUFFIX) if late == "the refusal" else (SUFFIX, ENGINE_DEAD)
+    script = Script(crash_at_start=DEAD, crash_log=log, crash_log_late=rest, late_s=3.0)
+    target = ScriptedTarget(Script(), {"ngram": script}, running=True)
+    exp = run(tmp_path, target, retry=True)
+    assert starts(target, "ngram") == 1
+    failed = exp.failed  # type: ignore[attr-defined]
+    assert isinstance(failed, StartDied) and (failed.refused, failed.cause) == (ARCTIC, ARCTIC)
+    assert target.original().is_active()  # restored
+
+
+def test_a_death_whose_cause_never_comes_is_started_again_once_the_wait_ends(
+    tmp_path: Path,
+) -> None:
+    script = Script(crash_at_start=DEAD, crash_log=ENGINE_DEAD, crash_starts=1)
+    target = ScriptedTarget(Script(), {"ngram": script}, running=True)
+    exp = run(tmp_path, target, retry=True)
+    assert not hasattr(exp, "failed"), exp.failed  # type: ignore[attr-defined]
+    assert starts(target, "ngram") == 2
+    died = exp.record.phases["ngram"].died_start
+    assert died is not None and died.cause == DEAD
+
+
 def test_without_the_setting_a_death_is_not_retried(tmp_path: Path) -> None:
     target = ScriptedTarget(Script(), {"ngram": Script(crash_at_start=DIED, crash_starts=1)},
                             running=True)  # fmt: skip
@@ -176,6 +283,37 @@ def test_a_second_death_fails_the_arm_and_names_both_starts(tmp_path: Path) -> N
     assert f"(started twice: the first start died too, 0s into it: {DIED})" in failed
     assert exp.record.failures["ngram"].startswith("scripted service 'ngram' failed while")
     assert target.original().is_active()
+
+
+def test_a_start_that_dies_once_a_signal_came_is_not_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C reaches a local server's process group too: its engine dies as the controller
+    notes the signal (raised in another thread, such as a replica's switch). That death is no
+    reason for a second start: the run is ending, and a start can take an hour."""
+    interrupts = own_interrupts(monkeypatch)
+    target = ScriptedTarget(Script(), {"ngram": Script(crash_at_start=DIED, crash_starts=1)},
+                            running=True)  # fmt: skip
+    made = target.candidate
+
+    def candidate(spec):
+        service = made(spec)
+        real = service.failure
+
+        def failure() -> str | None:
+            if not interrupts.signals:
+                interrupts.signalled(signal.SIGINT)  # noted; its KeyboardInterrupt is elsewhere
+            return real()
+
+        service.failure = failure  # type: ignore[method-assign]
+        return service
+
+    target.candidate = candidate  # type: ignore[method-assign]
+    exp = run(tmp_path, target, retry=True)
+    assert starts(target, "ngram") == 1
+    assert DIED in str(exp.failed)  # type: ignore[attr-defined]
+    assert not any("once more" in line for line in exp.lines)  # type: ignore[attr-defined]
+    assert target.original().is_active()  # restored
 
 
 # -- the whole run, as pytest prints it -------------------------------------------------------

@@ -119,3 +119,49 @@ def test_the_side_rules_of_a_vllm_of_another_shape_are_its_own(tmp_path: Path):
 def test_a_source_without_the_rules_tells_none(tmp_path: Path):
     facts = _ask_stand_in(tmp_path, kept="False", v2="()", triton="")
     assert facts.async_kept is None and facts.v2_unsupported is None
+
+
+# The shape target's facts: the model registry and the MoE routing simulation, as vLLM 0.32 has
+# them (vllm/model_executor/models/registry.py, vllm/envs.py, the router's simulator module).
+REGISTRY = """
+class _Registry:
+    def get_supported_archs(self):
+        return {"LlamaForCausalLM": 1, "DeepseekV3ForCausalLM": 2}.keys()
+ModelRegistry = _Registry()
+"""
+ROUTER = """
+class RoutingSimulator:
+    _routing_strategies = {"uniform_random": 1, "normal_routing": 2}
+"""
+
+
+def _with_shape_facts(tmp_path: Path, *, routing: bool) -> VllmFacts:
+    pkg = tmp_path / "vllm"
+    router = pkg / "model_executor" / "layers" / "fused_moe" / "router"
+    router.mkdir(parents=True)
+    for folder in (pkg / "model_executor", router.parent.parent, router.parent, router):
+        (folder / "__init__.py").write_text("")
+    (pkg / "model_executor" / "models").mkdir()
+    (pkg / "model_executor" / "models" / "__init__.py").write_text(REGISTRY)
+    (router / "routing_simulator_router.py").write_text(ROUTER)
+    names = '"VLLM_MOE_ROUTING_SIMULATION_STRATEGY": None' if routing else ""
+    (pkg / "envs.py").write_text(f"environment_variables = {{{names}}}\n")
+    return _ask_stand_in(tmp_path, kept="False", v2="()", triton="")
+
+
+def test_the_shape_targets_facts_are_the_registrys_architectures_and_moe_routing(tmp_path):
+    facts = _with_shape_facts(tmp_path, routing=True)
+    assert facts.architectures == {"LlamaForCausalLM", "DeepseekV3ForCausalLM"}
+    assert facts.moe_routing == ("normal_routing", "uniform_random")
+    assert facts.record()["architectures"] == 2 and facts.shape_note is None
+
+
+def test_a_vllm_without_the_routing_simulation_says_so(tmp_path):
+    facts = _with_shape_facts(tmp_path, routing=False)
+    assert facts.moe_routing == () and facts.architectures is not None
+
+
+def test_a_vllm_without_a_model_registry_tells_why(tmp_path):
+    facts = _ask_stand_in(tmp_path, kept="False", v2="()", triton="")
+    assert facts.architectures is None and facts.moe_routing is None
+    assert facts.shape_note and "ModuleNotFoundError" in facts.shape_note

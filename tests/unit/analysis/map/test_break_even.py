@@ -135,9 +135,9 @@ def test_the_reports_show_the_map_and_each_candidate_against_its_band(tmp_path) 
     k5 = found.break_even.line(5, "c1")
     assert k5.break_even[0] == pytest.approx(1.4, rel=0.1)
     assert [line.k for line in found.break_even.overall] == [3, 5]
-    checks = {(c.prompt_type, c.map_k) for c in found.map_checks}
+    checks = {(c.prompt_type, c.map_k) for c in found.candidate_predictions}
     assert checks == {("coding", 5), ("math", 5)}
-    assert all(c.inside and c.source == "counted" for c in found.map_checks)
+    assert all(c.inside and c.source == "counted" for c in found.candidate_predictions)
     assert "100% to 100% of k" in found.break_even.drafting
     run_dir = tmp_path / "out"
     run_dir.mkdir()
@@ -145,7 +145,8 @@ def test_the_reports_show_the_map_and_each_candidate_against_its_band(tmp_path) 
     text = (run_dir / "summary.md").read_text()
     assert "### The break-even map" in text
     assert "| 5 | c1 | 1.00: 0.72x [" in text
-    assert "ngram/coding at c1, k=5, 2.10 tokens per step (counted): measured 1.49x" in text
+    assert "ngram/coding at c1, k=5, 2.10 tokens per step (counted): predicted 1.50x [" in text
+    assert "by the map (k=5, c1); measured 1.49x [" in text
     assert (run_dir / "break-even.png").stat().st_size > 10_000
     assert "break-even" in written.plots
     assert any(line.startswith("break-even map: k=3 at c1: breaks even") for line in

@@ -64,6 +64,10 @@ def test_the_fit_recovers_a_linear_truth_exactly_and_carries_it_to_the_full_dept
     assert shallow.estimate == pytest.approx(_truth(K3, 4) / _truth(BASE, 4))
     assert found.step_ms(BASELINE, "c1", 61).estimate == pytest.approx(_truth(BASE, 61))
     assert found.step_cost(5, "c1", FULL) is None and found.step_ms("nope", "c1", 8) is None
+    # the prediction's reading of the map at the full depth (predict_on_shape's ratio_at)
+    ratio, low, high = found.ratio_at(3, 2.0, "c1")
+    assert ratio == pytest.approx(2.0 / TRUE_BREAK_EVEN) and low <= ratio <= high
+    assert found.ratio_at(3, 2.0, "c1", carrier="ngram") is None
 
 
 def test_with_noise_the_interval_holds_the_truth_and_narrows_with_more_requests() -> None:

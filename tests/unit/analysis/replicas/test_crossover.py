@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from benchmarks.replica_crossover import Replicas, rates
 from pytest_specdecode.analysis.replicas.crossover import CrossoverSlot, crossover_of, rotation
@@ -111,6 +112,64 @@ def test_a_larger_rotation_recovers_known_effects() -> None:
     got = result.of("throughput", 1)
     assert [e.estimate for e in got.replicas] == pytest.approx(replica[1:], abs=1e-6)
     assert [e.estimate for e in got.periods] == pytest.approx(period[1:], abs=1e-6)
+
+
+def _rotated(rng: np.random.Generator, replicas: int, arms: int) -> list[CrossoverSlot]:
+    """Slots of a rotation, 4 prompts twice a period, throughput and TPOT per replica; arm 1
+    10% slower and arm 2 5% faster than the baseline, so that the ranks' p-values are small."""
+    change = (0.0, math.log(0.9), math.log(1.05))
+    slots = []
+    for period, served in enumerate(rotation(replicas, arms)):
+        for i in range(8):
+            speed = np.exp(rng.normal(3.0, 0.3) + np.array([change[a] for a in served])
+                           + rng.normal(0.0, 0.02, replicas))  # fmt: skip
+            tpot = 1.0 / speed * np.exp(rng.normal(0.0, 0.01, replicas))
+            slots.append(CrossoverSlot(period, i % 4, served, tuple(map(float, speed)),
+                                       tuple(map(float, tpot))))  # fmt: skip
+    return slots
+
+
+@pytest.mark.parametrize(
+    ("replicas", "arms", "tpot_missing", "family"),
+    [
+        (2, 2, False, 2),  # one candidate, throughput and TPOT
+        (2, 2, True, 1),  # one slot without TPOT: throughput alone
+        (2, 3, False, 4),  # two candidates: twice the family
+        (3, 3, False, 4),
+        (3, 3, True, 2),
+    ],
+)
+def test_the_family_is_the_candidates_times_the_metrics_every_slot_has(
+    replicas: int, arms: int, tpot_missing: bool, family: int
+) -> None:
+    """docs/statistics.md: each change at the family's 1 - 2 alpha / m (m = candidates x
+    metrics), its ranks' guard Holm over the same family; a metric a slot lacks leaves it."""
+    alpha = 0.05
+    slots = _rotated(np.random.default_rng(7), replicas, arms)
+    if tpot_missing:  # e.g. a one-token output in one slot
+        slots[5] = CrossoverSlot(slots[5].period, slots[5].prompt, slots[5].arms,
+                                 slots[5].throughput, None)  # fmt: skip
+    noise = RestartNoise(0.01, 8.0, "test", True)
+    result = crossover_of(
+        slots, alpha=alpha, margin=0.03, restart_noise={"throughput": noise, "tpot": noise}
+    )
+    assert len(result.metrics) == family
+    assert {m.metric for m in result.metrics} == {"throughput"} | (
+        set() if tpot_missing else {"tpot"}
+    )
+    for m in result.metrics:
+        assert m.change.confidence == pytest.approx(1 - 2 * alpha / family)
+        # the interval's half-width is the t quantile of the family's level, and so is each
+        # replica's and period's (one level for every interval a report prints)
+        for estimate in (m.change, *m.replicas, *m.periods):
+            half = (estimate.high - estimate.low) / 2
+            t = scipy_stats.t.ppf(1 - alpha / family, estimate.df)
+            assert half == pytest.approx(t * estimate.se, rel=1e-6), (m.metric, m.arm)
+    # Holm over the family: the smallest p-value is multiplied by the family's size
+    first = min(result.metrics, key=lambda m: m.p_value)
+    assert 0 < first.p_value * family < 1
+    assert first.p_adjusted == pytest.approx(first.p_value * family)
+    assert all(m.p_adjusted >= first.p_adjusted for m in result.metrics)
 
 
 def test_replicas_that_never_swap_are_refused() -> None:

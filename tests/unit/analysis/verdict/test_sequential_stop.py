@@ -4,6 +4,7 @@ rule wired into the rounds of a pair served side by side (measure/experiment/rou
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -28,6 +29,7 @@ from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.measure.experiment.arms import Experiment
 from pytest_specdecode.record.measurement import Measurement, SequentialLooks
 from pytest_specdecode.record.store import RunStore, load_run
+from pytest_specdecode.report import markdown
 from pytest_specdecode.report.plan_reach import design_lines
 from pytest_specdecode.report.schedule import Timing
 
@@ -158,6 +160,80 @@ def test_a_decided_pair_stops_sending_and_records_its_looks(tmp_path: Path) -> N
         # the analysis takes the stopping look's boundary: a wider level than the fixed 1-2a/m
         assert verdict.throughput.interval.confidence > 1 - 2 * 0.05 / 4
         assert "looked at 4, 8 of 16 slots" in verdict.throughput.reason
+
+
+def paced(tmp_path: Path, coding_gap: float, math_gap: float):
+    """A pair side by side, each prompt type's candidate at its own pace (the baseline's gap is
+    0.01 s), its report's analysis in results.json as the session writes it."""
+    (tmp_path / "run").mkdir(parents=True)
+    s = settings(tmp_path, samples=16, run_extra='arms = "together"\n')
+    gaps = {"the coding prompt": coding_gap, "the math prompt": math_gap}
+    speeds = {prompt: Speed(gap_s=gap) for prompt, gap in gaps.items()}
+    target = ScriptedTarget(Script(), {"ngram": Script(speeds)})
+    board, exp, store = together_experiment(tmp_path, target, s)
+    exp.arm("ngram")
+    board.restore()
+    analysis = analyze(store.record)
+    store.analysis = analysis.to_json()
+    store.flush()
+    return store, analysis
+
+
+def bounds(interval) -> tuple[float, ...]:
+    return (interval.estimate, interval.low, interval.high, interval.df, interval.confidence)
+
+
+# math's candidate 23% slower: undecided at each of its looks over the run's family (2 prompt
+# types x 2 metrics); decided at the third look were the family only the cells still measuring
+SLOW, NEAR = 0.02, 0.0123
+
+
+def test_cells_that_decide_at_different_looks_keep_their_own_looks(tmp_path: Path) -> None:
+    store, analysis = paced(tmp_path / "both", SLOW, NEAR)
+    rec = store.record
+    base, cand = rec.phases[BASELINE].measurements, rec.phases["ngram"].measurements
+    # coding stops at its second look and sends no more slots; math goes on to its last
+    assert len(base["coding"].samples) == len(cand["coding"].samples) == 8
+    assert len(base["math"].samples) == len(cand["math"].samples) == 16
+    assert cand["coding"].sequential == SequentialLooks(16, [4, 8], stopped=True)
+    assert cand["math"].sequential == SequentialLooks(16, [4, 8, 12, 16], stopped=False)
+    verdicts = analysis.verdicts["ngram"]
+    assert verdicts["coding"].verdict is Verdict.REGRESSED
+    assert verdicts["math"].verdict is Verdict.INCONCLUSIVE
+    for name, looks in (("coding", "4, 8"), ("math", "4, 8, 12, 16")):
+        for c in verdicts[name].comparisons:
+            assert f"looked at {looks} of 16 slots" in c.reason, (name, c.reason)
+    # each cell's interval and verdict are what they would be beside a cell that stopped with
+    # it, or beside none that stopped (only the ranks' Holm step, over the family, may differ)
+    alone = {
+        "coding": paced(tmp_path / "coding", SLOW, SLOW)[1].verdicts["ngram"]["coding"],
+        "math": paced(tmp_path / "math", 0.01, NEAR)[1].verdicts["ngram"]["math"],
+    }
+    for name, other in alone.items():
+        for c, o in zip(verdicts[name].comparisons, other.comparisons, strict=True):
+            assert c.verdict is o.verdict, name
+            assert bounds(c.interval) == pytest.approx(bounds(o.interval), rel=1e-9), name
+    assert (
+        verdicts["coding"].throughput.interval.confidence
+        != verdicts["math"].throughput.interval.confidence
+    )  # each at its own look's boundary
+    # results.json and summary.md say each cell's own looks
+    data = json.loads(store.path.read_text())
+    stored = data["phases"]["ngram"]["measurements"]
+    assert stored["coding"]["sequential"] == {"planned": 16, "looks": [4, 8], "stopped": True}
+    assert stored["math"]["sequential"]["looks"] == [4, 8, 12, 16]
+    assert not stored["math"]["sequential"]["stopped"]
+    found = data["analysis"]["verdicts"]["ngram"]
+    assert "looked at 4, 8 of 16 slots" in found["coding"]["throughput"]["reason"]
+    assert "looked at 4, 8, 12, 16 of 16 slots" in found["math"]["throughput"]["reason"]
+    for name in ("coding", "math"):
+        assert found[name]["throughput"]["confidence"] == pytest.approx(
+            verdicts[name].throughput.interval.confidence
+        )
+    summary = markdown.summary(rec, analysis)
+    (undecided,) = [x for x in summary.splitlines() if x.startswith("- Not decided:")]
+    assert "ngram on math" in undecided and "looked at 4, 8, 12, 16 of 16 slots" in undecided
+    assert "coding" not in undecided
 
 
 def test_without_the_rule_every_slot_is_sent(tmp_path: Path) -> None:
