@@ -10,7 +10,13 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .arms import AA_ARM
-from .break_even import map_candidates, point_of
+from .break_even import (
+    check_carrier_keys,
+    map_candidates,
+    map_carriers,
+    point_of,
+    target_shape,
+)
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -99,6 +105,12 @@ class RunConfig:
     # --spec-break-even: "auto" or the k to map ("3,5"); each at break_even_points lengths
     break_even: str | None = None
     break_even_points: int = 2
+    # what drafts on its servers (config/break_even.py): auto (an EAGLE-3 head of the target's
+    # shape where it can be had, else n-gram), ngram or eagle3; the drafters whose pay-off it
+    # also tells, each with servers of its own ("eagle3", "draft_model:NAME"); a head you made
+    break_even_carrier: str = "auto"
+    break_even_drafters: tuple[str, ...] = ()
+    break_even_head: str = ""
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
     order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
     # "together": two servers at once; "auto": together where the host has room (run/arms.py)
@@ -124,7 +136,7 @@ class RunConfig:
         return 4 if self.regime_slots is None else self.regime_slots
 
     def __post_init__(self) -> None:  # a single value, or a list from results.json
-        for key in ("concurrency", "rate"):
+        for key in ("concurrency", "rate", "break_even_drafters"):
             value = getattr(self, key)
             if not isinstance(value, tuple):
                 items = list(value) if isinstance(value, list) else [value]
@@ -241,9 +253,6 @@ def load_settings(
             f"{' '.join(names)} (or measure them in a run of their own; a stored run of this "
             "host lends the search its cost model)"
         )
-    if run.break_even:
-        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
-        candidates += map_candidates(run.break_even, candidates, run.break_even_points)
     if run.search and run.repeats > 1:
         if (run_overrides or {}).get("repeats") is not None:
             raise ConfigError(
@@ -271,6 +280,17 @@ def load_settings(
             f"{where}: [shape] with [[target.replicas]]: a shape is served on one target; "
             "measure it on one replica's target"
         )
+    if run.break_even:  # on a shape, chosen again once it is resolved (run/map_on_shape.py)
+        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
+        check_carrier_keys(run.break_even_carrier, run.break_even_drafters)
+        carriers = () if shape else map_carriers(
+            run.break_even_carrier,
+            run.break_even_drafters,
+            candidates,
+            target_shape(target),
+            head=run.break_even_head,
+        )  # fmt: skip
+        candidates += map_candidates(run.break_even, candidates, run.break_even_points, carriers)
     return Settings(
         source=path,
         target=target,

@@ -342,6 +342,8 @@ def drafter_plan(drafters: Sequence[Drafter]) -> list[str]:
 
 
 def candidate_text(spec: SpecConfig) -> str:
+    if spec.is_original and spec.extra_args:  # e.g. the map on a shape's original at a depth
+        return f"{spec.name} (the original's configuration with {' '.join(spec.extra_args)})"
     if spec.is_original:
         return f"{spec.name} (A/A: the original's own configuration, started again)"
     return f"{spec.name} {spec.to_json()}"

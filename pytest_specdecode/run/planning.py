@@ -53,6 +53,7 @@ from ..targets.shaped import SHAPE_FOLDER, resolve_shape
 from .arms import choose_arms, with_arms, with_regime, with_regime_window
 from .drafters import check_drafters
 from .host_noise import HostNoise
+from .map_on_shape import map_plan, with_map_on_shape
 from .replicas import replicas_dry_run
 
 
@@ -131,6 +132,9 @@ class Planning:
             beside=beside,
             progress=self.progress,
         )
+        # --spec-break-even on the shape: its carrier, drafters and depths (run/map_on_shape.py)
+        self.settings, self.shape = with_map_on_shape(self.settings, self.shape)
+        self._use_facts(facts)
 
     # -- the dry run ----------------------------------------------------------------------------
     def dry_run(self) -> int:
@@ -187,7 +191,8 @@ class Planning:
             duration=self.time_lines(target),
         )
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("model:")), 1)
-        lines[at:at] = shape_plan_lines(self.shape)
+        timing = self.host_noise.timing(target, settings)
+        lines[at:at] = [*shape_plan_lines(self.shape), *map_plan(settings, self.shape, timing)]
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
 
@@ -208,7 +213,8 @@ class Planning:
             self.progress(f"plan: {self.regime_line}")
         settings = self.settings
         duration = self.time_lines(target)
-        for line in shape_plan_lines(self.shape):
+        timing = self.timing or self.host_noise.timing(target, settings)
+        for line in [*shape_plan_lines(self.shape), *map_plan(settings, self.shape, timing)]:
             self.progress(f"plan: {line}")
         for step in service_plan(settings, target):
             self.progress(f"plan: {step}")
