@@ -1,78 +1,48 @@
-"""A run across replicas: the crossover (AB/BA, or its rotation), for `[[target.replicas]]`.
+"""A run across replicas: the crossover (AB/BA, or its rotation), repeated as the plan says, for
+`[[target.replicas]]`. The session around it: run/crossover_session.py.
 
-`CrossoverSession` is the run's session where the target has replicas (docs/replicas.md):
-1. before anything is touched, each replica is read and checked against the others
-   (run/replicas.py → `replica_facts`, analysis/replicas/alike.py → `alike`) and preflighted;
-   refused replicas end the run as a usage error, nothing touched;
-2. the replicas are held by targets/replicas.py → `replica_services` (each one's
-   `experiment_services`, restored all at once whatever happens, drained and undrained);
-3. each period (config/replicas.py → `crossover_periods`) switches the replicas at once, then
-   sends each slot's prompt to every replica at once (measure/crossover.py), every sample
-   journalled as it comes with its period and replica; each replica's other clients and other
-   work are watched through each slot (measure/crossover_watch.py), a contaminated slot sent
-   again once or marked;
-4. the analysis is analysis/replicas/crossover.py → `crossover_of`; results.json's `crossover` and
-   `replicas`, summary.md and the terminal say the change, the replica and period effects.
+`CrossoverRun` makes the periods and keeps what they measured:
+1. each period (config/replicas.py → `crossover_periods`, `planned` crossovers of them)
+   switches the replicas at once, then sends each slot's prompt to every replica at once
+   (measure/crossover.py), every sample journalled as it comes with its period and replica;
+   each replica's other clients and other work are watched through each slot
+   (measure/crossover_watch.py), a contaminated slot sent again once or marked;
+2. after each crossover but the last, a look: the analysis so far (`analysed`), at the look's
+   boundary (analysis/replicas/looks.py); once every candidate is decided on a measured restart
+   noise, no more crossovers;
+3. the analysis is analysis/replicas/crossover.py → `crossover_of`; results.json's
+   `crossover`, `crossover_looks` and the lines say the change, the replica and period
+   effects, the crossovers made and where the run stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import os
 import threading
 import time
-import traceback
-from collections.abc import Iterator, Sequence
-from html import escape
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pytest
-
-from ..analysis.replicas.alike import alike
-from ..analysis.replicas.crossover import METRICS, CrossoverSlot, crossover_of
+from ..analysis.replicas.crossover import METRICS, CrossoverResult, crossover_of
 from ..analysis.variance.restarts import RestartNoise
 from ..config.arms import BASELINE
 from ..config.replicas import Period, crossover_periods
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig
-from ..errors import ConfigError, SpecDecodeError
 from ..measure.crossover import Slot, crossover_slots, send_period
-from ..measure.crossover_watch import CrossoverWatch, watch_lines
+from ..measure.crossover_watch import CrossoverWatch
 from ..measure.host_load import Probe
-from ..progress import write_line
-from ..record.ending import RunEnding
 from ..record.requests.samples import RequestSample
 from ..record.store import RunStore
-from ..redaction import redact_text
-from ..report import SUMMARY_FILE, Written
-from ..report.plan import RUN_LOG
-from ..report.replicas import alike_lines, crossover_json, crossover_lines, schedule_lines
-from ..targets.base import Target
-from ..targets.host_env import HostProbe
-from ..targets.interrupts import INTERRUPTS
-from ..targets.replicas import Replica, ReplicaSet, replica_services
-from .folder import api_headers, check_writable
-from .replicas import replica_facts
-from .session import SpecDecodeSession
-from .tests_seen import cut_of, failed_tests
+from ..report.replicas import crossover_json, look_line
+from ..targets.replicas import Replica, ReplicaSet
+from .crossover_known import slots_of
 
 PROGRESS_EVERY_S = 15.0  # a slot's line at most this often, and the period's last
-PER_PROMPT_TYPE = (
-    "a crossover across replicas decides each candidate over the whole prompt set "
-    "(test_crossover_does_not_regress); it measures no arm on one server, so per-arm "
-    "thresholds and per-prompt-type verdicts are not given (docs/replicas.md)"
-)
-
-
-def new_session(config: pytest.Config, settings: Settings) -> SpecDecodeSession:
-    """The run's session: a crossover across replicas where the target has them."""
-    cls = CrossoverSession if settings.replicas else SpecDecodeSession
-    return cls(config, settings)
 
 
 class CrossoverRun:
-    """The periods, their slots and what they measured; the analysis once they are done."""
+    """The periods, their slots and what they measured; the looks and the analysis."""
 
     def __init__(
         self,
@@ -84,6 +54,8 @@ class CrossoverRun:
         headers: dict[str, str] | None,
         step: Any = None,
         probes: Sequence[Probe | None] | None = None,
+        planned: int = 1,
+        outside: Mapping[str, RestartNoise] | None = None,
     ) -> None:
         self.settings = settings
         self.replicas = list(replicas)
@@ -93,9 +65,16 @@ class CrossoverRun:
         self._step = step or (lambda text: None)  # what the run is doing: a cut run says it
         self._headers = headers
         self.arms = [BASELINE, *(c.name for c in settings.candidates)]
-        self.periods: tuple[Period, ...] = crossover_periods([r.name for r in replicas], self.arms)
+        self.planned = max(1, planned)  # crossovers at most: the plan's
+        assumed = RestartNoise.assumed(settings.run.assumed_restart_noise)
+        self.outside = {m: (outside or {}).get(m, assumed) for m in METRICS}
+        self.periods: tuple[Period, ...] = crossover_periods(
+            [r.name for r in replicas], self.arms, self.planned
+        )
         self.slots: list[dict[str, Any]] = []  # each measured slot, as results.json keeps it
+        self.looks: list[dict[str, Any]] = []  # after each crossover but the last
         self.done = False
+        self.stopped: str | None = None  # why no more crossovers were made, where it stopped
         self._lock = threading.Lock()
         self._said = time.monotonic()  # the last slot's progress line
         self._slots = 0  # measured slots per period
@@ -111,7 +90,8 @@ class CrossoverRun:
         )
 
     def measure_all(self) -> None:
-        """Every period: the replicas switched at once, then every slot to all at once."""
+        """Every period: the replicas switched at once, then every slot to all at once; after
+        each crossover but the last, a look, and no more crossovers once decided."""
         if self.done:
             return
         assert self.held is not None
@@ -120,10 +100,13 @@ class CrossoverRun:
         warm, slots = crossover_slots(self.settings)
         self._slots = len(slots)
         total = len(self.periods)
+        per_crossover = len(self.arms)
         with contextlib.closing(self.watch):  # no host left sampled, whatever happens
             for period in self.periods:
                 serving = ", ".join(f"{r} serves {arm}" for r, arm in period.serving)
                 head = f"[crossover] period {period.number} of {total}"
+                if self.planned > 1 and (period.number - 1) % per_crossover == 0:
+                    self._progress(f"[crossover] crossover {period.crossover} of {self.planned}")
                 self._step(f"crossover period {period.number}: switching the replicas ({serving})")
                 self._progress(f"{head}: switching the replicas ({serving})")
                 services = self.held.serve({r: specs[arm] for r, arm in period.serving})
@@ -149,7 +132,39 @@ class CrossoverRun:
                     first_sent=lambda h=head, s=serving: self._progress(f"{h}: {s}"),
                     before_slot=lambda slot, n=period.number, w=watched: self._before(n, slot, w),
                 )
+                if period.number % per_crossover == 0 and self._look(period.crossover):
+                    break
+        if self.stopped is None:
+            self.stopped = f"all {self.planned} planned crossover{'s' if self.planned > 1 else ''}"
         self.done = True
+
+    def _look(self, crossover: int) -> bool:
+        """After crossover `crossover` (not the last planned): the analysis so far; True where
+        every candidate is decided on a measured restart noise (no more crossovers)."""
+        if crossover >= self.planned:
+            return False
+        self._step(f"crossover: the look after crossover {crossover}")
+        result, why = self._analysis()
+        if result is None:
+            self._progress(f"[crossover] look after crossover {crossover}: {why}")
+            return False
+        decided = result.decided and result.measured
+        entry = {
+            "crossover": crossover,
+            "planned": self.planned,
+            "confidence": result.metrics[0].change.confidence if result.metrics else None,
+            "measured": result.measured,
+            "decided": decided,
+            "verdicts": {f"{self.arms[m.arm]} {m.metric}": m.verdict.value for m in result.metrics},
+        }
+        self.looks.append(entry)
+        with self._lock:
+            self.store.extra["crossover_looks"] = self.looks
+            self.store.flush()
+        self._progress(f"[crossover] {look_line(result, self.arms[1:], decided=decided)}")
+        if decided:
+            self.stopped = f"decided after crossover {crossover} of {self.planned}"
+        return decided
 
     def _before(self, number: int, slot: Slot, watched: list[tuple[str, Any]]) -> None:
         self._step(
@@ -215,273 +230,47 @@ class CrossoverRun:
         """results.json's `replicas`: each one's restore and what was seen on it."""
         return [{**r.to_json(), **self.watch.seen[r.name].to_json()} for r in self.replicas]
 
-    def analysed(self) -> tuple[dict[str, Any] | None, str | None]:
-        """results.json's `crossover`, or None and why (a period not measured)."""
+    def _analysis(self) -> tuple[CrossoverResult | None, str | None]:
+        """The analysis of every complete crossover so far, or None and why."""
         measured = {s["period"] for s in self.slots}
-        missing = [p.number for p in self.periods if p.number not in measured]
-        if missing:
-            return None, f"period {', '.join(map(str, missing))} not measured"
-        index = {arm: i for i, arm in enumerate(self.arms)}
-        slots = []
-        for s in self.slots:
-            tpot = s["tpot"]
-            slots.append(
-                CrossoverSlot(
-                    period=s["period"] - 1,
-                    prompt=s["prompt"],
-                    arms=tuple(index[a] for a in s["arms"]),
-                    throughput=tuple(s["throughput"]),
-                    tpot=None if any(t is None or t <= 0 for t in tpot) else tuple(tpot),
-                )
-            )
+        per = len(self.arms)
+        first = [p.number for p in self.periods[:per] if p.number not in measured]
+        if first:
+            return None, f"period {', '.join(map(str, first))} not measured"
+        complete = 0  # crossovers whose every period was measured
+        while complete < self.planned and all(
+            n in measured for n in range(complete * per + 1, (complete + 1) * per + 1)
+        ):
+            complete += 1
+        kept = [s for s in self.slots if s["period"] <= complete * per]
         run = self.settings.run
-        noise = RestartNoise.assumed(run.assumed_restart_noise)
         try:
-            result = crossover_of(
-                slots,
-                alpha=run.alpha,
-                margin=run.min_effect,
-                restart_noise=dict.fromkeys(METRICS, noise),
+            return (
+                crossover_of(
+                    slots_of(kept, self.arms),
+                    alpha=run.alpha,
+                    margin=run.min_effect,
+                    restart_noise=self.outside,
+                    planned=self.planned,
+                ),
+                None,
             )
         except ValueError as exc:
             return None, f"the crossover could not be analysed: {exc}"
+
+    def analysed(self) -> tuple[dict[str, Any] | None, str | None]:
+        """results.json's `crossover`, or None and why (a period not measured)."""
+        result, why = self._analysis()
+        if result is None:
+            return None, why
         found = crossover_json(result, self.arms[1:])
+        begun = max((s["period"] for s in self.slots), default=0)
+        cut = (
+            f"; crossover {result.crossovers + 1} was cut before its end: its slots are not "
+            "analysed"
+            if begun > result.crossovers * len(self.arms)
+            else ""
+        )
         for entry in found.values():
-            entry["restart_noise"] = noise.source
+            entry["stopped"] = (self.stopped or f"cut after crossover {result.crossovers}") + cut
         return found, None
-
-
-class CrossoverSession(SpecDecodeSession):
-    """The session of a run across replicas (the module's docstring)."""
-
-    crossover: CrossoverRun | None = None
-    _why_none: str | None = None
-    _result: dict[str, Any] | None = None
-
-    def check_before_start(self) -> None:
-        """The reports folder, and what a crossover does not do; the candidates are checked on
-        each replica as the run starts."""
-        run, option = self.settings.run, self.config.getoption
-        given = [
-            name
-            for name, on in (
-                ("--spec-search", run.search),
-                ("--spec-break-even", run.break_even),
-                ("--spec-baseline-from", option("spec_baseline_from")),
-                ("--spec-aba", option("spec_aba")),
-            )
-            if on
-        ]
-        if given:
-            raise ConfigError(
-                f"[target] has replicas: {', '.join(given)} is not run across replicas (the "
-                "crossover's period effect is its drift check); nothing was touched"
-            )
-        check_writable(self.settings.reports_dir)
-
-    @contextlib.contextmanager
-    def running(self, session: pytest.Session) -> Iterator[CrossoverRun]:  # type: ignore[override]
-        """Check the replicas, hold them all, yield the run; whatever happens, the teardown
-        restores each replica, all at once."""
-        settings = self.settings
-        self._started = time.monotonic()
-        opened: list[tuple[Replica, Target]] = []
-        try:  # nothing is touched until every replica passed
-            for config in settings.replicas:
-                try:
-                    target = self._replica_target(config.target, config.name)
-                except SpecDecodeError as exc:
-                    raise ConfigError(f"replica {config.name}: {exc}") from None
-                unit = config.target.unit if config.target.backend == "systemd" else None
-                replica = Replica(config.name, target, config.drain, config.undrain, unit=unit)
-                opened.append((replica, target))
-            facts = []
-            for config, (replica, target) in zip(settings.replicas, opened, strict=True):
-                try:
-                    facts.append(replica_facts(config, target, self.progress, settings.candidates))
-                except SpecDecodeError as exc:
-                    raise ConfigError(f"{replica.where}: {exc}") from None
-            found = alike(facts)
-            for line in [*alike_lines(found), *self._schedule()]:
-                self.progress(f"plan: {line}")
-            if found.refused:
-                raise ConfigError(
-                    "the replicas are not alike enough to compare across: "
-                    + "; ".join(found.refusals)
-                )
-            for replica, target in opened:
-                self.progress.step(f"preflight of {replica.where}")
-                try:
-                    target.preflight()
-                except SpecDecodeError as exc:
-                    raise ConfigError(f"{replica.where}: {exc}") from None
-        except SpecDecodeError as exc:
-            for _, target in opened:
-                target.close()
-            self.progress(f"refused, nothing was touched: {exc}")
-            self._discard_run_dir()
-            pytest.exit(f"pytest-specdecode: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        for config in settings.replicas:
-            (self.run_dir / f"replica-{config.name}").mkdir(exist_ok=True)
-        self.progress.open(self.run_dir / RUN_LOG)
-        self.progress(f"run folder {self.run_dir}")
-        store = RunStore(self.run_dir, self._new_record(opened[0][1]))
-        replicas = [r for r, _ in opened]
-        store.extra["replicas"] = [r.to_json() for r in replicas]
-        run = CrossoverRun(
-            settings,
-            replicas,
-            store,
-            progress=self.progress,
-            headers=api_headers(settings),
-            step=self.progress.step,
-            probes=[HostProbe(r.target.host) for r in replicas],
-        )
-        self.crossover = run
-        lock = threading.Lock()
-
-        def record_ending(ending: RunEnding) -> None:  # from each replica's restore thread
-            with lock:
-                store.record.ending = ending
-                store.flush()
-
-        t = settings.target
-        try:
-            with replica_services(
-                replicas,
-                ready_timeout_s=t.startup_timeout_s,
-                restore_timeout_s=t.restore_timeout_s,
-                progress=self.progress,
-                headers=api_headers(settings),
-                retry_failed_start=t.retry_failed_start,
-                record_ending=record_ending,
-            ) as held:
-                run.held = held
-                yield run
-        finally:
-            with lock:
-                store.extra["replicas"] = run.replicas_json()
-                store.flush()
-
-    def _replica_target(self, target_config: Any, name: str) -> Target:
-        """A replica's target, its servers' logs in a folder of its own (made once the run
-        starts: a refused run leaves no folder)."""
-        settings = dataclasses.replace(self.settings, target=target_config)
-        return self.config.hook.pytest_specdecode_open_target(
-            config=self.config,
-            settings=settings,
-            log_dir=self.run_dir / f"replica-{name}",
-            progress=self.progress,
-        )
-
-    def _schedule(self) -> list[str]:
-        names = [r.name for r in self.settings.replicas]
-        return schedule_lines(names, BASELINE, [c.name for c in self.settings.candidates])
-
-    def arm(self, name: str) -> Any:
-        """No arm is measured on one server in a crossover: the tests that need one skip."""
-        pytest.skip(PER_PROMPT_TYPE)
-
-    def complete_design(self) -> Any:  # type: ignore[override]
-        """Both periods measured, then the analysis (once)."""
-        assert self.crossover is not None
-        if self._result is None and self._why_none is None:
-            self.crossover.measure_all()
-            self.progress.step("analysing the crossover")
-            self._result, self._why_none = self.crossover.analysed()
-        return self._result
-
-    def crossover_verdicts(self) -> tuple[dict[str, Any] | None, str | None]:
-        """Per candidate its crossover entry (with `verdict`), or None and why."""
-        return self.complete_design(), self._why_none
-
-    def finish(self, exit_code: int | None = None) -> Written | None:
-        """Once, after the restore: the analysis into results.json, summary.md; a run cut short
-        says so. Never raises."""
-        if self._finished:
-            return self.written
-        self._finished = True
-        run = self.crossover
-        if run is None:
-            return None
-        try:
-            store = run.store
-            store.record.cut = cut_of(
-                self.config,
-                store.record,
-                stopped=self._stopped,
-                first_signal_at=INTERRUPTS.first_at,
-                started=self._started,
-                step_at=self.progress.step_at,
-                starts_planned=len(run.periods),
-                design_complete=run.done,
-                exit_code=exit_code,
-            )
-            if store.record.cut is not None:
-                self.progress(f"run cut: {store.record.cut.headline()}")
-            if self._result is None and self._why_none is None:
-                self._result, self._why_none = run.analysed()
-            store.extra["crossover"] = self._result
-            if self._why_none:
-                store.extra["crossover_missing"] = self._why_none
-            store.extra["replicas"] = run.replicas_json()
-            store.record.environment["run_s"] = time.monotonic() - self._started
-            store.flush()
-            text = self._summary(failed_tests(self.config))
-            summary = self.run_dir / SUMMARY_FILE
-            summary.write_text(text)
-            step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-            if step_summary:
-                with open(step_summary, "a") as f:
-                    f.write(text + "\n")
-            self.written = Written(self.run_dir, summary, {}, text)
-        except Exception:
-            write_line("[specdecode] the report could not be written:\n" + traceback.format_exc())
-        return self.written
-
-    def _lines(self) -> list[str]:
-        assert self.crossover is not None
-        run = self.crossover
-        return [
-            *crossover_lines(
-                self._result,
-                [r.to_json() for r in run.replicas],
-                names=[r.name for r in run.replicas],
-                why_none=self._why_none,
-            ),
-            *watch_lines([run.watch.seen[r.name] for r in run.replicas]),
-        ]
-
-    def _summary(self, failed: Sequence[str]) -> str:
-        """summary.md: the crossover's change, replica and period effects, and each replica."""
-        assert self.crossover is not None
-        record = self.crossover.store.record
-        head = ["# Speculative decoding across replicas: the crossover", ""]
-        if record.cut is not None:
-            head += [f"**Run cut short:** {record.cut.headline()}", ""]
-        body = [_bullet(line) for line in self._lines()]
-        plan = [_bullet(line) for line in self._schedule()]
-        tail = ["", "## Failed tests", *(f"- {t}" for t in failed)] if failed else []
-        return "\n".join([*head, "## Result", *body, "", "## Plan", *plan, *tail]) + "\n"
-
-    def html_section(self) -> str | None:
-        """report.html's short section: the summary's lines."""
-        if self.crossover is None:
-            return None
-        items = "".join(f"<li>{escape(line)}</li>" for line in self._lines())
-        return f"<h2>Across replicas: the crossover</h2><ul>{items}</ul>"
-
-    def terminal_lines(self) -> list[str]:
-        if self.crossover is None:
-            return []
-        lines = self._lines()
-        lines.append(f"results: {self.crossover.store.path}")
-        if self.written is not None:
-            lines.append(f"summary: {self.written.summary}")
-        return [redact_text(line) for line in lines]
-
-
-def _bullet(line: str) -> str:
-    """A line as a markdown item; an indented one as an item under the one before."""
-    return f"  - {line.strip()}" if line.startswith("  ") else f"- {line.strip()}"

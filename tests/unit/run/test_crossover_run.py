@@ -233,6 +233,7 @@ RUN = """
 samples = 3
 max_samples = 3
 warmup = 1
+crossovers = 1
 """
 
 
