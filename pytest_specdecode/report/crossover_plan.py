@@ -48,13 +48,16 @@ class CrossoverPlan:
 
     planned: int  # crossovers the run makes at most (it stops once decided)
     most: int  # [run] crossovers
-    needed: int | None  # crossovers a `detect` change needs at 80% power; None: beyond BEYOND
+    needed: int | None  # crossovers a `detect` change needs at 80% power, up to `most`
     detect: float
     slots: int  # measured slots a period
+    samples: int  # [run] samples: per prompt type, a period's slots
     periods: int  # a crossover's periods (its arms)
     known: CrossoverKnown
     reaches: Mapping[str, tuple[CrossoverReach, ...]] = field(default_factory=dict)  # N = 1..
     crossover_s: float | None = None  # one crossover's time, where a pace is known
+    beyond: int | None = None  # past `most`: about how many it needs (None: over BEYOND)
+    more_slots: tuple[int, int] | None = None  # (samples, crossovers) that fit in `most`
 
     def at(self, n: int, metric: str = "throughput") -> CrossoverReach:
         return self.reaches[metric][n - 1]
@@ -84,18 +87,25 @@ class CrossoverPlan:
         if n > 1:
             lines.append(f"  what {n} crossovers can call with 80% power: {many}")
         need = f"{self.detect:.0%} change"
-        if self.needed is None:
-            lines.append(
-                f"  a {need} needs more than {BEYOND} crossovers of {self.slots} slots a "
-                "period: more slots a period (--spec-samples) would narrow each"
-            )
-        elif self.needed > self.most:
-            lines.append(
-                f"  a {need} needs {self.needed} crossovers of {self.slots} slots a period; "
-                f"this run makes at most {self.most} ([run] crossovers, --spec-crossovers)"
-            )
-        else:
+        if self.needed is not None:
             lines.append(f"  a {need} needs {self.needed} crossover{_s(self.needed)} (80% power)")
+        else:
+            about = f"about {self.beyond}" if self.beyond is not None else f"more than {BEYOND}"
+            lines.append(
+                f"  a {need} needs {about} crossovers of {self.slots} slots a period: more than "
+                f"this run makes ([run] crossovers, --spec-crossovers {self.most})"
+                + (
+                    "; soonest with "
+                    + (
+                        f"--spec-samples {self.more_slots[0]} and "
+                        if self.more_slots[0] != self.samples
+                        else ""
+                    )
+                    + f"--spec-crossovers {self.more_slots[1]} (about)"
+                    if self.more_slots
+                    else ""
+                )
+            )
         lines.append(
             f"  this run makes up to {n} crossover{_s(n)}, "
             + (
@@ -129,6 +139,8 @@ class CrossoverPlan:
             "planned": self.planned,
             "most": self.most,
             "needed": self.needed,
+            "beyond": self.beyond,
+            "more_slots": list(self.more_slots) if self.more_slots else None,
             "detect": self.detect,
             "slots": self.slots,
             "restart_noise": {m: n.to_dict() for m, n in self.known.noise.items()},
@@ -167,13 +179,11 @@ def plan_of(
         slots=max(1, slots), alpha=run.alpha, family=family, margin=run.min_effect,
         replicas=replicas, arms=arms,
     )  # fmt: skip
-    needed: int | None = None
-    for metric in METRICS:
-        noise, slot_var = known.noise[metric], known.slot_var[metric]
-        found = crossovers_needed(change, noise, slot_var=slot_var, most=BEYOND, **common)
-        needed = None if found is None else max(found, needed or 0)
-        if found is None:
-            break
+    needed = _needed(change, known, most=most, **common)
+    beyond = (
+        None if needed is not None else _needed(change, known, most=BEYOND, looks=False, **common)
+    )
+    more_slots = None if needed is not None else _cheapest(change, known, run, warmup, common)
     floor = 1 if known.measured else min(2, most)
     planned = min(most, max(floor, needed or most))
     reaches = {
@@ -188,7 +198,44 @@ def plan_of(
     if timing is not None and timing.s_per_token is not None:
         slot_s = run.max_tokens * timing.s_per_token
         crossover_s = arms * (timing.start_s + (warmup + slots) * slot_s) * timing.pace
-    return CrossoverPlan(planned, most, needed, change, slots, arms, known, reaches, crossover_s)
+    return CrossoverPlan(
+        planned, most, needed, change, slots, run.samples, arms, known, reaches, crossover_s,
+        beyond, more_slots,
+    )  # fmt: skip
+
+
+def _cheapest(
+    change: float, known: CrossoverKnown, run: Any, warmup: int, common: dict[str, Any]
+) -> tuple[int, int] | None:
+    """Past the most crossovers: the samples per prompt type and (about) the crossovers that
+    call `change` soonest, by the pace where one is known, else by slots sent."""
+    timing, slots = known.timing, common["slots"]
+    found = []
+    for factor in (1, 2, 4, 8, 16, 32, 64):
+        wider = {**common, "slots": slots * factor}
+        n = _needed(change, known, most=BEYOND, looks=False, **wider)
+        if n is None:
+            continue
+        if timing is not None and timing.s_per_token is not None:
+            slot_s = run.max_tokens * timing.s_per_token
+            cost = n * (timing.start_s + (warmup + slots * factor) * slot_s)
+        else:
+            cost = float(n * (slots * factor + warmup))
+        found.append((cost, run.samples * factor, n))
+    return min(found)[1:] if found else None
+
+
+def _needed(change: float, known: CrossoverKnown, **common: Any) -> int | None:
+    """The crossovers every metric needs (the most of theirs); None where one cannot."""
+    found = 0
+    for metric in METRICS:
+        n = crossovers_needed(
+            change, known.noise[metric], slot_var=known.slot_var[metric], **common
+        )
+        if n is None:
+            return None
+        found = max(found, n)
+    return found
 
 
 def _finite(x: float) -> float | None:

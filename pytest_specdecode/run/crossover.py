@@ -148,7 +148,7 @@ class CrossoverRun:
         if result is None:
             self._progress(f"[crossover] look after crossover {crossover}: {why}")
             return False
-        decided = result.decided and result.measured
+        decided = result.stops
         entry = {
             "crossover": crossover,
             "planned": self.planned,

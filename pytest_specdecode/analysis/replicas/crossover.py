@@ -82,7 +82,7 @@ from ..verdict.interval import Interval
 from ..verdict.stats import Verdict, decide, holm_adjust
 from .guard import ranks_p
 from .looks import look_confidence
-from .model import Fit, design_of, fit, known_noise, rotation, variance
+from .model import Fit, Table, design_of, fit, full_rank, known_noise, rotation, variance
 
 __all__ = [
     "DECIDED",
@@ -220,6 +220,12 @@ class CrossoverResult:
         return all(self.candidate_decided(a) for a in range(1, self.arms))
 
     @property
+    def stops(self) -> bool:
+        """At a look: no more crossovers. Every candidate decided, on a restart noise that was
+        measured (an assumed one never stops a run that planned more than one crossover)."""
+        return self.decided and self.measured
+
+    @property
     def measured(self) -> bool:
         """Whether every metric's restart noise was measured (outside, or by this run's own
         crossovers): a run that planned several crossovers decides only on a measured one."""
@@ -240,7 +246,7 @@ class CrossoverResult:
 
 
 def _periods(
-    slots: Sequence[CrossoverSlot],
+    table: Table,
     metric: str,
     fit: Fit,
     noise: RestartNoise,
@@ -250,41 +256,32 @@ def _periods(
     """Each period against the first, from the slots' means less their replicas' and arms'
     fitted effects, on period and prompt terms (between slots)."""
     k, arms = fit.design.replicas, fit.design.arms
-    effects = (
-        np.concatenate([[0.0], fit.beta[: k - 1]]),
-        np.concatenate([[0.0], fit.beta[k - 1 : k - 1 + arms - 1]]),
-    )
-    labels = sorted({s.prompt for s in slots}, key=repr)
-    prompt_of = {label: j for j, label in enumerate(labels)}
-    y, rows, z = [], [], []
-    for s in slots:
-        level = float(np.mean(np.log(np.asarray(s.values(metric), dtype=float))))
-        fitted = float(np.mean([effects[0][r] + effects[1][s.arms[r]] for r in range(k)]))
-        y.append(level - fitted)
-        row = np.zeros(periods - 1 + len(labels))
-        if s.period:
-            row[s.period - 1] = 1.0
-        row[periods - 1 + prompt_of[s.prompt]] = 1.0
-        rows.append(row)
-        cells = np.zeros(k * periods)
-        cells[[r * periods + s.period for r in range(k)]] = 1.0 / k
-        z.append(cells)
-    x, zz, yy = np.array(rows), np.array(z), np.array(y)
-    rank = int(np.linalg.matrix_rank(x))
-    df = len(slots) - rank
-    if rank < x.shape[1] or df <= 0:
+    replica = np.concatenate([[0.0], fit.beta[: k - 1]])
+    arm = np.concatenate([[0.0], fit.beta[k - 1 : k - 1 + arms - 1]])
+    logs, period = table.logs[metric], table.period
+    n = period.size
+    yy = logs.mean(axis=1) - (replica[None, :] + arm[table.arms]).mean(axis=1)
+    x = np.zeros((n, periods - 1 + len(table.labels)))
+    later = period > 0
+    x[np.flatnonzero(later), period[later] - 1] = 1.0
+    x[np.arange(n), periods - 1 + table.prompt] = 1.0
+    df = n - x.shape[1]
+    if df <= 0 or not full_rank(x):
         return ()
     inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ (x.T @ yy)
     resid = yy - x @ beta
     resid_var = float(resid @ resid) / df
+    # each period effect's weights on the starts: a slot's level holds each of its period's k
+    # starts at 1/k, so the weights are the same for every replica's start of a period
+    per_period = np.stack(
+        [np.bincount(period, weights=x[:, j], minlength=periods) for j in range(x.shape[1])]
+    )
+    starts = inverse[: periods - 1] @ per_period / k
     out = []
     for p in range(1, periods):
-        c = np.zeros(x.shape[1])
-        c[p - 1] = 1.0
-        a = c @ inverse
-        g = float(np.sum((a @ x.T @ zz) ** 2))
-        var, pdf = variance(g, float(a @ c), resid_var, float(df), noise)
+        g = float(k * np.sum(starts[p - 1] ** 2))
+        var, pdf = variance(g, float(inverse[p - 1, p - 1]), resid_var, float(df), noise)
         out.append(
             _effect(f"period {p + 1} against period 1", float(beta[p - 1]), var, pdf, confidence)
         )
@@ -330,10 +327,7 @@ def crossover_of(
     arms = max(a for s in slots for a in s.arms) + 1
     periods = max(s.period for s in slots) + 1
     metrics, dropped = _metrics(slots, replicas)
-    for i, s in enumerate(slots):
-        for m in metrics:
-            if not all(math.isfinite(v) and v > 0 for v in s.values(m) or ()):
-                raise ValueError(f"slot {i} (period {s.period}): {m} must be finite and > 0")
+    table = Table.of(slots, metrics)
     missing = [m for m in metrics if m not in restart_noise]
     if missing:
         raise ValueError(f"no restart noise given for {', '.join(missing)}")
@@ -342,24 +336,25 @@ def crossover_of(
     confidence = look_confidence(crossovers, planned, alpha=alpha, family=family)
     found = []
     for metric in metrics:
-        model = fit(design_of(slots, metric, replicas, arms, periods))
-        noise = known_noise(model.starts, restart_noise[metric], crossovers=crossovers)
+        model = fit(design_of(table, metric, arms, periods))
+        outside = restart_noise[metric]
+        noise = known_noise(model.starts, outside, crossovers=crossovers)
         rep = []
         for r in range(1, replicas):
             c = np.zeros(model.beta.size)
             c[r - 1] = 1.0
-            est, var, df = model.contrast(c, noise)
+            est, var, df = model.contrast(c, outside)
             rep.append(_effect(f"replica {r + 1} against replica 1", est, var, df, confidence))
-        per = _periods(slots, metric, model, noise, periods, confidence)
+        per = _periods(table, metric, model, noise, periods, confidence)
         for arm in range(1, arms):
             c = np.zeros(model.beta.size)
             c[replicas - 1 + arm - 1] = 1.0
-            est, var, df = model.contrast(c, noise)
+            est, var, df = model.contrast(c, outside)
             se = math.sqrt(var)
             t = t_quantile(0.5 + confidence / 2, df)
             interval = Interval(est, est - t * se, est + t * se, se, df, confidence, "crossover")
             if replicas == 2 and arms == 2:
-                p = ranks_p(slots, metric)
+                p = ranks_p(table, metric)
             else:
                 p = float(2.0 * _st.t.sf(abs(est) / se, df)) if se > 0 else 1.0
             share = model.starts_share(c, noise)

@@ -93,9 +93,11 @@ def reach(
     margin: float,
     replicas: int = 2,
     arms: int = 2,
+    looks: bool = True,
 ) -> CrossoverReach:
     """What `crossovers` crossovers of `slots` slots a period can call at the last look
-    (`slot_var`: one request's residual variance within its slot, log scale)."""
+    (`slot_var`: one request's residual variance within its slot, log scale); `looks=False`:
+    at the fixed design's level (a quicker answer for many crossovers, a little narrower)."""
     g, h, _, _ = parts_of(replicas, arms, slots, crossovers)
     noise = planned_noise(
         outside, slot_var=slot_var, crossovers=crossovers, slots=slots, replicas=replicas,
@@ -104,7 +106,7 @@ def reach(
     resid_df = float(crossovers * arms * slots * (replicas - 1) - (replicas - 1) - (arms - 1))
     var, df = variance(g, h, slot_var, max(1.0, resid_df), noise)
     se = math.sqrt(var)
-    confidence = look_confidence(crossovers, crossovers, alpha=alpha, family=family)
+    confidence = look_confidence(crossovers, crossovers if looks else 1, alpha=alpha, family=family)
     one_sided = (1.0 - confidence) / 2.0
     half = t_quantile(1.0 - one_sided, df) * se
     found = detectable_change(se, df, family=1, alpha=one_sided, margin=margin)
@@ -123,13 +125,24 @@ def crossovers_needed(
     margin: float,
     replicas: int = 2,
     arms: int = 2,
+    looks: bool = True,
 ) -> int | None:
     """The fewest crossovers (up to `most`) that call a relative `change` with 80% power
-    (analysis/variance/power.py → POWER); None where `most` cannot."""
-    for n in range(1, most + 1):
+    (analysis/variance/power.py → POWER); None where `most` cannot. With looks, the search
+    starts where the fixed design's ends (the looks' last boundary is never narrower)."""
+    first = 1
+    if looks:
+        found = crossovers_needed(
+            change, outside, slot_var=slot_var, slots=slots, most=most, alpha=alpha,
+            family=family, margin=margin, replicas=replicas, arms=arms, looks=False,
+        )  # fmt: skip
+        if found is None:
+            return None
+        first = found
+    for n in range(first, most + 1):
         found = reach(
             outside, slot_var=slot_var, slots=slots, crossovers=n, alpha=alpha, family=family,
-            margin=margin, replicas=replicas, arms=arms,
+            margin=margin, replicas=replicas, arms=arms, looks=looks,
         )  # fmt: skip
         if found.detectable <= abs(change):
             return n

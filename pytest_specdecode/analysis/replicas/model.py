@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +40,7 @@ __all__ = [
     "Design",
     "Fit",
     "StartSpread",
+    "Table",
     "design_of",
     "fit",
     "known_noise",
@@ -60,6 +61,52 @@ class Slot(Protocol):
     def values(self, metric: str) -> tuple[float, ...] | None: ...
 
 
+@dataclass(frozen=True)
+class Table:
+    """The slots as arrays, read once: what every part of the analysis reads of them."""
+
+    period: np.ndarray  # (slots,): 0-based, over every crossover
+    prompt: np.ndarray  # (slots,): each slot's prompt, as an index into `labels`
+    labels: tuple[object, ...]
+    arms: np.ndarray  # (slots, replicas): the arm each replica served
+    logs: Mapping[str, np.ndarray]  # per metric: (slots, replicas) log values
+
+    @property
+    def replicas(self) -> int:
+        return int(self.arms.shape[1])
+
+    @property
+    def periods(self) -> int:
+        return int(self.period.max()) + 1
+
+    @property
+    def arm_count(self) -> int:
+        return int(self.arms.max()) + 1
+
+    @classmethod
+    def of(cls, slots: Sequence[Slot], metrics: Iterable[str]) -> Table:
+        """ValueError naming the first slot whose value is not finite and > 0."""
+        labels = tuple(sorted({s.prompt for s in slots}, key=repr))
+        code = {label: j for j, label in enumerate(labels)}
+        logs = {}
+        for metric in metrics:
+            values = np.array([s.values(metric) for s in slots], dtype=float)
+            bad = ~(np.isfinite(values) & (values > 0)).all(axis=1)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(
+                    f"slot {i} (period {slots[i].period}): {metric} must be finite and > 0"
+                )
+            logs[metric] = np.log(values)
+        return cls(
+            np.array([s.period for s in slots], dtype=int),
+            np.array([code[s.prompt] for s in slots], dtype=int),
+            labels,
+            np.array([s.arms for s in slots], dtype=int),
+            logs,
+        )
+
+
 def rotation(replicas: int, arms: int) -> tuple[tuple[int, ...], ...]:
     """Per period, the arm each replica serves: replica `r` serves `(r + p) mod arms` in period
     `p`, over `arms` periods, so each replica serves each arm once, replica 0 keeps the baseline
@@ -72,7 +119,8 @@ def rotation(replicas: int, arms: int) -> tuple[tuple[int, ...], ...]:
 @dataclass(frozen=True)
 class Design:
     x: np.ndarray  # within-slot centred columns: replicas 1.., arms 1.., prompt terms
-    z: np.ndarray  # each observation's start (replica, period) indicator
+    cell: np.ndarray  # each observation's start: replica * periods + period (Z's column)
+    cells: int  # Z's columns: replicas x periods
     y: np.ndarray  # within-slot centred log values
     df: float  # residual df: observations - slots - columns
     replicas: int
@@ -80,50 +128,49 @@ class Design:
     prompt_terms: int  # columns of each prompt's own effects (0: not fitted)
 
 
-def _columns(slots: Sequence[Slot], replicas: int, arms: int, prompts: bool) -> list:
-    """Per observation (slot, replica), the uncentred row of the within-slot model."""
-    labels = sorted({s.prompt for s in slots}, key=repr) if prompts else []
-    code = {label: j for j, label in enumerate(labels[:-1])}
-    rows = []
-    for s in slots:
-        dev = np.zeros(max(0, len(labels) - 1))
-        if labels:
-            if s.prompt in code:
-                dev[code[s.prompt]] = 1.0
-            else:
-                dev[:] = -1.0  # the last prompt: sum-to-zero coding
-        for r in range(replicas):
-            rep = np.zeros(replicas - 1)
-            arm = np.zeros(arms - 1)
-            if r:
-                rep[r - 1] = 1.0
-            if s.arms[r]:
-                arm[s.arms[r] - 1] = 1.0
-            parts = [rep, arm]
-            if labels:
-                parts += [np.outer(rep, dev).ravel(), np.outer(arm, dev).ravel()]
-            rows.append(np.concatenate(parts))
-    return rows
+def _columns(table: Table, arms: int, prompts: bool) -> np.ndarray:
+    """Per slot and replica, the uncentred row of the within-slot model: (slots, replicas,
+    columns)."""
+    n, replicas = table.arms.shape
+    rep = np.zeros((n, replicas, replicas - 1))
+    rep[:, np.arange(1, replicas), np.arange(replicas - 1)] = 1.0
+    arm = np.zeros((n, replicas, arms))
+    np.put_along_axis(arm, table.arms[:, :, None], 1.0, axis=2)
+    parts = [rep, arm[:, :, 1:]]
+    if prompts and len(table.labels) > 1:
+        dev = np.zeros((n, len(table.labels)))
+        dev[np.arange(n), table.prompt] = 1.0
+        dev = dev[:, :-1] - dev[:, -1:]  # the last prompt: sum-to-zero coding
+        for main in (rep, arm[:, :, 1:]):
+            parts.append((main[:, :, :, None] * dev[:, None, None, :]).reshape(n, replicas, -1))
+    return np.concatenate(parts, axis=2)
 
 
-def design_of(slots: Sequence[Slot], metric: str, replicas: int, arms: int, periods: int) -> Design:
+def full_rank(x: np.ndarray) -> bool:
+    """Whether the columns are independent (by the Gram matrix's eigenvalues: cheap for a
+    tall design)."""
+    if not x.size:
+        return True
+    found = np.linalg.eigvalsh(x.T @ x)
+    return bool(found.min() > max(found.max(), 1.0) * 1e-10)
+
+
+def design_of(table: Table, metric: str, arms: int, periods: int) -> Design:
     """The within-slot model of one metric: with each prompt's own effects where the slots
     leave them residual degrees of freedom, else without."""
-    logs = np.log(np.array([s.values(metric) for s in slots], dtype=float))
-    n = len(slots)
+    logs = table.logs[metric]
+    n, replicas = logs.shape
     y = (logs - logs.mean(axis=1, keepdims=True)).ravel()
-    z = np.zeros((n * replicas, replicas * periods))
-    for i, s in enumerate(slots):
-        for r in range(replicas):
-            z[i * replicas + r, r * periods + s.period] = 1.0
+    cell = np.tile(np.arange(replicas), n) * periods + np.repeat(table.period, replicas)
     base = (replicas - 1) + (arms - 1)
     for prompts in (True, False):
-        raw = np.array(_columns(slots, replicas, arms, prompts)).reshape(n, replicas, -1)
+        raw = _columns(table, arms, prompts)
         x = (raw - raw.mean(axis=1, keepdims=True)).reshape(n * replicas, -1)
-        rank = int(np.linalg.matrix_rank(x)) if x.size else 0
-        df = n * replicas - n - rank
-        if rank == x.shape[1] and df > 0:
-            return Design(x, z, y, float(df), replicas, arms, x.shape[1] - base)
+        df = n * replicas - n - x.shape[1]
+        if df > 0 and full_rank(x):
+            return Design(
+                x, cell, replicas * periods, y, float(df), replicas, arms, x.shape[1] - base
+            )
     raise ValueError(
         f"{metric}: the crossover's slots do not separate the replicas from the arms "
         f"({n} slots over {periods} periods); each replica must serve more than one arm"
@@ -158,17 +205,33 @@ class Fit:
     resid_df: float
     design: Design
     starts: StartSpread | None  # what repeated crossovers measured; None: one crossover
+    xz: np.ndarray  # X'Z
 
     def parts(self, c: np.ndarray) -> tuple[float, float]:
         """An estimate's `g` (the starts' weight) and `h` (the residual's)."""
         a = c @ self.inverse
-        return float(np.sum((a @ self.design.x.T @ self.design.z) ** 2)), float(a @ c)
+        return float(np.sum((a @ self.xz) ** 2)), float(a @ c)
 
-    def contrast(self, c: np.ndarray, noise: RestartNoise) -> tuple[float, float, float]:
-        """An estimate `c'beta`, its variance and df."""
+    def contrast(self, c: np.ndarray, outside: RestartNoise) -> tuple[float, float, float]:
+        """An estimate `c'beta`, its variance and df. One crossover: `sigma_b^2` is the
+        outside's. Repeated: the run's own estimate of the variance, `g SS_Z / tr(Z'MZ) +
+        sigma_e^2 (h - g df_Z / tr(Z'MZ))` (unbiased, never clipped: for balanced crossovers its
+        second term is 0 and it is the periods' spread on `df_Z`), pooled by degrees of freedom
+        with a measured outside's; never below the slots' own part `h sigma_e^2`."""
         g, h = self.parts(c)
-        var, df = variance(g, h, self.resid_var, self.resid_df, noise)
-        return float(c @ self.beta), var, df
+        estimate = float(c @ self.beta)
+        if self.starts is None:
+            return estimate, *variance(g, h, self.resid_var, self.resid_df, outside)
+        s = self.starts
+        starts = g * s.ss / s.trace
+        rest = self.resid_var * (h - g * s.df / s.trace)
+        var = starts + rest
+        terms = starts**2 / s.df + (rest**2 / s.resid_df if s.resid_df else 0.0)
+        df = var**2 / terms if terms > 0 and var > 0 else s.df
+        if outside.measured:
+            out, out_df = variance(g, h, self.resid_var, self.resid_df, outside)
+            var, df = (df * var + out_df * out) / (df + out_df), df + out_df
+        return estimate, max(var, h * self.resid_var), max(1.0, df)
 
     def starts_share(self, c: np.ndarray, noise: RestartNoise) -> float:
         """The starts' share of an estimate's variance (the rest: the slots')."""
@@ -178,29 +241,39 @@ class Fit:
         return starts / (starts + slots) if starts + slots > 0 else 0.0
 
 
+def by_cell(design: Design, values: np.ndarray) -> np.ndarray:
+    """`Z'v` for each column of `values` (or one vector): sums over each start's observations."""
+    if values.ndim == 1:
+        return np.bincount(design.cell, weights=values, minlength=design.cells)
+    return np.stack([by_cell(design, values[:, j]) for j in range(values.shape[1])])
+
+
 def fit(design: Design) -> Fit:
     """Least squares on the within-slot model; with repeated crossovers, what the starts'
-    columns add (the module's docstring)."""
+    columns add (the module's docstring). `Z` centred within slots (`Zc`) is never built:
+    `Zc'Zc` is, per period, its slots times `I - J/k` over its replicas' starts; `X'Zc = X'Z`
+    and `Zc'r = Z'r` (X and r are centred within slots)."""
     x, y = design.x, design.y
     inverse = np.linalg.inv(x.T @ x)
     beta = inverse @ (x.T @ y)
     resid = y - x @ beta
     rss = float(resid @ resid)
-    n, k = y.size // design.replicas, design.replicas
-    zc = design.z.reshape(n, k, -1)
-    zc = (zc - zc.mean(axis=1, keepdims=True)).reshape(n * k, -1)
-    mz = zc - x @ (inverse @ (x.T @ zc))
-    u, sv, _ = np.linalg.svd(mz, full_matrices=False)
-    kept = sv > sv.max(initial=0.0) * 1e-9 if sv.size else sv.astype(bool)
+    xz = by_cell(design, x)
+    counts = np.bincount(design.cell, minlength=design.cells).astype(float)
+    periods = design.cells // design.replicas
+    period = np.arange(design.cells) % periods
+    same = period[:, None] == period[None, :]
+    gram = np.diag(counts) - same * counts[:, None] / design.replicas - xz.T @ inverse @ xz
+    found, vectors = np.linalg.eigh(gram)  # MZ's column space, from its Gram matrix
+    kept = found > max(found.max(initial=0.0), 1.0) * 1e-10
     df_z = float(np.count_nonzero(kept))
-    starts = None
     if df_z and design.df - df_z > 0:
-        ss = float(np.sum((u[:, kept].T @ resid) ** 2))
+        ss = float(np.sum((vectors[:, kept].T @ by_cell(design, resid)) ** 2 / found[kept]))
         resid_df = design.df - df_z
         resid_var = (rss - ss) / resid_df
-        starts = StartSpread(ss, df_z, float(np.sum(mz**2)), resid_var, resid_df)
-        return Fit(beta, inverse, resid_var, resid_df, design, starts)
-    return Fit(beta, inverse, rss / design.df, design.df, design, None)
+        starts = StartSpread(ss, df_z, float(np.trace(gram)), resid_var, resid_df)
+        return Fit(beta, inverse, resid_var, resid_df, design, starts, xz)
+    return Fit(beta, inverse, rss / design.df, design.df, design, None, xz)
 
 
 def known_noise(
@@ -243,30 +316,26 @@ def variance(
     return value, max(1.0, min(parts) if parts else 1.0, found)
 
 
-@dataclass(frozen=True)
-class _Planned:
-    period: int
-    prompt: object
-    arms: tuple[int, ...]
-
-    def values(self, metric: str) -> tuple[float, ...]:
-        return (1.0,) * len(self.arms)
-
-
-@functools.lru_cache(maxsize=256)
 def parts_of(
     replicas: int, arms: int, slots: int, crossovers: int
 ) -> tuple[float, float, float, float]:
     """For the plan: the first candidate's change after `crossovers` rotations of `slots` slots a
-    period (no prompt terms): its `g`, its `h`, the starts' df (`df_Z`) and `tr(Z'MZ)`."""
-    schedule = rotation(replicas, arms)
-    planned = [
-        _Planned(c * arms + p, 0, served)
-        for c in range(crossovers)
-        for p, served in enumerate(schedule)
-        for i in range(slots)
-    ]
-    design = design_of(planned, "throughput", replicas, arms, crossovers * arms)
+    period (no prompt terms): its `g`, its `h`, the starts' df (`df_Z`) and `tr(Z'MZ)`. Each
+    period's slots alike, `X'X`, `X'Z` and `Z'Z` grow with them: `g` and `df_Z` stay, `h` falls
+    and the trace grows in proportion (computed at two slots a period)."""
+    g, h, df_z, trace = _parts_of(replicas, arms, crossovers)
+    return g, h * 2.0 / slots, df_z, trace * slots / 2.0
+
+
+@functools.lru_cache(maxsize=256)
+def _parts_of(replicas: int, arms: int, crossovers: int) -> tuple[float, float, float, float]:
+    schedule = np.array(rotation(replicas, arms), dtype=int)
+    periods = crossovers * arms
+    period = np.repeat(np.arange(periods), 2)  # two slots a period, one prompt
+    served = schedule[period % arms]
+    table = Table(period, np.zeros(period.size, dtype=int), (0,), served,
+                  {"throughput": np.zeros(served.shape)})  # fmt: skip
+    design = design_of(table, "throughput", arms, periods)
     found = fit(design)
     c = np.zeros(found.beta.size)
     c[replicas - 1] = 1.0
@@ -281,10 +350,8 @@ def measured_of(slots: Sequence[Slot], metric: str) -> tuple[float, float, Start
     its slot, its df, and (repeated crossovers) what the starts' columns add."""
     if not slots:
         raise ValueError("no slot")
-    replicas = len(slots[0].arms)
-    arms = max(a for s in slots for a in s.arms) + 1
-    periods = max(s.period for s in slots) + 1
     if any(s.values(metric) is None for s in slots):
         raise ValueError(f"a slot has no {metric}")
-    found = fit(design_of(slots, metric, replicas, arms, periods))
+    table = Table.of(slots, [metric])
+    found = fit(design_of(table, metric, table.arm_count, table.periods))
     return found.resid_var, found.resid_df, found.starts
