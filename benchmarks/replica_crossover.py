@@ -16,6 +16,7 @@ report/crossover_plan.py plans), a look after each, no more once `CrossoverResul
     .venv/bin/python -m benchmarks.replica_crossover --one      # one crossover, two analyses
     .venv/bin/python -m benchmarks.replica_crossover --rotation # three replicas, three arms
     .venv/bin/python -m benchmarks.replica_crossover --carry    # carry-over and the guard
+    .venv/bin/python -m benchmarks.replica_crossover --looks    # the looks' spend
 
 `rates` (one crossover) is what tests/unit/analysis/replicas/test_crossover.py runs.
 """
@@ -35,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as _st
 
 from pytest_specdecode.analysis.replicas.crossover import (
     CrossoverResult,
@@ -43,8 +45,9 @@ from pytest_specdecode.analysis.replicas.crossover import (
     rotation,
 )
 from pytest_specdecode.analysis.replicas.guard import ranks_p
-from pytest_specdecode.analysis.replicas.looks import crossovers_needed
+from pytest_specdecode.analysis.replicas.looks import LOOK_SPEND, crossovers_needed
 from pytest_specdecode.analysis.replicas.model import Table
+from pytest_specdecode.analysis.variance.spending import nominal_level
 from pytest_specdecode.analysis.verdict.interval import Question
 from pytest_specdecode.analysis.verdict.stats import (
     RestartNoise,
@@ -296,27 +299,54 @@ ASSUMED = RestartNoise.assumed(0.05)
 
 
 def run_rows() -> dict[str, tuple[Replicas, RestartNoise | None]]:
+    """Each row: the host, and the restart noise the plan and the analysis know before the run
+    (None: an A/A run's measurement at the true noise, `noise_df` degrees of freedom)."""
     tb, gpu = TESTBED, Replicas()
+    minus = math.log(0.9)
     return {
-        "test bed, true -10%, starts 2.8%": (dataclasses.replace(tb, change=DETECT), ASSUMED),
+        "test bed, true -10%, starts 2.8%": (dataclasses.replace(tb, change=minus), ASSUMED),
         "test bed, no change, starts 2.8%": (tb, ASSUMED),
-        "test bed, no change, starts 0.5%": (dataclasses.replace(tb, restart_sd=0.005), ASSUMED),
         "test bed, no change, starts 10%": (dataclasses.replace(tb, restart_sd=0.10), ASSUMED),
-        "B 10% faster, true -10%, starts 2%": (dataclasses.replace(gpu, change=DETECT), ASSUMED),
+        "B 10% faster, true -10%, starts 2%": (dataclasses.replace(gpu, change=minus), ASSUMED),
         "B 10% faster, no change, starts 2%": (gpu, ASSUMED),
-        "B 10% faster, no change, starts 10%": (
-            dataclasses.replace(gpu, restart_sd=0.10),
-            ASSUMED,
-        ),
-        "B 10% faster, true -10%, starts 2%, A/A measured": (
-            dataclasses.replace(gpu, change=DETECT),
-            None,
-        ),
-        "B 10% faster, no change, starts 10%, A/A measured": (
-            dataclasses.replace(gpu, restart_sd=0.10),
+        "B 10% faster, no change, starts 10%": (dataclasses.replace(gpu, restart_sd=0.1), ASSUMED),
+        "B 10% faster, true -10%, starts 2%, A/A": (dataclasses.replace(gpu, change=minus), None),
+        "B 10% faster, no change, starts 5%, A/A": (
+            dataclasses.replace(gpu, restart_sd=0.05),
             None,
         ),
     }
+
+
+def looks_rates(
+    crossovers: int, *, spend: float, restart_sd: float = 0.10, runs: int = 20000, seed: int = 1
+) -> tuple[float, float]:
+    """The looks alone, on the statistic the analysis takes from the run's own starts (for
+    balanced crossovers exactly the periods' mean differences, their spread on 2N - 2 df:
+    tests/unit/analysis/replicas/test_repeated.py): no change, each period's mean difference
+    `2 sigma_b^2 + sigma_d^2 / n` apart (starts `restart_sd`, 40 slots of 30%); a look after
+    each crossover from the second on, at `look_confidence`'s level with `spend` of alpha / m.
+    The shares of runs called regressed and improved (one-sided 2.5% each, nominally)."""
+    rng = np.random.default_rng(seed)
+    one_sided = 0.05 / 2
+    sd = math.sqrt(2 * restart_sd**2 + 0.3**2 / 40)
+    d = rng.normal(0.0, sd, (runs, 2 * crossovers))
+    alive = np.ones(runs, dtype=bool)
+    calls = np.zeros(2)
+    for k in range(2, crossovers + 1):
+        first, second = d[:, 0 : 2 * k : 2], d[:, 1 : 2 * k : 2]
+        estimate = (first.mean(axis=1) - second.mean(axis=1)) / 2
+        ss = ((first - first.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) + (
+            (second - second.mean(axis=1, keepdims=True)) ** 2
+        ).sum(axis=1)
+        df = 2 * k - 2
+        se = np.sqrt(ss / df / (2 * k))
+        fractions = [j / crossovers for j in range(1, k + 1)]
+        t = float(_st.t.isf(nominal_level(fractions, one_sided * spend), df))
+        low, high = alive & (estimate + t * se < 0), alive & (estimate - t * se > 0)
+        calls += (low.sum(), high.sum())
+        alive &= ~(low | high)
+    return float(calls[0] / runs), float(calls[1] / runs)
 
 
 # --------------------------------------------------------------------------- rotation, carry-over
@@ -450,6 +480,8 @@ def print_one(runs: int, alpha: float, margin: float) -> None:
             )
 
 
+LOOK_ROWS = (2, 3, 4, 6, 8, 12, 20, 26)
+
 ONE_ROWS = {
     "B 10% faster, no change, starts 2%": Replicas(),
     "B 10% faster, no change, starts 3%": Replicas(restart_sd=0.03),
@@ -468,6 +500,7 @@ def main() -> None:
     parser.add_argument("--one", action="store_true", help="one crossover, two analyses")
     parser.add_argument("--rotation", action="store_true", help="three replicas, three arms")
     parser.add_argument("--carry", action="store_true", help="carry-over and the guard")
+    parser.add_argument("--looks", action="store_true", help="the looks' spend, 20,000 runs")
     args = parser.parse_args()
     if args.rotation:
         runs = args.runs or 300
@@ -486,6 +519,14 @@ def main() -> None:
         print("|---|---|---|")
         for name, change, guard in carry_rows(runs, alpha=args.alpha):
             print(f"| {name} | {change:+.2%} | {guard:.3f} |")
+    elif args.looks:
+        runs = args.runs or 20000
+        print(f"no change, starts 10%, {runs} runs a cell, seed 1: regressed / improved\n")
+        print("| spend | " + " | ".join(f"{n} crossovers" for n in LOOK_ROWS) + " |")
+        print("|---|" + "---|" * len(LOOK_ROWS))
+        for spend in (1.0, LOOK_SPEND):
+            cells = [looks_rates(n, spend=spend, runs=runs) for n in LOOK_ROWS]
+            print(f"| {spend:.0%} | " + " | ".join(f"{r:.4f} / {i:.4f}" for r, i in cells) + " |")
     elif args.one:
         print_one(args.runs or 400, args.alpha, args.margin)
     else:

@@ -5,8 +5,8 @@ A run across replicas plans `planned` crossovers (each one rotation: two periods
 each replica restarted into each arm once). It looks after each: the change's interval is
 taken at that look's group-sequential boundary (analysis/variance/spending.py: Lan-DeMets
 spending of O'Brien-Fleming type over the information fractions `k / planned`, each comparison
-spending the family's one-sided `alpha / m`), as a side-by-side cell's stop takes it
-(analysis/verdict/sequential.py), and the run stops once every candidate is decided. The
+spending LOOK_SPEND of the family's one-sided `alpha / m`), as a side-by-side cell's stop takes
+it (analysis/verdict/sequential.py), and the run stops once every candidate is decided. The
 analysis afterwards takes the boundary of the look where the run stopped, so the repeated
 intervals' joint coverage, and with it the false calls, hold wherever it stopped. The first
 look spends almost nothing (its boundary is about 4.3 standard errors at four looks).
@@ -28,20 +28,36 @@ from ..variance.restarts import RestartNoise, pooled, t_quantile
 from ..variance.spending import nominal_level
 from .model import parts_of, variance
 
-__all__ = ["DETECT", "CrossoverReach", "crossovers_needed", "look_confidence", "reach"]
+__all__ = [
+    "DETECT",
+    "LOOK_SPEND",
+    "CrossoverReach",
+    "crossovers_needed",
+    "look_confidence",
+    "reach",
+]
 
 DETECT = 0.10  # the change the plan sizes the crossovers for, where --spec-detect gives none
 
 
+# The looks spend this share of each comparison's alpha / m. Their statistics are t's on the
+# starts' few degrees of freedom (2N - 2 after N crossovers): the boundaries, computed for z's
+# and taken at each look's t quantile, erred at 2.6-2.9% per direction for a one-sided 2.5%
+# (20,000 simulated runs a row, 2 to 26 crossovers, benchmarks/replica_crossover.py); at 80%,
+# at 1.9-2.3% (docs/statistics.md, "Across replicas: the crossover").
+LOOK_SPEND = 0.8
+
+
 def look_confidence(done: int, planned: int, *, alpha: float, family: int) -> float:
     """The two-sided confidence of the interval after `done` of `planned` crossovers: the
-    fixed design's `1 - 2 alpha / m` for one planned crossover, else the look's boundary."""
+    fixed design's `1 - 2 alpha / m` for one planned crossover, else the look's boundary
+    (spending LOOK_SPEND of `alpha / m`)."""
     one_sided = alpha / family
     if planned <= 1 or done < 1:
         return 1.0 - 2.0 * one_sided
     planned = max(planned, done)
     fractions = [j / planned for j in range(1, done + 1)]
-    return 1.0 - 2.0 * nominal_level(fractions, one_sided)
+    return 1.0 - 2.0 * nominal_level(fractions, one_sided * LOOK_SPEND)
 
 
 @dataclass(frozen=True)
