@@ -101,7 +101,7 @@ class CrossoverPlan:
                         if self.more_slots[0] != self.samples
                         else ""
                     )
-                    + f"--spec-crossovers {self.more_slots[1]} (about)"
+                    + f"--spec-crossovers {self.more_slots[1]}"
                     if self.more_slots
                     else ""
                 )
@@ -207,8 +207,9 @@ def plan_of(
 def _cheapest(
     change: float, known: CrossoverKnown, run: Any, warmup: int, common: dict[str, Any]
 ) -> tuple[int, int] | None:
-    """Past the most crossovers: the samples per prompt type and (about) the crossovers that
-    call `change` soonest, by the pace where one is known, else by slots sent."""
+    """Past the most crossovers: the samples per prompt type and the crossovers that call
+    `change` soonest (chosen at the fixed design's level, then counted with the looks'), by
+    the pace where one is known, else by slots sent."""
     timing, slots = known.timing, common["slots"]
     found = []
     for factor in (1, 2, 4, 8, 16, 32, 64):
@@ -221,8 +222,13 @@ def _cheapest(
             cost = n * (timing.start_s + (warmup + slots * factor) * slot_s)
         else:
             cost = float(n * (slots * factor + warmup))
-        found.append((cost, run.samples * factor, n))
-    return min(found)[1:] if found else None
+        found.append((cost, factor, n))
+    if not found:
+        return None
+    _, factor, n = min(found)
+    wider = {**common, "slots": slots * factor}
+    exact = _needed(change, known, most=BEYOND, **wider)  # with the looks' boundaries
+    return run.samples * factor, exact or n
 
 
 def _needed(change: float, known: CrossoverKnown, **common: Any) -> int | None:

@@ -204,7 +204,7 @@ def _made_lines(entry: Mapping[str, Any]) -> list[str]:
     level it leaves."""
     lines = []
     made, planned = entry.get("crossovers", 1), entry.get("planned", 1)
-    if planned > 1 or entry.get("stopped"):
+    if planned > 1:
         lines.append(
             f"  {made} crossover{'s' if made != 1 else ''} of {planned} planned "
             f"({entry.get('stopped') or 'as planned'})"

@@ -294,8 +294,14 @@ def _effect(name: str, estimate: float, var: float, df: float, confidence: float
     return Effect(name, estimate, estimate - t * se, estimate + t * se, se, df)
 
 
-def _what_it_needs(share: float) -> str:
-    """An undecided crossover: what would narrow it, from the starts' share of its variance."""
+def _what_it_needs(share: float, own: float | None) -> str:
+    """An undecided crossover: what would narrow it, from the starts' share of its variance;
+    `own`: the df the run's own starts gave it (repeated crossovers), else None."""
+    if own is not None:
+        return (
+            f"its variance is this run's own, on the starts' {own:g} degrees of freedom: another "
+            "crossover would narrow it and add to them"
+        )
     if share >= 0.5:
         return (
             f"the starts make {share:.0%} of its variance, which more slots cannot average out: "
@@ -358,11 +364,12 @@ def crossover_of(
             else:
                 p = float(2.0 * _st.t.sf(abs(est) / se, df)) if se > 0 else 1.0
             share = model.starts_share(c, noise)
+            own = model.starts.df if model.starts is not None else None
             terms = model.design.prompt_terms
-            found.append((metric, arm, interval, tuple(rep), per, p, noise, share, terms))
+            found.append((metric, arm, interval, tuple(rep), per, p, noise, (share, own), terms))
     adjusted = holm_adjust([f[5] for f in found])
     out = []
-    for (metric, arm, interval, rep, per, p, noise, share, terms), p_adj in zip(
+    for (metric, arm, interval, rep, per, p, noise, (share, own), terms), p_adj in zip(
         found, adjusted, strict=True
     ):
         verdict, reason = decide(
@@ -377,7 +384,7 @@ def crossover_of(
         )
         reason = reason.replace("interval of the change", "interval of the change by crossover", 1)
         if verdict is Verdict.INCONCLUSIVE and "straddles" in reason:
-            reason = reason.split("; ")[0] + "; " + _what_it_needs(share)
+            reason = reason.split("; ")[0] + "; " + _what_it_needs(share, own)
         out.append(
             CrossoverMetric(
                 metric, arm, METRICS[metric], interval, rep, per, p, p_adj, verdict, reason,

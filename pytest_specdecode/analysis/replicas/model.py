@@ -286,7 +286,8 @@ def known_noise(
     twice alpha); the outside alone after one crossover."""
     if spread is None:
         return outside
-    own = spread.noise(f"measured by this run's {crossovers} crossovers ({spread.df:g} df)")
+    made = f"{crossovers} crossover{'s' if crossovers != 1 else ''}"
+    own = spread.noise(f"measured by this run's starts ({made}, {spread.df:g} df)")
     if outside.measured:
         both = pooled([own, outside], source=f"{own.source}; {outside.source}")
         return both if both is not None else own

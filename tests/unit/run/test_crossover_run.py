@@ -147,7 +147,10 @@ def test_repeated_crossovers_look_after_each_and_stop_once_decided(tmp_path: Pat
     assert (entry["crossovers"], entry["planned"], entry["periods"]) == (2, 3, 4)
     assert entry["stopped"] == "decided after crossover 2 of 3"
     assert entry["verdict"] == "improved"
-    assert "measured by this run's 2 crossovers" in entry["throughput"]["restart_noise"]["source"]
+    assert (
+        "measured by this run's starts (2 crossovers"
+        in entry["throughput"]["restart_noise"]["source"]
+    )
 
 
 class Cut(Exception):

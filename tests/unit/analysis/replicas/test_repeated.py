@@ -76,7 +76,8 @@ def test_repeated_crossovers_measure_their_own_starts_and_set_an_assumption_asid
         assert got.change.se**2 == pytest.approx(spread / d.size)
         assert got.change.df == pytest.approx(d.size - 2)
         assert got.noise is not None and got.noise.measured
-        assert "3 crossovers" in got.noise.source and "assumption set aside" in got.noise.source
+        assert "starts (3 crossovers, 4 df)" in got.noise.source
+        assert "assumption set aside" in got.noise.source
     # a measured outside is pooled with them: its degrees of freedom are added
     measured = RestartNoise(0.05, 7.0, "host profile x", True)
     pooled = crossover_of(
