@@ -6,6 +6,7 @@ change, the replica effect and the period effect."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.analysis.replicas.model import measured_of
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import HostError
 from pytest_specdecode.run import crossover as crossover_module
 from pytest_specdecode.run.crossover import CrossoverRun
+from pytest_specdecode.run.crossover_known import stored_crossovers
 from pytest_specdecode.targets.interrupts import INTERRUPTS
 from pytest_specdecode.targets.replicas import Replica, replica_services
 
@@ -151,6 +154,16 @@ def test_repeated_crossovers_look_after_each_and_stop_once_decided(tmp_path: Pat
         "measured by this run's starts (2 crossovers"
         in entry["throughput"]["restart_noise"]["source"]
     )
+    # the next run's plan reads this one's slots: the same replicas, model and output length
+    run.store.extra["replicas"] = run.replicas_json()
+    run.store.flush()
+    later = dataclasses.replace(s, reports_dir=tmp_path)
+    identities = [(r.name, r.target.host_name, r.unit) for r in run.replicas]
+    ((name, slots),) = stored_crossovers(later, identities)
+    assert name == run.store.run_dir.name and len(slots) == len(run.slots)
+    _, _, starts = measured_of(slots, "throughput")
+    assert starts is not None and starts.df == 2  # its two crossovers measured the starts
+    assert stored_crossovers(later, [*identities[:1], ("c", "elsewhere", None)]) == []
 
 
 class Cut(Exception):
