@@ -40,6 +40,7 @@ def settings_from_options(config: pytest.Config) -> Settings:
             "samples": opt("spec_samples"),
             "max_samples": opt("spec_max_samples"),
             "repeats": opt("spec_repeats"),
+            "crossovers": opt("spec_crossovers"),
             "allow_traffic": opt("spec_allow_traffic") or None,
             "allow_busy_host": opt("spec_allow_busy_host") or None,
             "warmup": opt("spec_warmup"),

@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .options import settings_from_options
 from .record.search import slot_name
 from .run import outcome
-from .run.crossover import new_session
+from .run.crossover.session import new_session
 from .run.session import PLUGIN_NAME, SpecDecodeSession, session_of
 from .targets import open_target
 from .targets.base import Target
@@ -132,6 +132,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="server starts per arm, in a balanced order (baseline, candidate, candidate, "
         "baseline, ...); the spread of the run's own starts narrows its intervals, pooled with "
         "what is known of the host (with --spec-config baseline: an A/A run that measures it)",
+    )
+    add(
+        "--spec-crossovers",
+        type=int,
+        metavar="N",
+        help="across replicas ([[target.replicas]]): the most crossovers (each replica "
+        "restarted into each arm once); the plan makes as many as a decision needs, up to N, "
+        "and the run stops once decided (default [run] crossovers, 4)",
     )
     add("--spec-warmup", type=int, metavar="N", help="warm-up requests, not measured")
     add("--spec-max-tokens", type=int, metavar="N", help="max output tokens per request")

@@ -3,7 +3,7 @@
 Each entry takes the keys a `[target]` takes for its backend (a systemd unit on a host reached
 over SSH, or a local server), plus a `name` and optional `drain` / `undrain` commands; the keys
 of `[target]` itself are every entry's defaults. The crossover across replicas (docs/replicas.md)
-runs in run/crossover.py.
+runs in run/crossover/periods.py.
 """
 
 from __future__ import annotations
@@ -159,21 +159,25 @@ def _distinct(replicas: Sequence[ReplicaConfig], where: str) -> None:
 class Period:
     """One period of the crossover: which arm each replica serves, in replica order."""
 
-    number: int  # from 1
+    number: int  # from 1, over every crossover
     serving: tuple[tuple[str, str], ...]  # (replica, arm)
+    crossover: int = 1  # the crossover it belongs to, from 1
 
 
-def crossover_periods(replicas: Sequence[str], arms: Sequence[str]) -> tuple[Period, ...]:
+def crossover_periods(
+    replicas: Sequence[str], arms: Sequence[str], crossovers: int = 1
+) -> tuple[Period, ...]:
     """The rotation in which each replica serves each arm once: as many periods as arms, and in
-    period p, replica i serves arm (i + p) mod arms. Two replicas and two arms: the AB/BA
-    crossover (period 1: the first replica the baseline, the second the candidate; period 2:
-    swapped). `arms[0]` is the baseline, each replica's original."""
+    period p, replica i serves arm (i + p) mod arms; `crossovers` times over, each period a new
+    start of every replica. Two replicas and two arms: the AB/BA crossover (period 1: the first
+    replica the baseline, the second the candidate; period 2: swapped; period 3 as period 1...).
+    `arms[0]` is the baseline, each replica's original."""
     if not replicas or not arms:
         return ()
     m = len(arms)
     return tuple(
-        Period(p + 1, tuple((r, arms[(i + p) % m]) for i, r in enumerate(replicas)))
-        for p in range(m)
+        Period(p + 1, tuple((r, arms[(i + p) % m]) for i, r in enumerate(replicas)), p // m + 1)
+        for p in range(m * max(1, crossovers))
     )
 
 

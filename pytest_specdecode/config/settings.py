@@ -79,6 +79,9 @@ class RunConfig:
     samples: int = 6  # measured requests per prompt type and server start (the least, adaptive)
     max_samples: int | None = 16  # adaptive: up to this many, until the start is pinned down
     repeats: int = 1  # server starts per arm, in a balanced order (A B B A ...)
+    # across replicas: the most crossovers (each replica restarted into each arm once); the
+    # plan makes as many as a decision needs, up to this, and the run stops once decided
+    crossovers: int = 4
     warmup: int = 1
     concurrency: tuple[int, ...] = (1,)  # closed-loop levels; with `rate`, the in-flight cap
     rate: tuple[float, ...] = ()  # open-loop levels: Poisson arrivals, requests per second
@@ -355,6 +358,7 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
     if run.max_samples is not None:  # at or below samples: a fixed design
         positive_int(run.max_samples, "max_samples", where, minimum=1)
     positive_int(run.repeats, "repeats", where, minimum=1)
+    positive_int(run.crossovers, "crossovers", where, minimum=1)
     positive_int(run.warmup, "warmup", where, minimum=0)
     positive_int(run.max_tokens, "max_tokens", where, minimum=2)
     if run.endpoint not in ("chat", "completions"):

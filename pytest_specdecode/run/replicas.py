@@ -1,6 +1,6 @@
 """The dry run of a target of several replicas: each replica's facts read through its own
 target (reads only), the alike check (analysis/replicas/alike.py), the plan's lines
-(report/replicas.py). The run itself: run/crossover.py, which reads and checks each replica
+(report/replicas/lines.py). The run itself: run/crossover/periods.py, which reads and checks each replica
 through `replica_facts` again before anything is touched."""
 
 from __future__ import annotations
@@ -20,42 +20,60 @@ from ..config.settings import Settings
 from ..config.specconfig import SpecConfig
 from ..errors import SpecDecodeError
 from ..progress import write_line
-from ..report.replicas import replicas_plan
+from ..record.profile import profiles_dir
+from ..report.replicas.lines import replicas_plan
 from ..targets.base import Target
 from ..targets.facts.gpu import gpus_and_driver, read_gpus
 from ..targets.facts.model_config import read_model_config
 from ..targets.facts.vllm import check_candidates, facts_or_offline
+from .crossover_known import crossover_plan
 
 Progress = Callable[[str], None]
 
 
 def replicas_dry_run(config: pytest.Config, settings: Settings, progress: Progress) -> int:
-    """Read every replica, check they are alike, print the plan; nothing is touched. Exit code:
-    OK, or USAGE_ERROR where a replica cannot be read or the replicas are refused."""
-    facts = []
-    for replica in settings.replicas:
-        try:
-            target = config.hook.pytest_specdecode_open_target(
-                config=config,
-                settings=dataclasses.replace(settings, target=replica.target),
-                log_dir=settings.reports_dir,
-                progress=progress,
-            )
+    """Read every replica, check they are alike, print the plan (with the crossovers a
+    decision needs, run/crossover_known.py); nothing is touched. Exit code: OK, or
+    USAGE_ERROR where a replica cannot be read or the replicas are refused."""
+    facts: list[ReplicaFacts] = []
+    opened: list[Target] = []
+    try:
+        for replica in settings.replicas:
             try:
+                target = config.hook.pytest_specdecode_open_target(
+                    config=config,
+                    settings=dataclasses.replace(settings, target=replica.target),
+                    log_dir=settings.reports_dir,
+                    progress=progress,
+                )
+                opened.append(target)
                 facts.append(replica_facts(replica, target, progress, settings.candidates))
-            finally:
-                target.close()  # touches the host only to undo what this run did: nothing
-        except SpecDecodeError as exc:
-            write_line(f"pytest-specdecode dry run: replica {replica.name}: {exc}")
-            return pytest.ExitCode.USAGE_ERROR
-    found = alike(facts)
-    lines = replicas_plan(
-        settings.replicas,
-        facts,
-        found,
-        baseline=BASELINE,
-        candidates=[c.name for c in settings.candidates],
-    )
+            except SpecDecodeError as exc:
+                write_line(f"pytest-specdecode dry run: replica {replica.name}: {exc}")
+                return pytest.ExitCode.USAGE_ERROR
+        found = alike(facts)
+        lines = replicas_plan(
+            settings.replicas,
+            facts,
+            found,
+            baseline=BASELINE,
+            candidates=[c.name for c in settings.candidates],
+            crossovers=None
+            if found.refused
+            else crossover_plan(
+                settings,
+                list(zip(settings.replicas, opened, facts, strict=True)),
+                detect=config.getoption("spec_detect"),
+                profiles=profiles_dir(
+                    config.getoption("spec_host_profiles"), settings.host_profiles
+                ),
+                run_dir=None,
+                progress=progress,
+            ),
+        )
+    finally:
+        for target in opened:
+            target.close()  # touches the host only to undo what this run did: nothing
     write_line("\n".join(lines), stream=sys.stdout)
     return pytest.ExitCode.USAGE_ERROR if found.refused else pytest.ExitCode.OK
 

@@ -59,11 +59,21 @@ def hosts(testbed: Testbed, second_testbed: Testbed):
         assert bed.persistent_units() == etc[bed.host]  # nothing written to /etc/systemd/system
 
 
-def crossover_config(pytester: pytest.Pytester, beds: dict[str, Testbed], samples: int) -> Path:
+def crossover_config(
+    pytester: pytest.Pytester, beds: dict[str, Testbed], samples: int, crossovers: int = 1
+) -> Path:
+    """One crossover unless asked (the test bed's noise would plan many: docs/replicas.md,
+    "Repeated crossovers and the stop"), so each unit restarts at most twice."""
     return write_remote_experiment(
         pytester,
         beds["A"],
-        run={"samples": samples, "max_samples": samples, "warmup": 1, "max_tokens": 16},
+        run={
+            "samples": samples,
+            "max_samples": samples,
+            "warmup": 1,
+            "max_tokens": 16,
+            "crossovers": crossovers,
+        },
         replicas=beds,
     )
 

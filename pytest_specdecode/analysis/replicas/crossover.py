@@ -1,16 +1,18 @@
-"""Across replicas: the crossover (AB/BA), and a rotation for more replicas or arms. Pure.
+"""Across replicas: the crossover (AB/BA), repeated, and a rotation for more replicas or arms.
+Pure.
 
 Two replicas of one model are not one machine (two leases of "the same" H200 ran 30% apart).
 A candidate on replica B against the baseline on replica A measures the change plus B's own
 speed. The crossover swaps them: period 1, replica A keeps its original (the baseline) and B
 serves the candidate; period 2, A serves the candidate and B its original. Each slot's prompt
 goes to every replica at once, so a slot costs one request's time and the moment it was sent
-(and its prompt) is shared by both values.
+(and its prompt) is shared by both values. A run may repeat the crossover (periods 3 and 4 as 1
+and 2, each replica restarted again), and stop once decided (looks.py).
 
 The call (the orchestration builds the slots; nothing here touches a replica)::
 
     crossover_of(slots: Sequence[CrossoverSlot], *, alpha: float, margin: float,
-                 restart_noise: Mapping[str, RestartNoise]) -> CrossoverResult
+                 restart_noise: Mapping[str, RestartNoise], planned: int = 1) -> CrossoverResult
 
     schedule = rotation(replicas=2, arms=2)      # ((0, 1), (1, 0)): per period, per replica
     result = crossover_of(slots, alpha=0.05, margin=0.03, restart_noise={"throughput": noise})
@@ -18,10 +20,13 @@ The call (the orchestration builds the slots; nothing here touches a replica)::
     result.metrics[0].verdict  # through stats.decide, as every verdict of the project
     result.of("throughput").lines()  # the change, the replica and period effects, as printed
 
-Each `CrossoverSlot` holds its period (0-based), its prompt, the arm each replica served in that
-period (`rotation(...)[period]`; 0: the baseline, 1.. the candidates) and per replica the
-request's throughput and TPOT. `restart_noise` is, per metric, one start's effect as the
-project knows it (verdict/noise.py chooses it; `RestartNoise.assumed` where nothing was measured).
+Each `CrossoverSlot` holds its period (0-based, over every crossover: crossover `c`'s periods
+are `c * arms ...`), its prompt, the arm each replica served in that period
+(`rotation(...)[period % arms]`; 0: the baseline, 1.. the candidates) and per replica the
+request's throughput and TPOT. `restart_noise` is, per metric, one start's effect as known
+outside this run (the replicas' host profiles, a stored run's crossovers; else
+`RestartNoise.assumed`); `planned`: the crossovers the run planned, whose looks set the
+interval's level (looks.py).
 
 **The model (two replicas, two periods).** Per slot, `d = log(B) - log(A)`. With `rho` the
 replica effect (B's own speed against A's), `delta` the change and `o_p` period `p`'s offset
@@ -32,54 +37,55 @@ replica effect (B's own speed against A's), `delta` the change and `o_p` period 
 
 so `delta = (mean d_1 - mean d_2) / 2` and `rho = (mean d_1 + mean d_2) / 2`, each with variance
 `sigma_b^2 + sigma_d^2 (1/n_1 + 1/n_2) / 4`: the four starts' effects (each weighed 1/2) and the
-slots' own spread. A period effect `pi`, a shift that hits both replicas between the periods
-(drift, a neighbour, the time of day), cancels in every `d`; it shows in the levels. Replica A
-moves by `pi + delta + e` between the periods (baseline to candidate), B by `pi - delta + e`
-(candidate to baseline), so their average, the mean of both replicas' log values in period 2
-less that in period 1, is `pi`, with the same start part `sigma_b^2` and the spread of the slots'
-own level (the moment's noise, shared by both replicas, does not cancel there).
+slots' own spread; over N crossovers, the mean of theirs. A period effect `pi`, a shift that hits
+both replicas between the periods (drift, a neighbour, the time of day), cancels in every `d`;
+it shows in the levels. Replica A moves by `pi + delta + e` between the periods (baseline to
+candidate), B by `pi - delta + e` (candidate to baseline), so their average, the mean of both
+replicas' log values in period 2 less that in period 1, is `pi`, with the same start part
+`sigma_b^2` and the spread of the slots' own level.
 
 **Many replicas, many arms.** `rotation` gives a cyclic Latin square: replica `r` serves arm
 `(r + p) mod m` in period `p`, so each replica serves each arm once and the first replica keeps
-its original in the first period. The analysis is one linear model within slots (each slot's
-mean taken out, so its prompt and its moment cancel): `log value = replica + arm + e`, with each
-prompt's own replica and arm effects (sum-to-zero coding, so an arm's change is the prompt set's
-mean, as analysis/variance/pairs.py takes it) where every prompt repeats across the periods,
-numpy's least squares, the residual's df. The 2x2 case is the closed form above
-(tests/unit/analysis/replicas/test_crossover.py). The period effects come from the slots'
-means, their prompts' levels and the fitted replica and arm effects taken out.
+its original in the first period. The analysis is one linear model within slots (model.py: each
+slot's mean taken out, so its prompt and its moment cancel; each prompt's own effects where they
+have degrees of freedom). The period effects come from the slots' means, their prompts' levels
+and the fitted replica and arm effects taken out.
 
-**The starts.** Each replica is started once per period (period 1's original too was started
-once), and each start shifts all its requests. An estimate `c'beta` then has variance `sigma_b^2
-g + sigma_e^2 h`, with `h = c'(X'X)^-1 c` and `g = |c'(X'X)^-1 X'Z|^2` for `Z` the starts'
-indicators. Two periods cannot measure `sigma_b^2` themselves (four starts, four effects), so it
-is the restart noise the project knows of the host (analysis/variance/restarts.py: measured by
-an A/A run, a prior, or assumed, each with its df); the degrees of freedom are Satterthwaite's
-over the two parts, never below the fewer of the two parts' own, nor below 1. So the interval
-never collapses to one pair's df, and is honest when the restarts move the servers.
+**The starts** (model.py). One crossover cannot measure its own starts: its `sigma_b^2` is the
+outside's (measured, or assumed with its weight). From the second crossover on, the run's own
+starts measure it (`df_Z`: `2N - 2` for N AB/BA crossovers), pooled with a measured outside by
+degrees of freedom; an outside only assumed is then set aside (pooled, a 5% assumption on a host
+whose starts move 10% let false calls reach twice alpha). Degrees of freedom are Satterthwaite's
+over the starts' part and the slots', never below the fewer of the two parts' own, nor below 1.
 
 **Verdicts.** Each candidate's change per metric is decided by `stats.decide` at the family's
-`1 - 2 alpha / m` (m = candidates x metrics; Bonferroni, as `compare_family`). The ranks' guard
-is Koch's test for two replicas: Mann-Whitney of the period-1 differences against period 2's
-(each prompt's mean difference taken out), Holm over the family; for a larger rotation, the
-interval's own t p-value.
+`1 - 2 alpha / m` (m = candidates x metrics analysed; Bonferroni, as `compare_family`), or at the
+look's boundary where the run planned several crossovers (looks.py). A metric some slot lacks
+(TPOT, where a replica's output was one token) is left out of the analysis and of `m`, and the
+result names it (`dropped`). The ranks' guard (guard.py) for two replicas and two arms is
+Wilcoxon's signed-rank test over the matched slots' differences, Holm over the family; for a
+larger rotation, the interval's own t p-value.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy import stats as _st
 
-from ..variance.restarts import RestartNoise, _between, t_quantile
+from ..variance.restarts import RestartNoise, t_quantile
 from ..verdict.interval import Interval
 from ..verdict.stats import Verdict, decide, holm_adjust
+from .guard import ranks_p
+from .looks import look_confidence
+from .model import Fit, Table, design_of, fit, full_rank, known_noise, rotation, variance
 
 __all__ = [
+    "DECIDED",
     "METRICS",
     "CrossoverMetric",
     "CrossoverResult",
@@ -90,6 +96,7 @@ __all__ = [
 ]
 
 METRICS = {"throughput": True, "tpot": False}  # metric: higher is better
+DECIDED = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.EQUIVALENT)
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,8 @@ class CrossoverMetric:
     p_adjusted: float
     verdict: Verdict
     reason: str
+    noise: RestartNoise | None = None  # the restart noise the change took (model.known_noise)
+    prompt_terms: int = 0  # columns of each prompt's own effects fitted (0: none had df)
 
     def lines(self) -> list[str]:
         """What a report prints: the change with its verdict, the replicas', the periods'."""
@@ -177,6 +186,8 @@ class CrossoverMetric:
             "p_adjusted": self.p_adjusted,
             "verdict": self.verdict.value,
             "reason": self.reason,
+            "restart_noise": self.noise.to_dict() if self.noise else None,
+            "prompt_terms": self.prompt_terms,
         }  # fmt: skip
 
 
@@ -189,9 +200,36 @@ class CrossoverResult:
     periods: int
     slots: int
     metrics: tuple[CrossoverMetric, ...]
+    crossovers: int = 1  # complete rotations analysed
+    planned: int = 1  # the run's planned crossovers (looks.py)
+    family: int = 1  # m: candidates x metrics analysed
+    dropped: tuple[str, ...] = field(default=())  # a metric left out, and why
 
     def of(self, metric: str, arm: int = 1) -> CrossoverMetric:
         return next(m for m in self.metrics if m.metric == metric and m.arm == arm)
+
+    def candidate_decided(self, arm: int) -> bool:
+        """A candidate is decided where a metric regressed, or every metric is decided (as a
+        side-by-side cell's stop: analysis/verdict/sequential.py)."""
+        found = [m.verdict for m in self.metrics if m.arm == arm]
+        return Verdict.REGRESSED in found or all(v in DECIDED for v in found)
+
+    @property
+    def decided(self) -> bool:
+        """Every candidate decided: the run may stop."""
+        return all(self.candidate_decided(a) for a in range(1, self.arms))
+
+    @property
+    def stops(self) -> bool:
+        """At a look: no more crossovers. Every candidate decided, on a restart noise that was
+        measured (an assumed one never stops a run that planned more than one crossover)."""
+        return self.decided and self.measured
+
+    @property
+    def measured(self) -> bool:
+        """Whether every metric's restart noise was measured (outside, or by this run's own
+        crossovers): a run that planned several crossovers decides only on a measured one."""
+        return all(m.noise is not None and m.noise.measured for m in self.metrics)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,129 +237,55 @@ class CrossoverResult:
             "arms": self.arms,
             "periods": self.periods,
             "slots": self.slots,
+            "crossovers": self.crossovers,
+            "planned": self.planned,
+            "family": self.family,
+            "dropped": list(self.dropped),
             "metrics": [m.to_dict() for m in self.metrics],
         }
 
 
-def rotation(replicas: int, arms: int) -> tuple[tuple[int, ...], ...]:
-    """Per period, the arm each replica serves: replica `r` serves `(r + p) mod arms` in period
-    `p`, over `arms` periods, so each replica serves each arm once, replica 0 keeps the baseline
-    (arm 0) in period 0, and with as many replicas as arms each period serves each arm once."""
-    if replicas < 2 or arms < 2:
-        raise ValueError(f"a rotation needs two replicas and two arms, got {replicas} and {arms}")
-    return tuple(tuple((r + p) % arms for r in range(replicas)) for p in range(arms))
-
-
-# --------------------------------------------------------------------------- the fit
-
-
-@dataclass(frozen=True)
-class _Design:
-    x: np.ndarray  # within-slot centred columns: replicas 1.., arms 1.., prompt terms
-    z: np.ndarray  # each observation's start (replica, period) indicator
-    y: np.ndarray  # within-slot centred log values
-    df: float  # residual df: observations - slots - columns
-    replicas: int
-    arms: int
-
-
-def _columns(slots: Sequence[CrossoverSlot], replicas: int, arms: int, prompts: bool) -> list:
-    """Per observation (slot, replica), the uncentred row of the within-slot model."""
-    labels = sorted({s.prompt for s in slots}, key=repr) if prompts else []
-    code = {label: j for j, label in enumerate(labels[:-1])}
-    rows = []
-    for s in slots:
-        dev = np.zeros(max(0, len(labels) - 1))
-        if labels:
-            if s.prompt in code:
-                dev[code[s.prompt]] = 1.0
-            else:
-                dev[:] = -1.0  # the last prompt: sum-to-zero coding
-        for r in range(replicas):
-            rep = np.zeros(replicas - 1)
-            arm = np.zeros(arms - 1)
-            if r:
-                rep[r - 1] = 1.0
-            if s.arms[r]:
-                arm[s.arms[r] - 1] = 1.0
-            parts = [rep, arm]
-            if labels:
-                parts += [np.outer(rep, dev).ravel(), np.outer(arm, dev).ravel()]
-            rows.append(np.concatenate(parts))
-    return rows
-
-
-def _design(
-    slots: Sequence[CrossoverSlot], metric: str, replicas: int, arms: int, periods: int
-) -> _Design:
-    logs = np.log(np.array([s.values(metric) for s in slots], dtype=float))
-    n = len(slots)
-    y = (logs - logs.mean(axis=1, keepdims=True)).ravel()
-    z = np.zeros((n * replicas, replicas * periods))
-    for i, s in enumerate(slots):
-        for r in range(replicas):
-            z[i * replicas + r, r * periods + s.period] = 1.0
-    for prompts in (True, False):  # each prompt's own effects, where the slots support them
-        raw = np.array(_columns(slots, replicas, arms, prompts)).reshape(n, replicas, -1)
-        x = (raw - raw.mean(axis=1, keepdims=True)).reshape(n * replicas, -1)
-        rank = int(np.linalg.matrix_rank(x)) if x.size else 0
-        df = n * replicas - n - rank
-        if rank == x.shape[1] and df > 0:
-            return _Design(x, z, y, float(df), replicas, arms)
-    raise ValueError(
-        f"{metric}: the crossover's slots do not separate the replicas from the arms "
-        f"({n} slots over {periods} periods); each replica must serve more than one arm"
+def _periods(
+    table: Table,
+    metric: str,
+    fit: Fit,
+    noise: RestartNoise,
+    periods: int,
+    confidence: float,
+) -> tuple[Effect, ...]:
+    """Each period against the first, from the slots' means less their replicas' and arms'
+    fitted effects, on period and prompt terms (between slots)."""
+    k, arms = fit.design.replicas, fit.design.arms
+    replica = np.concatenate([[0.0], fit.beta[: k - 1]])
+    arm = np.concatenate([[0.0], fit.beta[k - 1 : k - 1 + arms - 1]])
+    logs, period = table.logs[metric], table.period
+    n = period.size
+    yy = logs.mean(axis=1) - (replica[None, :] + arm[table.arms]).mean(axis=1)
+    x = np.zeros((n, periods - 1 + len(table.labels)))
+    later = period > 0
+    x[np.flatnonzero(later), period[later] - 1] = 1.0
+    x[np.arange(n), periods - 1 + table.prompt] = 1.0
+    df = n - x.shape[1]
+    if df <= 0 or not full_rank(x):
+        return ()
+    inverse = np.linalg.inv(x.T @ x)
+    beta = inverse @ (x.T @ yy)
+    resid = yy - x @ beta
+    resid_var = float(resid @ resid) / df
+    # each period effect's weights on the starts: a slot's level holds each of its period's k
+    # starts at 1/k, so the weights are the same for every replica's start of a period
+    per_period = np.stack(
+        [np.bincount(period, weights=x[:, j], minlength=periods) for j in range(x.shape[1])]
     )
-
-
-def _variance(
-    part_starts: float, part_resid: float, resid_var: float, resid_df: float, noise: RestartNoise
-) -> tuple[float, float]:
-    """`sigma_b^2 g + sigma_e^2 h` and its Satterthwaite df (the module's docstring)."""
-    starts = part_starts * max(0.0, _between(noise))
-    slots = part_resid * resid_var
-    value = starts + slots
-    if value <= 0:
-        return 0.0, resid_df
-    if starts > 0 and noise.df <= 0:  # a restart noise of no weight: one df, the least
-        return value, 1.0
-    start_term = (part_starts * noise.start_variance) ** 2 / noise.df if noise.df > 0 else 0.0
-    slot_term = slots**2 / resid_df if resid_df else math.inf
-    found = value**2 / (start_term + slot_term) if start_term + slot_term else math.inf
-    parts = [d for d, v in ((noise.df, starts), (resid_df, slots)) if v > 0 and d > 0]
-    return value, max(1.0, min(parts) if parts else 1.0, found)
-
-
-@dataclass(frozen=True)
-class _Fit:
-    beta: np.ndarray
-    inverse: np.ndarray
-    resid_var: float
-    resid_df: float
-    design: _Design
-
-    def contrast(self, c: np.ndarray, noise: RestartNoise) -> tuple[float, float, float]:
-        """An estimate `c'beta`, its variance and df."""
-        a = c @ self.inverse
-        g = float(np.sum((a @ self.design.x.T @ self.design.z) ** 2))
-        h = float(a @ c)
-        var, df = _variance(g, h, self.resid_var, self.resid_df, noise)
-        return float(c @ self.beta), var, df
-
-    def starts_share(self, c: np.ndarray, noise: RestartNoise) -> float:
-        """The starts' share of an estimate's variance (the rest: the slots')."""
-        a = c @ self.inverse
-        starts = float(np.sum((a @ self.design.x.T @ self.design.z) ** 2)) * _between(noise)
-        slots = float(a @ c) * self.resid_var
-        return max(0.0, starts) / (max(0.0, starts) + slots) if starts + slots > 0 else 0.0
-
-
-def _fit(design: _Design) -> _Fit:
-    xtx = design.x.T @ design.x
-    inverse = np.linalg.inv(xtx)
-    beta = inverse @ (design.x.T @ design.y)
-    resid = design.y - design.x @ beta
-    return _Fit(beta, inverse, float(resid @ resid) / design.df, design.df, design)
+    starts = inverse[: periods - 1] @ per_period / k
+    out = []
+    for p in range(1, periods):
+        g = float(k * np.sum(starts[p - 1] ** 2))
+        var, pdf = variance(g, float(inverse[p - 1, p - 1]), resid_var, float(df), noise)
+        out.append(
+            _effect(f"period {p + 1} against period 1", float(beta[p - 1]), var, pdf, confidence)
+        )
+    return tuple(out)
 
 
 def _effect(name: str, estimate: float, var: float, df: float, confidence: float) -> Effect:
@@ -330,75 +294,14 @@ def _effect(name: str, estimate: float, var: float, df: float, confidence: float
     return Effect(name, estimate, estimate - t * se, estimate + t * se, se, df)
 
 
-def _periods(
-    slots: Sequence[CrossoverSlot],
-    metric: str,
-    fit: _Fit,
-    noise: RestartNoise,
-    periods: int,
-    confidence: float,
-) -> tuple[Effect, ...]:
-    """Each period against the first, from the slots' means less their replicas' and arms'
-    fitted effects, on period and prompt terms (between slots)."""
-    k, arms = fit.design.replicas, fit.design.arms
-    effects = (
-        np.concatenate([[0.0], fit.beta[: k - 1]]),
-        np.concatenate([[0.0], fit.beta[k - 1 : k - 1 + arms - 1]]),
-    )
-    labels = sorted({s.prompt for s in slots}, key=repr)
-    prompt_of = {label: j for j, label in enumerate(labels)}
-    y, rows, z = [], [], []
-    for s in slots:
-        level = float(np.mean(np.log(np.asarray(s.values(metric), dtype=float))))
-        fitted = float(np.mean([effects[0][r] + effects[1][s.arms[r]] for r in range(k)]))
-        y.append(level - fitted)
-        row = np.zeros(periods - 1 + len(labels))
-        if s.period:
-            row[s.period - 1] = 1.0
-        row[periods - 1 + prompt_of[s.prompt]] = 1.0
-        rows.append(row)
-        cells = np.zeros(k * periods)
-        cells[[r * periods + s.period for r in range(k)]] = 1.0 / k
-        z.append(cells)
-    x, zz, yy = np.array(rows), np.array(z), np.array(y)
-    rank = int(np.linalg.matrix_rank(x))
-    df = len(slots) - rank
-    if rank < x.shape[1] or df <= 0:
-        return ()
-    inverse = np.linalg.inv(x.T @ x)
-    beta = inverse @ (x.T @ yy)
-    resid = yy - x @ beta
-    resid_var = float(resid @ resid) / df
-    out = []
-    for p in range(1, periods):
-        c = np.zeros(x.shape[1])
-        c[p - 1] = 1.0
-        a = c @ inverse
-        g = float(np.sum((a @ x.T @ zz) ** 2))
-        var, pdf = _variance(g, float(a @ c), resid_var, float(df), noise)
-        out.append(
-            _effect(f"period {p + 1} against period 1", float(beta[p - 1]), var, pdf, confidence)
+def _what_it_needs(share: float, own: float | None) -> str:
+    """An undecided crossover: what would narrow it, from the starts' share of its variance;
+    `own`: the df the run's own starts gave it (repeated crossovers), else None."""
+    if own is not None:
+        return (
+            f"its variance is this run's own, on the starts' {own:g} degrees of freedom: another "
+            "crossover would narrow it and add to them"
         )
-    return tuple(out)
-
-
-def _koch_p(slots: Sequence[CrossoverSlot], metric: str) -> float:
-    """Two replicas: Mann-Whitney of the first period's differences against the second's, each
-    prompt's mean difference over both periods taken out (Koch's test for a 2x2 crossover)."""
-    d = np.array([math.log(s.values(metric)[1] / s.values(metric)[0]) for s in slots])
-    prompts = [s.prompt for s in slots]
-    centre = {p: float(d[[q == p for q in prompts]].mean()) for p in set(prompts)}
-    aligned = d - np.array([centre[p] for p in prompts])
-    first = aligned[[s.period == 0 for s in slots]]
-    second = aligned[[s.period == 1 for s in slots]]
-    if not first.size or not second.size:
-        return 1.0
-    p = float(_st.mannwhitneyu(first, second, alternative="two-sided").pvalue)
-    return p if math.isfinite(p) else 1.0
-
-
-def _what_it_needs(share: float) -> str:
-    """An undecided crossover: what would narrow it, from the starts' share of its variance."""
     if share >= 0.5:
         return (
             f"the starts make {share:.0%} of its variance, which more slots cannot average out: "
@@ -416,11 +319,12 @@ def crossover_of(
     alpha: float,
     margin: float,
     restart_noise: Mapping[str, RestartNoise],
+    planned: int = 1,
 ) -> CrossoverResult:
     """The crossover's change, replica and period effects and verdicts, per candidate and metric
-    (the module's docstring). `restart_noise`: per metric, one start's effect as the project
-    knows it (analysis/verdict/noise.py; `RestartNoise.assumed` where nothing was measured);
-    `margin`: the minimum effect, as `--spec-min-effect`."""
+    (the module's docstring). `restart_noise`: per metric, one start's effect as known outside
+    this run (`RestartNoise.assumed` where nothing was measured); `margin`: the minimum effect,
+    as `--spec-min-effect`; `planned`: the crossovers the run planned (looks.py)."""
     if not slots:
         raise ValueError("the crossover has no slot")
     replicas = len(slots[0].arms)
@@ -428,46 +332,44 @@ def crossover_of(
         raise ValueError("every slot must name the arm of each of two or more replicas")
     arms = max(a for s in slots for a in s.arms) + 1
     periods = max(s.period for s in slots) + 1
-    metrics = [
-        m for m in METRICS if all((v := s.values(m)) is not None and len(v) == replicas
-                                  for s in slots)
-    ]  # fmt: skip
-    for i, s in enumerate(slots):
-        for m in metrics:
-            if not all(math.isfinite(v) and v > 0 for v in s.values(m) or ()):
-                raise ValueError(f"slot {i} (period {s.period}): {m} must be finite and > 0")
+    metrics, dropped = _metrics(slots, replicas)
+    table = Table.of(slots, metrics)
     missing = [m for m in metrics if m not in restart_noise]
     if missing:
         raise ValueError(f"no restart noise given for {', '.join(missing)}")
     family = (arms - 1) * len(metrics)
-    confidence = 1.0 - 2.0 * alpha / family
+    crossovers = max(1, periods // arms)
+    confidence = look_confidence(crossovers, planned, alpha=alpha, family=family)
     found = []
     for metric in metrics:
-        fit = _fit(_design(slots, metric, replicas, arms, periods))
-        noise = restart_noise[metric]
+        model = fit(design_of(table, metric, arms, periods))
+        outside = restart_noise[metric]
+        noise = known_noise(model.starts, outside, crossovers=crossovers)
         rep = []
         for r in range(1, replicas):
-            c = np.zeros(fit.beta.size)
+            c = np.zeros(model.beta.size)
             c[r - 1] = 1.0
-            est, var, df = fit.contrast(c, noise)
+            est, var, df = model.contrast(c, outside)
             rep.append(_effect(f"replica {r + 1} against replica 1", est, var, df, confidence))
-        per = _periods(slots, metric, fit, noise, periods, confidence)
+        per = _periods(table, metric, model, noise, periods, confidence)
         for arm in range(1, arms):
-            c = np.zeros(fit.beta.size)
+            c = np.zeros(model.beta.size)
             c[replicas - 1 + arm - 1] = 1.0
-            est, var, df = fit.contrast(c, noise)
+            est, var, df = model.contrast(c, outside)
             se = math.sqrt(var)
             t = t_quantile(0.5 + confidence / 2, df)
             interval = Interval(est, est - t * se, est + t * se, se, df, confidence, "crossover")
             if replicas == 2 and arms == 2:
-                p = _koch_p(slots, metric)
+                p = ranks_p(table, metric)
             else:
                 p = float(2.0 * _st.t.sf(abs(est) / se, df)) if se > 0 else 1.0
-            share = fit.starts_share(c, noise)
-            found.append((metric, arm, interval, tuple(rep), per, p, noise, share))
+            share = model.starts_share(c, noise)
+            own = model.starts.df if model.starts is not None else None
+            terms = model.design.prompt_terms
+            found.append((metric, arm, interval, tuple(rep), per, p, noise, (share, own), terms))
     adjusted = holm_adjust([f[5] for f in found])
     out = []
-    for (metric, arm, interval, rep, per, p, noise, share), p_adj in zip(
+    for (metric, arm, interval, rep, per, p, noise, (share, own), terms), p_adj in zip(
         found, adjusted, strict=True
     ):
         verdict, reason = decide(
@@ -478,14 +380,33 @@ def crossover_of(
             alpha=alpha,
             noise=noise,
             family=family,
-            starts=(replicas, replicas),
+            starts=(crossovers * replicas, crossovers * replicas),
         )
         reason = reason.replace("interval of the change", "interval of the change by crossover", 1)
         if verdict is Verdict.INCONCLUSIVE and "straddles" in reason:
-            reason = reason.split("; ")[0] + "; " + _what_it_needs(share)
+            reason = reason.split("; ")[0] + "; " + _what_it_needs(share, own)
         out.append(
             CrossoverMetric(
-                metric, arm, METRICS[metric], interval, rep, per, p, p_adj, verdict, reason
+                metric, arm, METRICS[metric], interval, rep, per, p, p_adj, verdict, reason,
+                noise, terms,
             )
-        )
-    return CrossoverResult(replicas, arms, periods, len(slots), tuple(out))
+        )  # fmt: skip
+    return CrossoverResult(
+        replicas, arms, periods, len(slots), tuple(out), crossovers, max(planned, crossovers),
+        family, dropped,
+    )  # fmt: skip
+
+
+def _metrics(slots: Sequence[CrossoverSlot], replicas: int) -> tuple[list[str], tuple[str, ...]]:
+    """The metrics every slot has, and per metric left out, why (its first slot without)."""
+    kept, dropped = [], []
+    for m in METRICS:
+        lacking = next((s for s in slots if (v := s.values(m)) is None or len(v) != replicas), None)
+        if lacking is None:
+            kept.append(m)
+        else:
+            dropped.append(
+                f"{m}: not analysed, a slot of period {lacking.period + 1} (prompt "
+                f"{lacking.prompt}) has none on a replica (a one-token output has no {m})"
+            )
+    return kept, tuple(dropped)

@@ -15,7 +15,7 @@ from pytest_specdecode.analysis.replicas.alike import ReplicaFacts, alike
 from pytest_specdecode.config.replicas import crossover_periods, restarts_of
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.report.replicas import schedule_lines
+from pytest_specdecode.report.replicas.lines import schedule_lines
 from pytest_specdecode.targets.facts.gpu import gpus_and_driver, parse_gpus
 
 REPO = Path(__file__).resolve().parents[3]
@@ -251,6 +251,28 @@ def test_two_replicas_two_arms_is_the_ab_ba_crossover_with_two_restarts_each() -
     assert "period 2: a candidate ngram, b the baseline (its original, restarted back)" in text
 
 
+def test_repeated_crossovers_repeat_the_periods_each_a_new_start() -> None:
+    periods = crossover_periods(["a", "b"], ["baseline", "ngram"], crossovers=3)
+    assert [p.number for p in periods] == [1, 2, 3, 4, 5, 6]
+    assert [p.crossover for p in periods] == [1, 1, 2, 2, 3, 3]
+    assert [p.serving for p in periods[2:4]] == [p.serving for p in periods[:2]]
+    assert restarts_of(periods, "a", "baseline") == restarts_of(periods, "b", "baseline") == 6
+    text = "\n".join(schedule_lines(["a", "b"], "baseline", ["ngram"], 3))
+    assert "then again, up to 3 crossovers in all (6 periods" in text
+    assert "restarts at most, each back to its original at the end: a 6, b 6" in text
+
+
+def test_the_most_crossovers_is_a_positive_run_key(tmp_path: Path) -> None:
+    assert settings_of(tmp_path, TWO).run.crossovers == 4  # the default
+    path = tmp_path / "specdecode.toml"
+    path.write_text(HEAD.format(extra="") + TWO + "[run]\ncrossovers = 2\n")
+    assert load_settings(path).run.crossovers == 2
+    path.write_text(HEAD.format(extra="") + TWO + "[run]\ncrossovers = 0\n")
+    with pytest.raises(ConfigError, match="crossovers"):
+        load_settings(path)
+    assert load_settings(path, run_overrides={"crossovers": 3}).run.crossovers == 3
+
+
 def test_a_rotation_has_each_replica_serve_each_arm_once() -> None:
     replicas, arms = ["a", "b", "c"], ["baseline", "x", "y"]
     periods = crossover_periods(replicas, arms)
@@ -346,12 +368,24 @@ def test_the_dry_run_prints_the_replicas_the_findings_and_the_periods(
     assert "a: model kimi, vLLM 0.11.0, 8 x NVIDIA H200, driver 580.159.04" in out
     assert "replica b runs the NVIDIA driver 570.86.15, replica a 580.159.04" in out
     assert "period 1: a the baseline (its original, not restarted), b candidate ngram" in out
-    assert "restarts, each back to its original at the end: a 2, b 2" in out
+    # the crossovers a 10% change needs, at most [run] crossovers (4) of them, each restarting
+    # both replicas twice; what 1 and 4 crossovers call, where the noise comes from
+    assert "then again, up to 4 crossovers in all (8 periods" in out
+    assert "restarts at most, each back to its original at the end: a 8, b 8" in out
+    assert "restart noise, throughput: unmeasured: assumed 5%" in out
+    assert "the first crossover's look is not taken" in out
+    assert "what 1 crossover (2 periods of 6 slots, each replica restarted 2 times)" in out
+    assert "what 4 crossovers can call with 80% power: throughput ±" in out
+    assert "a 10% change needs about 7 crossovers of 6 slots a period" in out
+    assert "this run makes up to 4 crossovers, looking after each" in out
     events = [json.loads(line) for line in (pytester.path / "events.jsonl").read_text().split("\n")
               if line]  # fmt: skip
     assert sorted(e[0] for e in events) == sorted(facts)  # each replica was read, and closed
     assert all(e[1] == ["close"] for e in events)  # nothing started, stopped or swapped
-    assert all(c.startswith("sh -c") and "nvidia-smi" in c for e in events for c in e[2])
+    # only reads: the GPUs (nvidia-smi), and for the plan's host profile the CPU and the
+    # machine's fingerprint (measure/environment.py)
+    reads = ("nvidia-smi", "/proc/cpuinfo", "machine-id")
+    assert all(c.startswith("sh -c") and any(r in c for r in reads) for e in events for c in e[2])
     assert not (pytester.path / "reports").exists()
 
 

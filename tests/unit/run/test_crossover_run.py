@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.analysis.replicas.model import measured_of
 from pytest_specdecode.config.arms import BASELINE
 from pytest_specdecode.errors import HostError
-from pytest_specdecode.run import crossover as crossover_module
-from pytest_specdecode.run.crossover import CrossoverRun
+from pytest_specdecode.run.crossover import periods as crossover_module
+from pytest_specdecode.run.crossover.periods import CrossoverRun
+from pytest_specdecode.run.crossover_known import stored_crossovers
 from pytest_specdecode.targets.interrupts import INTERRUPTS, Interrupts
 from pytest_specdecode.targets.replicas import Replica, all_of, replica_services
 
@@ -163,6 +165,55 @@ def test_the_family_counts_each_candidate_and_each_metric_every_slot_has(
         assert entry["periods"] == 3
         for metric in ("throughput", "tpot"):
             assert entry[metric]["confidence"] == pytest.approx(1 - 2 * alpha / 4)
+
+
+def test_repeated_crossovers_look_after_each_and_stop_once_decided(tmp_path: Path) -> None:
+    """Three crossovers planned, the restart noise only assumed: the look after the first is
+    not taken (one crossover cannot measure its starts); after the second, the candidate's
+    steady gain is decided on the run's own starts, and no third crossover is made."""
+    s = settings(tmp_path, samples=6, prompt_types=("coding",), candidates=("ngram",))
+    a = ScriptedTarget(Script(), {"ngram": FAST}, running=True)
+    b = ScriptedTarget(Script(), {"ngram": FAST}, running=True)
+    b.time = a.time
+    log: list[str] = []
+    replicas = [Replica(n, t, unit="vllm.service") for n, t in (("a", a), ("b", b))]
+    run = CrossoverRun(s, replicas, store(tmp_path, s), progress=log.append, headers=None,
+                       planned=3)  # fmt: skip
+    assert [p.number for p in run.periods] == [1, 2, 3, 4, 5, 6]
+    assert [p.crossover for p in run.periods] == [1, 1, 2, 2, 3, 3]
+    with hold(run, log) as held:
+        run.held = held
+        run.measure_all()
+    assert {s["period"] for s in journal(run)} == {1, 2, 3, 4}  # two crossovers, not three
+    assert [r.starts for r in run.replicas] == [4, 4]  # twice into the candidate, twice back
+    assert starts_and_stops(a)[-1] == "start original" and a.original().is_active()
+    assert any(line == "[crossover] crossover 2 of 3" for line in log)
+    (first,) = [line for line in log if "look after crossover 1 of 3" in line]
+    assert first.endswith("not taken (the restart noise is not measured yet): crossover 2")
+    (second,) = [line for line in log if "look after crossover 2 of 3" in line]
+    assert "ngram throughput +" in second and second.endswith("decided: no more crossovers")
+    assert [look["decided"] for look in run.looks] == [False, True]
+    assert run.store.extra["crossover_looks"] == run.looks
+    found, why = run.analysed()
+    assert why is None and found is not None
+    entry = found["ngram"]
+    assert (entry["crossovers"], entry["planned"], entry["periods"]) == (2, 3, 4)
+    assert entry["stopped"] == "decided after crossover 2 of 3"
+    assert entry["verdict"] == "improved"
+    assert (
+        "measured by this run's starts (2 crossovers"
+        in entry["throughput"]["restart_noise"]["source"]
+    )
+    # the next run's plan reads this one's slots: the same replicas, model and output length
+    run.store.extra["replicas"] = run.replicas_json()
+    run.store.flush()
+    later = dataclasses.replace(s, reports_dir=tmp_path)
+    identities = [(r.name, r.target.host_name, r.unit) for r in run.replicas]
+    ((name, slots),) = stored_crossovers(later, identities)
+    assert name == run.store.run_dir.name and len(slots) == len(run.slots)
+    _, _, starts = measured_of(slots, "throughput")
+    assert starts is not None and starts.df == 2  # its two crossovers measured the starts
+    assert stored_crossovers(later, [*identities[:1], ("c", "elsewhere", None)]) == []
 
 
 class Cut(Exception):
@@ -378,6 +429,7 @@ RUN = """
 samples = 3
 max_samples = 3
 warmup = 1
+crossovers = 1
 """
 
 
@@ -443,8 +495,16 @@ def test_a_run_across_replicas_reports_the_change_and_both_effects(
     assert "[crossover] period 1 of 2: a serves baseline, b serves ngram" in out
     assert "[crossover] period 2 of 2: a serves ngram, b serves baseline" in out
     assert out.index("period 1 of 2: a serves") < out.index("period 2 of 2: a serves")
+    # the plan, before anything is touched: the noise it plans by, what 1 crossover calls, and
+    # that this run (crossovers = 1) makes one
+    assert "plan: crossovers (docs/replicas.md" in out
+    assert "plan:   restart noise, throughput: unmeasured: assumed 5%" in out
+    assert "plan:   what 1 crossover (2 periods of 3 slots" in out
+    assert "plan:   this run makes up to 1 crossover, one AB/BA" in out
+    assert out.index("plan: crossovers") < out.index("period 1 of 2: a serves")
     (path,) = (pytester.path / "reports").glob("*/results.json")
     results = json.loads(path.read_text())
+    assert results["crossover_plan"]["planned"] == 1 and results["crossover_plan"]["most"] == 1
     assert set(results["crossover"]) == {"ngram"}  # per candidate, nothing else
     entry = results["crossover"]["ngram"]
     assert entry["scale"] == "log-ratio" and entry["verdict"]
@@ -544,6 +604,11 @@ def test_what_a_crossover_does_not_run_is_refused_before_anything_is_touched(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--spec-aba is not run across replicas" in result.stderr.str()
     assert not (pytester.path / "events.jsonl").exists()  # no replica was even opened
+    result = crossover(pytester, TWO, "--spec-repeats", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--spec-repeats is not used across replicas" in result.stderr.str()
+    assert "--spec-crossovers N" in result.stderr.str()
+    assert not (pytester.path / "events.jsonl").exists()
 
 
 def test_a_host_away_at_the_restore_is_waited_for_while_the_other_is_restored(

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytest_specdecode.measure.crossover_watch import slot_action, watch_lines
-from pytest_specdecode.run.crossover import CrossoverRun
+from pytest_specdecode.run.crossover.periods import CrossoverRun
 from pytest_specdecode.targets.host_env import HostSample
 from pytest_specdecode.targets.replicas import Replica, replica_services
 

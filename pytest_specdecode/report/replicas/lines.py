@@ -8,10 +8,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis.replicas.alike import Alike, ReplicaFacts
-from ..analysis.replicas.crossover import CrossoverMetric, CrossoverResult, Effect
-from ..analysis.verdict.stats import Verdict
-from ..config.replicas import ReplicaConfig, crossover_periods, restarts_of
+from ...analysis.replicas.alike import Alike, ReplicaFacts
+from ...analysis.replicas.crossover import CrossoverMetric, CrossoverResult, Effect
+from ...analysis.verdict.stats import Verdict
+from ...config.replicas import ReplicaConfig, crossover_periods, restarts_of
+from .crossovers import CrossoverPlan
 
 STATISTICS = 'docs/statistics.md, "Across replicas: the crossover"'
 
@@ -23,8 +24,10 @@ def replicas_plan(
     *,
     baseline: str,
     candidates: Sequence[str],
+    crossovers: CrossoverPlan | None = None,
 ) -> list[str]:
-    """The plan's lines: the replicas, what was read on each, the findings, the periods."""
+    """The plan's lines: the replicas, what was read on each, the findings, the periods, and
+    (`crossovers`) how many crossovers a decision needs."""
     lines = [
         f"pytest-specdecode dry run: a target of {len(replicas)} replicas; nothing was touched "
         "(only read on each host)",
@@ -47,7 +50,10 @@ def replicas_plan(
             "(the offline list where one could not be asked)"
         )
     lines += alike_lines(found)
-    lines += schedule_lines([r.name for r in replicas], baseline, candidates)
+    planned = crossovers.planned if crossovers else 1
+    lines += schedule_lines([r.name for r in replicas], baseline, candidates, planned)
+    if crossovers is not None and candidates:
+        lines += crossovers.lines()
     lines.append(
         "a run (without --spec-dry-run) checks the replicas again, then runs these periods; "
         "each replica is restored at the end, all at once, whatever happens"
@@ -68,8 +74,11 @@ def alike_lines(found: Alike) -> list[str]:
     return ["alike check:", *(f"  {line}" for line in lines)]
 
 
-def schedule_lines(replicas: Sequence[str], baseline: str, candidates: Sequence[str]) -> list[str]:
-    """The crossover's periods in words, and each replica's restarts."""
+def schedule_lines(
+    replicas: Sequence[str], baseline: str, candidates: Sequence[str], crossovers: int = 1
+) -> list[str]:
+    """The crossover's periods in words, and each replica's restarts (`crossovers`: as many
+    as the plan makes at most)."""
     if not candidates:
         return [
             "crossover: no candidate given (--spec-config NAME): with one, period 1 has the "
@@ -83,8 +92,15 @@ def schedule_lines(replicas: Sequence[str], baseline: str, candidates: Sequence[
         first = period.number == 1
         serving = ", ".join(_serves(r, arm, baseline, first) for r, arm in period.serving)
         lines.append(f"  period {period.number}: {serving}")
-    restarts = ", ".join(f"{r} {restarts_of(periods, r, baseline)}" for r in replicas)
-    lines.append(f"  restarts, each back to its original at the end: {restarts}")
+    if crossovers > 1:
+        lines.append(
+            f"  then again, up to {crossovers} crossovers in all ({len(arms) * crossovers} "
+            "periods, each replica restarted at each): a look after each, no more once decided"
+        )
+    every = crossover_periods(replicas, arms, crossovers)
+    restarts = ", ".join(f"{r} {restarts_of(every, r, baseline)}" for r in replicas)
+    most = " at most" if crossovers > 1 else ""
+    lines.append(f"  restarts{most}, each back to its original at the end: {restarts}")
     lines.append(
         "  the change: the mean of the periods' differences; the replica effect: half their "
         f"difference ({STATISTICS})"
@@ -145,10 +161,77 @@ def crossover_json(result: CrossoverResult, candidates: Sequence[str]) -> dict[s
                 "confidence": c.confidence,
                 "verdict": m.verdict.value,
                 "reason": m.reason,
+                "restart_noise": m.noise.to_dict() if m.noise else None,
+                "prompt_terms": m.prompt_terms,
             }
-        entry.update(slots=result.slots, periods=result.periods, replicas=result.replicas)
+        entry.update(
+            slots=result.slots,
+            periods=result.periods,
+            replicas=result.replicas,
+            crossovers=result.crossovers,
+            planned=result.planned,
+            family=result.family,
+            dropped=list(result.dropped),
+        )
+        noise = next((m.noise for m in metrics if m.noise), None)
+        entry["restart_noise"] = noise.source if noise else None
         out[name] = entry
     return out
+
+
+def look_line(result: CrossoverResult, candidates: Sequence[str], *, decided: bool) -> str:
+    """The look after a crossover, one line: each candidate's metrics and what comes next."""
+    parts = []
+    for arm, name in enumerate(candidates, start=1):
+        for m in (m for m in result.metrics if m.arm == arm):
+            c = m.change
+            parts.append(
+                f"{name} {m.metric} {math.expm1(c.estimate):+.1%} [{math.expm1(c.low):+.1%}, "
+                f"{math.expm1(c.high):+.1%}] ({c.confidence:.2%}): {m.verdict.value}"
+            )
+    head = f"look after crossover {result.crossovers} of {result.planned}: " + "; ".join(parts)
+    if decided:
+        return f"{head}; decided: no more crossovers"
+    if not result.measured:
+        return f"{head}; not taken (the restart noise is not measured yet): crossover " + str(
+            result.crossovers + 1
+        )
+    return f"{head}; not decided: crossover {result.crossovers + 1}"
+
+
+def _made_lines(entry: Mapping[str, Any]) -> list[str]:
+    """How many crossovers were made and why no more; a metric left out, with the family and
+    level it leaves."""
+    lines = []
+    made, planned = entry.get("crossovers", 1), entry.get("planned", 1)
+    if planned > 1:
+        lines.append(
+            f"  {made} crossover{'s' if made != 1 else ''} of {planned} planned "
+            f"({entry.get('stopped') or 'as planned'})"
+        )
+    for text in entry.get("dropped") or ():
+        family = entry.get("family", 1)
+        level = next((entry[m]["confidence"] for m in ("throughput", "tpot") if entry.get(m)), None)
+        at = f", each interval at {level:.1%}" if level is not None else ""
+        lines.append(f"  {text}: the family is {family} (candidates x metrics analysed){at}")
+    return lines
+
+
+def _noise_lines(metric: str, found: Mapping[str, Any]) -> list[str]:
+    """The restart noise the change took, and whether each prompt's own effects were fitted."""
+    lines = []
+    noise = found.get("restart_noise")
+    if noise:
+        sd = f"{noise['sd']:.1%}, " if noise.get("measured") else ""
+        lines.append(f"  {metric}: restart noise {sd}{noise['source']}")
+    if "prompt_terms" in found:
+        lines.append(
+            f"  {metric}: each prompt's own change and replica effect fitted"
+            if found["prompt_terms"]
+            else f"  {metric}: each prompt's own effects not fitted (each prompt once a period "
+            "leaves them no degrees of freedom: they land in the residual)"
+        )
+    return lines
 
 
 def _pct(x: Mapping[str, float]) -> str:
@@ -176,6 +259,7 @@ def crossover_lines(
     else:
         for name, entry in crossover.items():
             lines.append(f"crossover: {name} against the baseline: {entry['verdict']}")
+            lines += _made_lines(entry)
             for metric in ("throughput", "tpot"):
                 found = entry.get(metric)
                 if not found:
@@ -192,6 +276,7 @@ def crossover_lines(
                         f"{_pct(found['period_effect'])}"
                     )
                 lines.append(f"  {metric}: {found['reason']}")
+                lines += _noise_lines(metric, found)
     for replica in replicas:
         unit = f"unit {replica['unit']} on " if replica.get("unit") else ""
         lines.append(

@@ -1,18 +1,18 @@
-"""A run across replicas: the crossover (AB/BA, or its rotation), for `[[target.replicas]]`.
+"""The session of a run across replicas (`[[target.replicas]]`): the checks before anything is
+touched, the plan, the replicas held and restored, the report (docs/replicas.md).
 
-`CrossoverSession` is the run's session where the target has replicas (docs/replicas.md):
+`CrossoverSession` is the run's session where the target has replicas (`new_session`):
 1. before anything is touched, each replica is read and checked against the others
    (run/replicas.py → `replica_facts`, analysis/replicas/alike.py → `alike`) and preflighted;
    refused replicas end the run as a usage error, nothing touched;
-2. the replicas are held by targets/replicas.py → `replica_services` (each one's
-   `experiment_services`, restored all at once whatever happens, drained and undrained);
-3. each period (config/replicas.py → `crossover_periods`) switches the replicas at once, then
-   sends each slot's prompt to every replica at once (measure/crossover.py), every sample
-   journalled as it comes with its period and replica; each replica's other clients and other
-   work are watched through each slot (measure/crossover_watch.py), a contaminated slot sent
-   again once or marked;
-4. the analysis is analysis/replicas/crossover.py → `crossover_of`; results.json's `crossover` and
-   `replicas`, summary.md and the terminal say the change, the replica and period effects.
+2. the plan: what is known of the replicas' noise (run/crossover_known.py) and how many
+   crossovers a decision needs (report/replicas/crossovers.py → `plan_of`), printed and kept in
+   results.json's `crossover_plan`;
+3. the replicas are held by targets/replicas.py → `replica_services` (each one's
+   `experiment_services`, restored all at once whatever happens, drained and undrained), and
+   the crossovers run (run/crossover/periods.py → `CrossoverRun`), stopping once decided;
+4. results.json's `crossover` and `replicas`, summary.md and the terminal say the change, the
+   replica and period effects, the crossovers made.
 """
 
 from __future__ import annotations
@@ -29,35 +29,30 @@ from typing import Any
 
 import pytest
 
-from ..analysis.replicas.alike import alike
-from ..analysis.replicas.crossover import METRICS, CrossoverSlot, crossover_of
-from ..analysis.variance.restarts import RestartNoise
-from ..config.arms import BASELINE
-from ..config.replicas import Period, crossover_periods
-from ..config.settings import Settings
-from ..config.specconfig import SpecConfig
-from ..errors import ConfigError, SpecDecodeError
-from ..measure.crossover import Slot, crossover_slots, send_period
-from ..measure.crossover_watch import CrossoverWatch, watch_lines
-from ..measure.host_load import Probe
-from ..progress import write_line
-from ..record.ending import RunEnding
-from ..record.requests.samples import RequestSample
-from ..record.store import RunStore
-from ..redaction import redact_text
-from ..report import SUMMARY_FILE, Written
-from ..report.plan import RUN_LOG
-from ..report.replicas import alike_lines, crossover_json, crossover_lines, schedule_lines
-from ..targets.base import Target
-from ..targets.host_env import HostProbe
-from ..targets.interrupts import INTERRUPTS
-from ..targets.replicas import Replica, ReplicaSet, replica_services
-from .folder import api_headers, check_writable
-from .replicas import replica_facts
-from .session import SpecDecodeSession
-from .tests_seen import cut_of, failed_tests
+from ...analysis.replicas.alike import alike
+from ...config.arms import BASELINE
+from ...config.settings import Settings
+from ...errors import ConfigError, SpecDecodeError
+from ...measure.crossover_watch import watch_lines
+from ...progress import write_line
+from ...record.ending import RunEnding
+from ...record.store import RunStore
+from ...redaction import redact_text
+from ...report import SUMMARY_FILE, Written
+from ...report.plan import RUN_LOG
+from ...report.replicas.crossovers import CrossoverPlan
+from ...report.replicas.lines import alike_lines, crossover_lines, schedule_lines
+from ...targets.base import Target
+from ...targets.host_env import HostProbe
+from ...targets.interrupts import INTERRUPTS
+from ...targets.replicas import Replica, replica_services
+from ..crossover_known import crossover_plan
+from ..folder import api_headers, check_writable
+from ..replicas import replica_facts
+from ..session import SpecDecodeSession
+from ..tests_seen import cut_of, failed_tests
+from .periods import CrossoverRun
 
-PROGRESS_EVERY_S = 15.0  # a slot's line at most this often, and the period's last
 PER_PROMPT_TYPE = (
     "a crossover across replicas decides each candidate over the whole prompt set "
     "(test_crossover_does_not_regress); it measures no arm on one server, so per-arm "
@@ -71,190 +66,11 @@ def new_session(config: pytest.Config, settings: Settings) -> SpecDecodeSession:
     return cls(config, settings)
 
 
-class CrossoverRun:
-    """The periods, their slots and what they measured; the analysis once they are done."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        replicas: Sequence[Replica],
-        store: RunStore,
-        *,
-        progress: Any,
-        headers: dict[str, str] | None,
-        step: Any = None,
-        probes: Sequence[Probe | None] | None = None,
-    ) -> None:
-        self.settings = settings
-        self.replicas = list(replicas)
-        self.store = store
-        self.held: ReplicaSet | None = None
-        self._progress = progress
-        self._step = step or (lambda text: None)  # what the run is doing: a cut run says it
-        self._headers = headers
-        self.arms = [BASELINE, *(c.name for c in settings.candidates)]
-        self.periods: tuple[Period, ...] = crossover_periods([r.name for r in replicas], self.arms)
-        self.slots: list[dict[str, Any]] = []  # each measured slot, as results.json keeps it
-        self.done = False
-        self._lock = threading.Lock()
-        self._said = time.monotonic()  # the last slot's progress line
-        self._slots = 0  # measured slots per period
-        self._tries: dict[tuple[int, int], int] = {}  # (period, slot): times sent
-        self.watch = CrossoverWatch(
-            settings,
-            store,
-            names=[r.name for r in self.replicas],
-            transports=[r.target.transports() for r in self.replicas],
-            probes=list(probes) if probes is not None else [None] * len(self.replicas),
-            progress=progress,
-            headers=headers,
-        )
-
-    def measure_all(self) -> None:
-        """Every period: the replicas switched at once, then every slot to all at once."""
-        if self.done:
-            return
-        assert self.held is not None
-        specs: dict[str, SpecConfig | None] = {BASELINE: None}
-        specs.update({c.name: c for c in self.settings.candidates})
-        warm, slots = crossover_slots(self.settings)
-        self._slots = len(slots)
-        total = len(self.periods)
-        with contextlib.closing(self.watch):  # no host left sampled, whatever happens
-            for period in self.periods:
-                serving = ", ".join(f"{r} serves {arm}" for r, arm in period.serving)
-                head = f"[crossover] period {period.number} of {total}"
-                self._step(f"crossover period {period.number}: switching the replicas ({serving})")
-                self._progress(f"{head}: switching the replicas ({serving})")
-                services = self.held.serve({r: specs[arm] for r, arm in period.serving})
-                if period is self.periods[0]:
-                    self._step("crossover: watching each replica's host before the run")
-                    self.watch.before_run(services)
-                watched = [(r, services[r]) for r, _ in period.serving]
-                self._progress(
-                    f"{head}: {len(warm)} warm-up and {len(slots)} measured slots, each sent to "
-                    f"{len(period.serving)} replicas at once"
-                )
-                send_period(
-                    [services[r] for r, _ in period.serving],
-                    [arm for _, arm in period.serving],
-                    [*warm, *slots],
-                    run=self.settings.run,
-                    headers=self._headers,
-                    transports=[
-                        self._replica(r).target.transports().async_ for r, _ in period.serving
-                    ],
-                    clock=self.replicas[0].target.transports().clock,
-                    on_slot=lambda slot, samples, p=period: self._stored(p, slot, samples),
-                    first_sent=lambda h=head, s=serving: self._progress(f"{h}: {s}"),
-                    before_slot=lambda slot, n=period.number, w=watched: self._before(n, slot, w),
-                )
-        self.done = True
-
-    def _before(self, number: int, slot: Slot, watched: list[tuple[str, Any]]) -> None:
-        self._step(
-            f"crossover period {number}: sending slot {slot.index + 1}"
-            + (" (warm-up)" if slot.warmup else "")
-            + " to every replica"
-        )
-        self.watch.begin(watched)
-
-    def _replica(self, name: str) -> Replica:
-        return next(r for r in self.replicas if r.name == name)
-
-    def _stored(self, period: Period, slot: Slot, samples: Sequence[RequestSample]) -> bool:
-        """One slot's samples, journalled at once, each with its period and replica; True
-        where other clients or other work on a replica have it sent again."""
-        other, busy = self.watch.end(samples)
-        if slot.warmup:
-            return False
-        key = (period.number, slot.index)
-        self._tries[key] = attempt = self._tries.get(key, 0) + 1
-        where = f"[crossover] period {period.number}, slot {slot.index + 1}"
-        action = self.watch.settle(where, other, busy, attempt=attempt)
-        if action == "again":
-            return True
-        arms = [arm for _, arm in period.serving]
-        for (replica, arm), sample in zip(period.serving, samples, strict=True):
-            self.store.add_sample(arm, sample, period=period.number, replica=replica)
-        self.slots.append(
-            {
-                "period": period.number,
-                "slot": slot.index,
-                "prompt": slot.prompt,
-                "prompt_type": slot.prompt_type.name,
-                "replicas": [r for r, _ in period.serving],
-                "arms": arms,
-                "throughput": [s.tokens_per_s for s in samples],
-                "tpot": [s.tpot_s for s in samples],
-            }
-        )
-        if action == "mark":
-            self.slots[-1]["contaminated"] = {
-                r: "; ".join(n for n in (other.get(r), busy.get(r)) if n)
-                for r, _ in period.serving
-                if other.get(r) or busy.get(r)
-            }
-        with self._lock:
-            self.store.extra["crossover_slots"] = self.slots
-            self.store.flush()
-        now = time.monotonic()
-        if now - self._said >= PROGRESS_EVERY_S or slot.index + 1 == self._slots:
-            self._said = now
-            speeds = ", ".join(
-                f"{r} {s.tokens_per_s:.1f} tok/s"
-                for (r, _), s in zip(period.serving, samples, strict=True)
-            )
-            self._progress(
-                f"[crossover] period {period.number}: slot {slot.index + 1} of {self._slots} "
-                f"measured ({speeds})"
-            )
-        return False
-
-    def replicas_json(self) -> list[dict[str, Any]]:
-        """results.json's `replicas`: each one's restore and what was seen on it."""
-        return [{**r.to_json(), **self.watch.seen[r.name].to_json()} for r in self.replicas]
-
-    def analysed(self) -> tuple[dict[str, Any] | None, str | None]:
-        """results.json's `crossover`, or None and why (a period not measured)."""
-        measured = {s["period"] for s in self.slots}
-        missing = [p.number for p in self.periods if p.number not in measured]
-        if missing:
-            return None, f"period {', '.join(map(str, missing))} not measured"
-        index = {arm: i for i, arm in enumerate(self.arms)}
-        slots = []
-        for s in self.slots:
-            tpot = s["tpot"]
-            slots.append(
-                CrossoverSlot(
-                    period=s["period"] - 1,
-                    prompt=s["prompt"],
-                    arms=tuple(index[a] for a in s["arms"]),
-                    throughput=tuple(s["throughput"]),
-                    tpot=None if any(t is None or t <= 0 for t in tpot) else tuple(tpot),
-                )
-            )
-        run = self.settings.run
-        noise = RestartNoise.assumed(run.assumed_restart_noise)
-        try:
-            result = crossover_of(
-                slots,
-                alpha=run.alpha,
-                margin=run.min_effect,
-                restart_noise=dict.fromkeys(METRICS, noise),
-            )
-        except ValueError as exc:
-            return None, f"the crossover could not be analysed: {exc}"
-        found = crossover_json(result, self.arms[1:])
-        for entry in found.values():
-            entry["restart_noise"] = noise.source
-        return found, None
-
-
 class CrossoverSession(SpecDecodeSession):
     """The session of a run across replicas (the module's docstring)."""
 
     crossover: CrossoverRun | None = None
+    crossovers_plan: CrossoverPlan | None = None
     _why_none: str | None = None
     _result: dict[str, Any] | None = None
 
@@ -276,6 +92,12 @@ class CrossoverSession(SpecDecodeSession):
             raise ConfigError(
                 f"[target] has replicas: {', '.join(given)} is not run across replicas (the "
                 "crossover's period effect is its drift check); nothing was touched"
+            )
+        if option("spec_repeats") is not None:
+            raise ConfigError(
+                "[target] has replicas: --spec-repeats is not used across replicas (each "
+                "crossover restarts every replica into each arm once): --spec-crossovers N sets "
+                "the most crossovers; nothing was touched"
             )
         check_writable(self.settings.reports_dir)
 
@@ -302,7 +124,7 @@ class CrossoverSession(SpecDecodeSession):
                 except SpecDecodeError as exc:
                     raise ConfigError(f"{replica.where}: {exc}") from None
             found = alike(facts)
-            for line in [*alike_lines(found), *self._schedule()]:
+            for line in alike_lines(found):
                 self.progress(f"plan: {line}")
             if found.refused:
                 raise ConfigError(
@@ -315,6 +137,16 @@ class CrossoverSession(SpecDecodeSession):
                     target.preflight()
                 except SpecDecodeError as exc:
                     raise ConfigError(f"{replica.where}: {exc}") from None
+            self.crossovers_plan = crossover_plan(
+                settings,
+                [(c, t, f) for c, (_, t), f in zip(settings.replicas, opened, facts, strict=True)],
+                detect=self.config.getoption("spec_detect"),
+                profiles=self.host_noise.profiles,
+                run_dir=self.run_dir,
+                progress=self.progress,
+            )
+            for line in [*self._schedule(), *self.crossovers_plan.lines()]:
+                self.progress(f"plan: {line}")
         except SpecDecodeError as exc:
             for _, target in opened:
                 target.close()
@@ -329,6 +161,7 @@ class CrossoverSession(SpecDecodeSession):
         store = RunStore(self.run_dir, self._new_record(opened[0][1]))
         replicas = [r for r, _ in opened]
         store.extra["replicas"] = [r.to_json() for r in replicas]
+        store.extra["crossover_plan"] = self.crossovers_plan.to_json()
         run = CrossoverRun(
             settings,
             replicas,
@@ -337,6 +170,8 @@ class CrossoverSession(SpecDecodeSession):
             headers=api_headers(settings),
             step=self.progress.step,
             probes=[HostProbe(r.target.host) for r in replicas],
+            planned=self.crossovers_plan.planned,
+            outside=self.crossovers_plan.known.noise,
         )
         self.crossover = run
         lock = threading.Lock()
@@ -377,14 +212,16 @@ class CrossoverSession(SpecDecodeSession):
 
     def _schedule(self) -> list[str]:
         names = [r.name for r in self.settings.replicas]
-        return schedule_lines(names, BASELINE, [c.name for c in self.settings.candidates])
+        planned = self.crossovers_plan.planned if self.crossovers_plan else 1
+        return schedule_lines(names, BASELINE, [c.name for c in self.settings.candidates], planned)
 
     def arm(self, name: str) -> Any:
         """No arm is measured on one server in a crossover: the tests that need one skip."""
         pytest.skip(PER_PROMPT_TYPE)
 
     def complete_design(self) -> Any:  # type: ignore[override]
-        """Both periods measured, then the analysis (once)."""
+        """Every planned period measured (or the run stopped once decided), then the analysis
+        (once)."""
         assert self.crossover is not None
         if self._result is None and self._why_none is None:
             self.crossover.measure_all()
@@ -462,6 +299,8 @@ class CrossoverSession(SpecDecodeSession):
             head += [f"**Run cut short:** {record.cut.headline()}", ""]
         body = [_bullet(line) for line in self._lines()]
         plan = [_bullet(line) for line in self._schedule()]
+        if self.crossovers_plan is not None:
+            plan += [_bullet(line) for line in self.crossovers_plan.lines()]
         tail = ["", "## Failed tests", *(f"- {t}" for t in failed)] if failed else []
         return "\n".join([*head, "## Result", *body, "", "## Plan", *plan, *tail]) + "\n"
 
