@@ -176,9 +176,14 @@ class Planning:
             arms=arms,
         )
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("model:")), 1)
-        lines[at:at] = shape_plan_lines(self.shape)
+        lines[at:at] = shape_plan_lines(self.shape, unit=self._shape_unit())
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
+
+    def _shape_unit(self) -> str | None:
+        """The unit whose window the shape is served in; None for a local command."""
+        t = self.settings.target
+        return t.unit if t.backend == "systemd" else None
 
     def _shaped(self, target: Target, facts: VllmFacts) -> Target:
         """--spec-shape: the target opened again, serving the shape (its plan, its servers)."""
@@ -201,7 +206,7 @@ class Planning:
             aba=self.config.getoption("spec_aba"),
             adopts_original=target.adopts_running_original,
         )[0]
-        for line in shape_plan_lines(self.shape):
+        for line in shape_plan_lines(self.shape, unit=self._shape_unit()):
             self.progress(f"plan: {line}")
         for step in service_plan(settings, target):
             self.progress(f"plan: {step}")
