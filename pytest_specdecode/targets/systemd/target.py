@@ -349,10 +349,10 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost, ShapeHost):
                 self._locked = self._armed = False
             else:
                 self._remove_dropin_if_written()
-                self.remove_shape_folder()
                 self._stop_beside_units()
                 self._disarm_watchdog()
                 self._unlock()
+                self.remove_shape_folder()  # the run's own: last, so that nothing waits on it
         finally:
             for service in self._beside_units:
                 if service.tunnel is not None:
