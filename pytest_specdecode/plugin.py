@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from . import fixtures, hookspecs, standard
-from .config.break_even import point_of
+from .config.break_even import is_map_arm
 from .config.settings import SEARCH_METHODS, Settings
 from .errors import ConfigError
 from .options import settings_from_options
@@ -374,7 +374,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     settings = session_of(metafunc.config).settings
     candidates = [c.name for c in settings.candidates]
-    hypotheses = [c.name for c in settings.candidates if point_of(c.values) is None]
+    hypotheses = [c.name for c in settings.candidates if not is_map_arm(c.name, c.values)]
     if settings.run.search:  # the search's slots: each resolved to its config at run time
         slots = [slot_name(i) for i in range(1, settings.run.max_reloads + 1)]
         candidates, hypotheses = candidates + slots, hypotheses + slots

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.arms import BASELINE, BASELINE_AFTER, ORIGINAL_ARMS, cell_key
-from ..config.break_even import point_of
+from ..config.break_even import depth_of_arm, is_map_arm
 from ..config.vllm_argv import option_value
 from ..record.drafter_check import TOO_FEW
 from ..record.schema import RunRecord
@@ -19,6 +19,7 @@ from .map.break_even import BreakEvenMap, map_of_run
 from .map.dynamic_k import DynamicK, recommend_dynamic_k
 from .map.paying_load import LevelPoint, PayingLoad, paying_load
 from .map.regime import Regime, regime_of
+from .map.shape import MapOnShape, map_on_shape
 from .prediction.candidates import CandidatePrediction, candidate_predictions
 from .prediction.level_acceptance import AcceptanceByLevel, acceptance_by_level
 from .prediction.predict import RunPrediction, predict_run
@@ -131,6 +132,7 @@ class RunAnalysis:
     candidate_predictions: list[CandidatePrediction] = field(default_factory=list)
     # beside two or more: the baseline beside them all against beside one (analysis/map/regime.py)
     regime: Regime | None = None
+    map_on_shape: MapOnShape | None = None  # carried to the full depth; drafters' pay-offs
 
     @property
     def outcome(self) -> str:
@@ -180,6 +182,7 @@ class RunAnalysis:
             "break_even": self.break_even.to_json() if self.break_even else None,
             "candidate_predictions": [c.to_dict() for c in self.candidate_predictions],
             "regime": self.regime.to_json() if self.regime else None,
+            "map_on_shape": self.map_on_shape.to_json() if self.map_on_shape else None,
         }
 
 
@@ -218,12 +221,9 @@ Verdicts = dict[str, dict[str, PromptTypeVerdict]]  # candidate -> key -> verdic
 
 def verdicts_and_map(record: RunRecord) -> tuple[Verdicts, Verdicts]:
     """The candidates' verdicts, and the break-even map's servers' apart (never a gate)."""
-    both = (
-        {c: candidate_verdicts(record, c) for c in record.measured_candidates}
-        if record.arm_phases(BASELINE)
-        else {}
-    )
-    on_map = {c for c in both if point_of(record.candidates.get(c) or {}) is not None}
+    kept = [c for c in record.measured_candidates if depth_of_arm(c) is None]  # map/shape.py
+    both = {c: candidate_verdicts(record, c) for c in kept} if record.arm_phases(BASELINE) else {}
+    on_map = {c for c in both if is_map_arm(c, record.candidates.get(c) or {})}
     return (
         {c: v for c, v in both.items() if c not in on_map},
         {c: v for c, v in both.items() if c in on_map},
@@ -271,6 +271,7 @@ def analyze(record: RunRecord) -> RunAnalysis:
         break_even=found,
         candidate_predictions=candidate_predictions(record, verdicts, prediction, found),
         regime=regime_of(record),
+        map_on_shape=map_on_shape(record, found),
     )
 
 

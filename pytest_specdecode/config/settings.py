@@ -10,7 +10,13 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .arms import AA_ARM
-from .break_even import map_candidates, point_of
+from .break_even import (
+    check_carrier_keys,
+    map_candidates,
+    map_carriers,
+    point_of,
+    target_shape,
+)
 from .load import (
     LoadLevel,
     SLOConfig,
@@ -99,15 +105,22 @@ class RunConfig:
     # --spec-break-even: "auto" or the k to map ("3,5"); each at break_even_points lengths
     break_even: str | None = None
     break_even_points: int = 2
+    # what drafts on its servers (config/break_even.py): auto (an EAGLE-3 head of the target's
+    # shape where it can be had, else n-gram), ngram or eagle3; the drafters whose pay-off it
+    # also tells, each with servers of its own ("eagle3", "draft_model:NAME"); a head you made
+    break_even_carrier: str = "auto"
+    break_even_drafters: tuple[str, ...] = ()
+    break_even_head: str = ""
     control: bool = False  # --spec-control: each candidate's control arm (analysis/side_changes)
     order: Literal["interleaved", "blocked"] = "interleaved"  # a start's requests (measure/order)
     # "together": two servers at once; "auto": together where the host has room (run/arms.py)
     arms: Literal["auto", "one-at-a-time", "together"] = "auto"
     beside: int = 1  # together: the most candidates served beside one baseline start at once
     # beside two or more: the baseline's slots per cell with one server beside, before the rest
-    # start (the regime window, measure/experiment/arms.py; 0: none), and how much slower the
-    # baseline beside all of them may run before the run says so (analysis/map/regime.py)
-    regime_slots: int = 4
+    # start (the regime window, measure/experiment/regime.py; 0: none; unset: sized by the plan
+    # to settle its tolerance, or left out, analysis/map/regime.py `regime_size`), and how much
+    # slower the baseline beside all of them may run before the run says so
+    regime_slots: int | None = None
     regime_tolerance: float = 0.05
     sequential: bool = True  # side by side: a cell stops once decided (analysis/verdict/)
     seed: int = 0  # the interleaved order's, with each start's name (measure/experiment/order.py)
@@ -116,8 +129,14 @@ class RunConfig:
     drafter_floor: float = 0.05
     drafter_check_requests: int = 4
 
+    @property
+    def regime_window_slots(self) -> int:
+        """The regime window's slots per cell: as set or sized by the plan; where no plan sized
+        it (an experiment driven by hand), 4."""
+        return 4 if self.regime_slots is None else self.regime_slots
+
     def __post_init__(self) -> None:  # a single value, or a list from results.json
-        for key in ("concurrency", "rate"):
+        for key in ("concurrency", "rate", "break_even_drafters"):
             value = getattr(self, key)
             if not isinstance(value, tuple):
                 items = list(value) if isinstance(value, list) else [value]
@@ -234,9 +253,6 @@ def load_settings(
             f"{' '.join(names)} (or measure them in a run of their own; a stored run of this "
             "host lends the search its cost model)"
         )
-    if run.break_even:
-        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
-        candidates += map_candidates(run.break_even, candidates, run.break_even_points)
     if run.search and run.repeats > 1:
         if (run_overrides or {}).get("repeats") is not None:
             raise ConfigError(
@@ -264,6 +280,17 @@ def load_settings(
             f"{where}: [shape] with [[target.replicas]]: a shape is served on one target; "
             "measure it on one replica's target"
         )
+    if run.break_even:  # on a shape, chosen again once it is resolved (run/map_on_shape.py)
+        positive_int(run.break_even_points, "break_even_points", where, minimum=2)
+        check_carrier_keys(run.break_even_carrier, run.break_even_drafters)
+        carriers = () if shape else map_carriers(
+            run.break_even_carrier,
+            run.break_even_drafters,
+            candidates,
+            target_shape(target),
+            head=run.break_even_head,
+        )  # fmt: skip
+        candidates += map_candidates(run.break_even, candidates, run.break_even_points, carriers)
     return Settings(
         source=path,
         target=target,
@@ -352,7 +379,8 @@ def _run_config(table: dict[str, Any], overrides: Mapping[str, Any], where: str)
         )
     positive_int(run.traffic_attempts, "traffic_attempts", where, minimum=1)
     positive_int(run.beside, "beside", where, minimum=1)
-    positive_int(run.regime_slots, "regime_slots", where, minimum=0)
+    if run.regime_slots is not None:
+        positive_int(run.regime_slots, "regime_slots", where, minimum=0)
     positive_int(run.drafter_check_requests, "drafter_check_requests", where, minimum=0)
     floor = run.drafter_floor
     if isinstance(floor, bool) or not isinstance(floor, float | int) or not 0 <= floor < 1:

@@ -162,6 +162,18 @@ def option_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
+def served_model(argv: Sequence[str], server: ServerCommand) -> str | None:
+    """The model a vLLM server command loads: `--model X`, `--model=X`, or `vllm serve X`."""
+    args = list(argv[server.server_args :])
+    named = option_value(args, "--model")
+    if named is not None:
+        return named
+    direct = server.kind in ("vllm serve", "docker run", "podman run")
+    if direct and args and not args[0].startswith("-"):
+        return args[0]
+    return None
+
+
 def host_address(server: ServerCommand, listen: tuple[str, int], *, where: str) -> tuple[str, int]:
     """Where a server listening at `listen` answers on the host: through a container's -p.
 

@@ -10,7 +10,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.verdict.stats import Verdict
 from ..record.schema import RunRecord
 from ..redaction import redact_text
-from .rows import TABLE_HEADER, checks, headline, rows, undecided
+from .rows import TABLE_HEADER, checks, headline, rows, stops, undecided
 from .sections import (
     acceptance,
     break_even,
@@ -76,6 +76,8 @@ def summary(
             if row.verdict in (Verdict.REGRESSED.value, Verdict.IMPROVED.value):
                 cells[-1] = f"**{cells[-1]}**"
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        if stopped := stops(record, name):  # side by side: where each cell stopped, and why
+            lines += ["", "Where each prompt type stopped: " + "; ".join(stopped) + "."]
         lines += ["", acceptance_text(record.arm_phases(name)[0].acceptance), ""]
         lines += side_changes.markdown_lines(analysis, name)
     lines += levels.markdown_lines(record, analysis)

@@ -27,6 +27,10 @@ from ..record.search import slot_name
 from ..record.store import stored_runs
 from ..targets.base import Target, room_beside
 from .schedule import (
+    SPREAD_CPU,
+    SPREAD_KIND,
+    SPREAD_OTHER_MACHINE,
+    SPREAD_OWN,
     SlotCount,
     Timing,
     accelerator_timing,
@@ -36,9 +40,9 @@ from .schedule import (
     schedule_seconds,
     server_lines,
     slot_seconds,
+    whole_time,
 )
 from .schedule import default_start_s as default_start_s_of
-from .text import fmt_duration
 
 RUN_LOG = "run.log"
 
@@ -59,11 +63,13 @@ def previous_timing(
     machine: str | None = None,
 ) -> Timing:
     """The engine's speed on this host and accelerator: the newest stored run of the model
-    there (this very machine's first), else its host profile's newest speed (only this
-    machine's where its kind of accelerator's pace is known), else `served` (the running
-    server's /metrics), else the kind of accelerator's (schedule.py ACCELERATOR_PACE); else, on
-    a CPU, a stated assumption, elsewhere none. A start where none was stored: the kind's, at
-    least `default_start_s` (the target's typical start)."""
+    there (this very machine's first; its starts and requests as that run timed them, else its
+    engine's speed at the pace it took against its plan), else its host profile's newest speed
+    (only this machine's where its kind of accelerator's pace is known), else `served` (the
+    running server's /metrics), else the kind of accelerator's (schedule.py ACCELERATOR_PACE;
+    a GPU the table does not hold: its range); else, on a CPU, a stated assumption, elsewhere
+    none. A start where none was stored: the kind's, at least `default_start_s` (the target's
+    typical start). Each with the range it leaves open (`Timing.spread`)."""
     default_start_s = default_start_s_of(accelerator, default_start_s)
     found_runs = [
         (folder, record)
@@ -74,6 +80,19 @@ def previous_timing(
     ]
     mine = [r for r in found_runs if machine and r[1].environment.get("machine") == machine]
     for folder, record in [*mine, *found_runs]:
+        spread = SPREAD_OWN if (folder, record) in mine else SPREAD_OTHER_MACHINE
+        other = machine and (folder, record) not in mine
+        whose = " (another machine's, or one not recorded)" if other else ""
+        timed = timed_pace(record)
+        if timed is not None:
+            start_s, s_per_token = timed
+            return Timing(
+                start_s if start_s is not None else default_start_s,
+                s_per_token,
+                f"from the stored run {folder.name}{whose}, its starts and requests as it "
+                "timed them",
+                spread=spread,
+            )
         speed = speed_of(record)
         if speed is None:
             continue
@@ -81,9 +100,10 @@ def previous_timing(
         return Timing(
             start_s=speed.start_s if speed.start_s is not None else default_start_s,
             s_per_token=speed.s_per_token,
-            source=f"from the stored run {folder.name}"
+            source=f"from the stored run {folder.name}{whose}"
             + (f", which took {pace:.1f} times its plan's estimate" if pace != 1.0 else ""),
             pace=pace,
+            spread=spread,
         )
     found = profile.profile if profile else None
     timed = [e for e in found.entries if e.speed is not None] if found else []
@@ -95,21 +115,41 @@ def previous_timing(
             start_s=entry.speed.start_s or default_start_s,
             s_per_token=entry.speed.s_per_token,
             source=f"from the host profile {profile.path} (the A/A run {entry.run}, "
-            f"vLLM {entry.vllm_version})",
+            f"vLLM {entry.vllm_version}"
+            + ("" if own else "; measured on another machine, or one not recorded")
+            + ")",
+            spread=SPREAD_OWN if own else SPREAD_OTHER_MACHINE,
         )
     if served is not None:
         return Timing(
             default_start_s,
             served,
             "from the running server's /metrics (its requests' time per output token)",
+            spread=SPREAD_KIND,
         )
     if kind is not None:
-        return kind  # no pace of this machine's own: its kind of accelerator's
+        return kind  # no pace of this machine's own: its kind of accelerator's, else the table's
     where = accelerator.describe() if accelerator else "an unknown accelerator"
     none = f"no stored run or host profile of this model on {host} ({where})"
     if accelerator is not None and accelerator.kind == "cpu":
-        return Timing(default_start_s, CPU_S_PER_TOKEN, f"assumed for a CPU: {none}")
+        return Timing(
+            default_start_s, CPU_S_PER_TOKEN, f"assumed for a CPU: {none}", spread=SPREAD_CPU
+        )
     return Timing(default_start_s, None, f"{none} measured the engine's speed")
+
+
+def timed_pace(record: RunRecord) -> tuple[float | None, float] | None:
+    """A stored run's own timing of its starts and slots (`environment["pace"]`, written by the
+    run: its starts' mean, a slot's seconds per server in the rounds over the prompt types'
+    mean max_tokens): (start seconds, seconds per output token); None where it kept none."""
+    found = record.environment.get("pace")
+    if not isinstance(found, dict):
+        return None
+    slot_s, tokens = found.get("slot_s"), found.get("max_tokens")
+    if not isinstance(slot_s, int | float) or not isinstance(tokens, int | float) or tokens <= 0:
+        return None
+    start_s = found.get("start_s")
+    return (float(start_s) if isinstance(start_s, int | float) else None), slot_s / tokens
 
 
 def search_text(run: RunConfig) -> str:
@@ -209,18 +249,20 @@ def design_seconds(
     aba: bool,
     adopts_original: bool,
 ) -> float:
-    """A design's time, as `estimate_seconds` gives the configured one's: `starts` starts per
-    arm (pairs side by side), `requests` per prompt type and start, its arms side by side or
-    one at a time. The plan's --spec-detect design and every lever are timed by it."""
+    """A design's whole time with every slot sent, as the plan's time counts the configured
+    one's (schedule.py `whole_time`: the starts, the regime window, the rounds, the token ids,
+    the restore): `starts` starts per arm (pairs side by side), `requests` per prompt type and
+    start, its arms side by side or one at a time. The plan's --spec-detect design and every
+    lever are timed by it."""
     run = settings.run
     arms = "together" if together else ("one-at-a-time" if run.arms == "together" else run.arms)
     trial = replace(
         settings,
         run=replace(run, repeats=starts, samples=requests, max_samples=requests, arms=arms),
     )
-    return estimate_seconds(
-        trial, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
-    )[0]
+    schedule = schedule_of(trial, baseline=baseline, aba=aba, adopts_original=adopts_original)
+    slots = SlotCount(largest_slots(trial.run, len(trial.prompt_types)))
+    return whole_time(trial, schedule, timing, slots).seconds
 
 
 def side_change_plan(
@@ -300,6 +342,8 @@ def drafter_plan(drafters: Sequence[Drafter]) -> list[str]:
 
 
 def candidate_text(spec: SpecConfig) -> str:
+    if spec.is_original and spec.extra_args:  # e.g. the map on a shape's original at a depth
+        return f"{spec.name} (the original's configuration with {' '.join(spec.extra_args)})"
     if spec.is_original:
         return f"{spec.name} (A/A: the original's own configuration, started again)"
     return f"{spec.name} {spec.to_json()}"
@@ -310,7 +354,6 @@ def dry_run_lines(
     steps: Sequence[str],
     *,
     host: str,
-    timing: Timing,
     aba: bool,
     baseline_from: str | None,
     adopts_original: bool,
@@ -319,15 +362,14 @@ def dry_run_lines(
     design: Sequence[str] = (),
     side_changes: Sequence[str] = (),
     arms: str = "",
+    duration: Sequence[str] = (),
 ) -> list[str]:
     """The plan, as --spec-dry-run prints it; `predicted`: `stored_prediction`'s lines; `arms`:
-    how the arms are served, and why (run/arms.py)."""
+    how the arms are served, and why (run/arms.py); `duration`: the run's whole time
+    (report/plan_reach.py → `time_lines`)."""
     t = settings.target
     baseline = baseline_from is None
     phases, least, most = count_requests(settings, baseline=baseline, aba=aba)
-    seconds, starts = estimate_seconds(
-        settings, timing, baseline=baseline, aba=aba, adopts_original=adopts_original
-    )
     run = settings.run
     lines = [
         "pytest-specdecode dry run: nothing is started, written or changed.",
@@ -375,21 +417,11 @@ def dry_run_lines(
         f"requests: {'up to ' if run.search else ''}{counted} = {phases} phases x "
         f"{len(settings.prompt_types)} prompt types x "
         f"({' + '.join(per_level)} measured + {run.warmup} warm-up)",
-        duration_line(seconds, starts, timing, search=bool(run.search)),
+        *(
+            line.replace("estimated duration: about", "estimated duration: at most about")
+            if run.search
+            else line
+            for line in duration
+        ),
     ]
     return lines + list(predicted)
-
-
-def duration_line(seconds: float, starts: int, timing: Timing, *, search: bool) -> str:
-    """The estimate, and what it rests on; the starts alone where the speed is unknown."""
-    at = f"{starts} server start{'' if starts == 1 else 's'} at ~{timing.start_s:.0f}s"
-    if timing.s_per_token is None:
-        return (
-            f"estimated duration: the starts alone take about {fmt_duration(seconds)} ({at}); "
-            f"the requests' time is not estimated: {timing.source}"
-        )
-    return (
-        f"estimated duration: {'at most ' if search else ''}about {fmt_duration(seconds)} "
-        f"({at}, requests at up to ~{timing.s_per_token * 1000:.0f} ms per output token; "
-        f"{timing.source})"
-    )

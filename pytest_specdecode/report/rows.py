@@ -9,12 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..analysis.run import RunAnalysis
+from ..analysis.variance.spending import look_slots
 from ..analysis.variance.time_drift import drift_text
 from ..analysis.verdict.compare import PromptTypeVerdict, start_prompts
 from ..analysis.verdict.stats import Verdict
 from ..config.arms import BASELINE
 from ..record.counters import ACCEPTED_PER_DRAFT
 from ..record.drafter_check import HEALTHY
+from ..record.measurement import SequentialLooks
 from ..record.schema import RunRecord
 from .text import finite, fmt_num, fmt_p, fmt_pct, metric_change, noise_text, verdict_text
 
@@ -114,6 +116,33 @@ class Row:
 def rows(analysis: RunAnalysis, candidate: str | None = None) -> list[Row]:
     names = [candidate] if candidate else list(analysis.verdicts)
     return [Row.of(v) for name in names for v in analysis.verdicts.get(name, {}).values()]
+
+
+def stop_text(looks: SequentialLooks) -> str:
+    """Where a cell served side by side stopped under the stop rule, and why: "decided at look
+    2 of 4 (24 of 48 slots)", "all slots run (48): not decided at an earlier look", or where
+    it ended before its last look (a run cut short)."""
+    every = look_slots(looks.planned)
+    last = looks.looks[-1] if looks.looks else 0
+    if looks.stopped and last:
+        k = every.index(last) + 1 if last in every else len(looks.looks)
+        return f"decided at look {k} of {len(every)} ({last} of {looks.planned} slots)"
+    if last >= looks.planned:
+        return f"all slots run ({looks.planned}): not decided at an earlier look"
+    return f"ended at look {len(looks.looks)} of {len(every)} ({last} of {looks.planned} slots)"
+
+
+def stops(record: RunRecord, candidate: str) -> list[str]:
+    """Per prompt type (and level), where the candidate's cells stopped under the stop rule
+    (analysis/verdict/sequential.py), and why; empty where no rule watched them."""
+    out = []
+    for phase in record.arm_phases(candidate):
+        for m in phase.measurements.values():
+            if m.sequential is not None:
+                levels = len({x.level for x in phase.measurements.values()})
+                name = m.prompt_type if levels <= 1 else m.key
+                out.append(f"{name} {stop_text(m.sequential)}")
+    return out
 
 
 def undecided(analysis: RunAnalysis, record: RunRecord | None = None) -> list[str]:

@@ -13,6 +13,7 @@ turn; each rests on this machine's pace where it is stored, else on its kind of 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..analysis.verdict.side_changes import control_name
@@ -108,7 +109,7 @@ def schedule_of(
     if adopts_original and last is not None and last.servers == 1:
         starts += int(last.phases[0][1] not in (BASELINE, BASELINE_AFTER))
     beside_many = any(g.servers >= 3 for g in groups)  # the regime window: measure/experiment/
-    regime = len(settings.prompt_types) * settings.run.regime_slots if beside_many else 0
+    regime = len(settings.prompt_types) * settings.run.regime_window_slots if beside_many else 0
     return Schedule(tuple(groups), starts, regime_slots=regime)
 
 
@@ -185,14 +186,20 @@ def _starts(n: int) -> str:
 @dataclass(frozen=True)
 class SlotCount:
     """The slots each group sends: the largest number, and the expected one where a
-    sequential stop ends cells early (None: every cell runs to its largest)."""
+    sequential stop ends cells early (None: every cell runs to its largest); `fewest`: every
+    cell stopped at its first look."""
 
     largest: float
     expected: float | None = None
+    fewest: float | None = None
 
     @property
     def planned(self) -> float:
         return self.expected if self.expected is not None else self.largest
+
+    @property
+    def least(self) -> float:
+        return self.fewest if self.fewest is not None else self.planned
 
 
 def largest_slots(run: RunConfig, prompt_types: int) -> float:
@@ -226,6 +233,119 @@ def schedule_seconds(
     return starting if slot_s is None else starting + slots_seconds(schedule, slots, slot_s)
 
 
+# --------------------------------------------------------------------------- the whole time
+
+STOP_S = 5.0  # the restore's part: each server started is stopped once, in about this long
+
+
+@dataclass(frozen=True)
+class TimePart:
+    """One part of a run's time: what it is and its seconds; `paced`: at the plan's pace (not:
+    measured by this run already, as the methods query is when the plan is said)."""
+
+    what: str
+    seconds: float
+    paced: bool = True
+
+
+@dataclass(frozen=True)
+class PlanTime:
+    """A run's whole time, part by part, and the range it may take: `low` with every cell
+    stopped at its first look at the quick end of the pace's range, `high` with every slot
+    sent at its slow end. `requests_known`: False where no pace tells the requests' time."""
+
+    parts: tuple[TimePart, ...]
+    low: float
+    high: float
+    requests_known: bool = True
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.parts)
+
+    @property
+    def ahead(self) -> float:
+        """The seconds still ahead when the plan is said: the parts not yet measured."""
+        return sum(p.seconds for p in self.parts if p.paced)
+
+
+def token_id_batches(settings: Settings, schedule: Schedule) -> int:
+    """The untimed token-id requests after the timed ones (measure/experiment/token_record.py),
+    counted as one slot per prompt type and start that records them: every start but the drift
+    check's (and a control's), an A/A run's first only."""
+    if not settings.run.record_token_ids:
+        return 0
+    controls = {control_name(c.name) for c in settings.candidates}
+    starts = sum(
+        1
+        for g in schedule.groups
+        for _, arm in g.phases
+        if arm != BASELINE_AFTER and arm not in controls
+    )
+    return len(settings.prompt_types) * (min(starts, 1) if settings.aa_only else starts)
+
+
+def rounds_text(schedule: Schedule, slots: SlotCount, prompt_types: int) -> str:
+    """The groups as the run serves them, and the slots each prompt type sends per server."""
+    sizes: dict[int, int] = {}
+    for g in schedule.groups:
+        sizes[g.servers] = sizes.get(g.servers, 0) + 1
+    groups = ", ".join(
+        f"{n} group{'s' if n != 1 else ''} of {servers} servers, every slot to each in turn"
+        if servers > 1
+        else f"{n} start{'s' if n != 1 else ''} alone"
+        for servers, n in sizes.items()
+    )
+    most = slots.largest / max(1, prompt_types)
+    told = f"{most:.0f} slots a prompt type at most (warm-up included)"
+    if slots.expected is not None:
+        told = (
+            f"about {slots.expected / max(1, prompt_types):.0f} of {most:.0f} slots a prompt "
+            "type (warm-up included)"
+        )
+    return f"the rounds: {groups}; {told}"
+
+
+def whole_time(
+    settings: Settings,
+    schedule: Schedule,
+    timing: Timing,
+    slots: SlotCount,
+    *,
+    methods_s: float | None = None,
+) -> PlanTime:
+    """Everything the run spends, part by part: asking vLLM for its methods (`methods_s`, as
+    measured), every start, the regime window, the rounds, the token ids, the restore; each at
+    this host's pace (`timing`), and the range that pace leaves open (`Timing.spread`)."""
+    fixed = [TimePart("asking vLLM for its methods", methods_s, paced=False)] if methods_s else []
+
+    def paced(count: SlotCount) -> list[TimePart]:
+        n = schedule.starts
+        out = [TimePart(f"{_starts(n)} at ~{timing.start_s:.0f} s", n * timing.start_s)]
+        if timing.s_per_token is not None:
+            slot_s = slot_seconds(settings, timing.s_per_token)
+            types = len(settings.prompt_types)
+            if schedule.regime_slots:
+                per = schedule.regime_slots / max(1, types)
+                regime = (schedule.regime_slots + types * settings.run.warmup) * slot_s * 2
+                out.append(TimePart(f"the regime window ({per:.0f} slots a prompt type)", regime))
+            rounds = sum(count.planned * slot_s * g.servers for g in schedule.groups)
+            out.append(TimePart(rounds_text(schedule, count, types), rounds))
+            if batches := token_id_batches(settings, schedule):
+                out.append(TimePart("the token ids, untimed", batches * slot_s))
+        out.append(TimePart("the restore", STOP_S * n))
+        return [replace(p, seconds=p.seconds * timing.pace) for p in out]
+
+    base = sum(p.seconds for p in fixed)
+    quick = SlotCount(slots.largest, slots.least)
+    fast, slow = timing.spread
+    low = base + fast * sum(p.seconds for p in paced(quick))
+    high = base + slow * sum(p.seconds for p in paced(SlotCount(slots.largest)))
+    return PlanTime(
+        tuple(fixed + paced(slots)), low, high, requests_known=timing.s_per_token is not None
+    )
+
+
 # --------------------------------------------------------------------------- by accelerator
 
 
@@ -242,6 +362,9 @@ class AcceleratorPace:
 # Measured on an H200 lease (issue 41, vLLM 0.26.0, SmolLM2-135M, 256 tokens): starts of 50 to
 # 151 s (151 and 114 s for a pair, 482 s for six); 192 slots of two servers in 517 s and 52
 # slots of six in 445 s, 1.35 and 1.43 s per request: 5.3 and 5.6 ms per output token.
+# On an H100 lease (issue 50, the same model and vLLM): starts of 108 and 82 s; the main job's
+# rounds (side by side, one pair, cells stopped at 12 and 24 slots) sent 176 requests in 162 s,
+# 0.92 s per request: 3.6 ms per output token.
 ACCELERATOR_PACE = {
     "H200": AcceleratorPace(
         100.0,
@@ -249,7 +372,23 @@ ACCELERATOR_PACE = {
         "measured on an H200 with SmolLM2-135M and vLLM 0.26.0: starts of 50-151 s, a "
         "request of 256 tokens 1.35-1.43 s",
     ),
+    "H100": AcceleratorPace(
+        95.0,
+        0.0036,
+        "measured on an H100 with SmolLM2-135M and vLLM 0.26.0: starts of 82 and 108 s, a "
+        "request of 256 tokens 0.92 s",
+    ),
 }
+
+# How far the time may lie from the plan's, by where its pace comes from: this machine's own
+# runs; another machine's of its kind (one CPU of one name ran 49% faster than the profile's,
+# issue 50); a kind of accelerator's table entry; an accelerator the table does not hold (its
+# range, widened); a CPU with nothing stored (the embedded vLLM's order of magnitude).
+SPREAD_OWN = (0.8, 1.25)
+SPREAD_OTHER_MACHINE = (0.6, 1.5)
+SPREAD_KIND = (0.7, 1.5)
+SPREAD_UNKNOWN_GPU = (0.6, 1.6)
+SPREAD_CPU = (0.5, 2.0)
 
 
 def accelerator_pace(accelerator: Accelerator | None) -> AcceleratorPace | None:
@@ -262,9 +401,27 @@ def accelerator_pace(accelerator: Accelerator | None) -> AcceleratorPace | None:
 
 def default_start_s(accelerator: Accelerator | None, target_start_s: float) -> float:
     """A start's time where this machine stored none: its kind of accelerator's, at least the
-    target's typical start (a production unit's model may take longer than the one measured)."""
+    target's typical start (a production unit's model may take longer than the one measured);
+    a GPU of a kind not held: the table's middle."""
     pace = accelerator_pace(accelerator)
+    if pace is None and accelerator is not None and accelerator.kind == "gpu":
+        pace = _table_middle()
     return max(pace.start_s, target_start_s) if pace else target_start_s
+
+
+def _table_middle() -> AcceleratorPace:
+    """The middle of the table's GPUs (geometric), for a GPU of a kind it does not hold."""
+    paces = list(ACCELERATOR_PACE.values())
+    starts = [p.start_s for p in paces]
+    tokens = [p.s_per_token for p in paces]
+    return AcceleratorPace(
+        math.sqrt(min(starts) * max(starts)),
+        math.sqrt(min(tokens) * max(tokens)),
+        "the table's GPUs ("
+        + ", ".join(ACCELERATOR_PACE)
+        + f"): starts of {min(starts):.0f}-{max(starts):.0f} s, "
+        f"{min(tokens) * 1000:.1f}-{max(tokens) * 1000:.1f} ms per output token",
+    )
 
 
 @dataclass(frozen=True)
@@ -277,17 +434,31 @@ class Timing:
     # this host's own pace: a stored run's wall time over its plan's estimate (what the plain
     # estimate leaves out: warm-up, token ids, waits, stops), where it recorded both
     pace: float = 1.0
+    # how far the run's time may lie from the estimate at this pace, as factors: this machine's
+    # own runs narrowly; another machine's, a kind's or an assumption more widely
+    spread: tuple[float, float] = SPREAD_OWN
 
 
 def accelerator_timing(accelerator: Accelerator | None, start_s: float) -> Timing | None:
     """Where this machine stored no pace of its own: its kind of accelerator's (schedule.py
-    ACCELERATOR_PACE), a start taking `start_s`, named as such; None for a kind not known."""
-    pace = accelerator_pace(accelerator)
-    if pace is None or accelerator is None:
+    ACCELERATOR_PACE), a start taking `start_s`, named as such; a GPU of a kind the table does
+    not hold: the middle of the table's GPUs, with their range; None for a CPU or none known."""
+    if accelerator is None or accelerator.kind != "gpu":
         return None
+    pace = accelerator_pace(accelerator)
+    if pace is not None:
+        return Timing(
+            start_s,
+            pace.s_per_token,
+            f"assumed for {accelerator.describe()}, {pace.measured}; this machine stored no "
+            "run of its own",
+            spread=SPREAD_KIND,
+        )
+    middle = _table_middle()
     return Timing(
         start_s,
-        pace.s_per_token,
-        f"assumed for {accelerator.describe()}, {pace.measured}; this machine stored no run "
-        "of its own",
+        middle.s_per_token,
+        f"assumed for {accelerator.describe()}: no pace is stored for this machine or its "
+        f"kind; the middle of {middle.measured}",
+        spread=SPREAD_UNKNOWN_GPU,
     )

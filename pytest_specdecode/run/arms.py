@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..analysis.map.regime import Regime, fallback_beside
+from ..analysis.map.regime import Regime, fallback_beside, regime_size
 from ..config.settings import Settings
 from ..record.profile import HostProfile
 from ..targets.base import Target, room_beside
@@ -70,6 +70,43 @@ def with_regime(
     if why is None:
         return settings, None
     return dataclasses.replace(settings, run=dataclasses.replace(run, beside=beside)), why
+
+
+def with_regime_window(
+    settings: Settings, spread: Callable[[], tuple[float, str]]
+) -> tuple[Settings, str | None]:
+    """Beside two or more: the regime window's slots per cell, sized to settle its tolerance
+    with 80% power at a request's spread (`spread`: it and where it comes from), or left out
+    where it would need more slots than a cell sends (analysis/map/regime.py `regime_size`);
+    as set where `[run] regime_slots` says (then whether that settles it). The plan's line."""
+    run = settings.run
+    if run.arms != "together" or min(run.beside, len(settings.candidates)) < 2:
+        return settings, None
+    sd, source = spread()
+    level = run.levels[0]
+    cells = len(settings.prompt_types) * len(run.levels)
+    step = level.concurrency or 1
+    most = max(1, run.requests_at(level)[1] // step)
+    size = regime_size(cells, most, tolerance=run.regime_tolerance, alpha=run.alpha, spread=sd)
+    at = f"a request's spread of {sd:.1%} ({source})"
+    if run.regime_slots is not None:
+        sent = run.regime_slots * cells
+        settles = "settles" if sent >= size.needed else "cannot settle"
+        return settings, (
+            f"the regime window: {run.regime_slots} slot(s) a cell ([run] regime_slots), "
+            f"{sent} requests beside one: it {settles} its {run.regime_tolerance:.0%} tolerance "
+            f"with 80% power at {at}, which needs {size.needed}"
+        )
+    sized = dataclasses.replace(settings, run=dataclasses.replace(run, regime_slots=size.slots))
+    if size.left_out is not None:
+        return sized, (
+            f"{size.left_out} ({source}); left out: [run] regime_slots = "
+            f"{-(-size.needed // cells)} to force it"
+        )
+    return sized, (
+        f"the regime window: {size.slots} slot(s) a cell, {size.slots * cells} requests beside "
+        f"one, to settle its {run.regime_tolerance:.0%} tolerance with 80% power at {at}"
+    )
 
 
 def with_arms(settings: Settings, arms: str) -> Settings:

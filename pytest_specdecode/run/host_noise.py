@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..analysis.map.regime import Regime, regime_of
+from ..analysis.map.regime import Regime, regime_of, regime_spread
 from ..analysis.variance.restarts import RestartNoise
 from ..analysis.variance.time_drift import TimeDrift, drift_text
 from ..analysis.verdict import noise
 from ..analysis.verdict.compare import METRICS
+from ..analysis.verdict.design import assumed_residual
 from ..config.arms import BASELINE
 from ..config.settings import Settings
 from ..config.specconfig import VllmFacts
@@ -41,7 +42,8 @@ from ..record.profile import (
 from ..record.schema import RunRecord
 from ..record.store import stored_runs
 from ..report.plan import Timing, previous_timing
-from ..report.plan_reach import design_lines
+from ..report.plan_reach import StopSlots, design_lines, plan_time
+from ..report.schedule import PlanTime
 from ..report.text import noise_text
 from ..targets.base import Target
 from .folder import api_headers
@@ -118,6 +120,30 @@ class HostNoise:
             adopts_original=target.adopts_running_original,
             drift=self._drift(self.plan_key(target)),
             accelerator=getattr(self.plan_key(target).accelerator, "kind", None),
+        )
+
+    def plan_time(
+        self,
+        target: Target,
+        settings: Settings,
+        timing: Timing,
+        *,
+        baseline: bool,
+        aba: bool,
+        methods_s: float | None,
+    ) -> tuple[PlanTime, StopSlots | None]:
+        """The run's whole time at this pace (report/plan_reach.py → `plan_time`), its cells
+        stopping where this host's noise lets the stop rule stop them."""
+        key = self.plan_key(target)
+        return plan_time(
+            settings,
+            self.known(key),
+            timing,
+            baseline=baseline,
+            aba=aba,
+            adopts_original=target.adopts_running_original,
+            methods_s=methods_s,
+            accelerator=getattr(key.accelerator, "kind", None),
         )
 
     def noise_plan(self, target: Target) -> str:
@@ -272,6 +298,20 @@ class HostNoise:
             and recorded_accelerator(record.environment) == key.accelerator
             and (found := regime_of(record)) is not None
         ]
+
+    def regime_spread(self, target: Target) -> tuple[float, str]:
+        """A request's spread (log) the regime window is sized by: what the newest stored run's
+        regime window showed on this accelerator, else this host's measured residual, else the
+        one assumed for its kind of accelerator (analysis/verdict/design.py)."""
+        for name, found in self.regimes(target):
+            if (spread := regime_spread(found)) is not None:
+                return spread, f"the stored run {name}'s regime window"
+        key = self.plan_key(target)
+        known = self.known(key).get("throughput")
+        if known is not None and known.residual:
+            return math.sqrt(known.residual), f"this host's A/A runs: {known.source}"
+        kind = getattr(key.accelerator, "kind", None)
+        return math.sqrt(assumed_residual(kind)), f"assumed for a {kind or 'host'}, none stored"
 
     # -- what the key reads ---------------------------------------------------------------------
     def _drift(self, key: ProfileKey) -> TimeDrift | None:

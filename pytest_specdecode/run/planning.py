@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,15 @@ from ..progress import ProgressLog, write_line
 from ..record.counters import TrafficWatch
 from ..record.profile import lookup
 from ..report.plan import (
+    Timing,
     drafter_plan,
     dry_run_lines,
-    plain_seconds,
     search_text,
     service_plan,
     side_change_plan,
 )
+from ..report.plan_reach import estimate_line, time_lines
+from ..report.schedule import PlanTime
 from ..report.sections.shape import plan_lines as shape_plan_lines
 from ..report.stored_plan import stored_prediction, stored_search_plan
 from ..targets.base import Service, Target
@@ -47,9 +50,10 @@ from ..targets.facts.vllm import (
 )
 from ..targets.host_env import busiest
 from ..targets.shaped import SHAPE_FOLDER, resolve_shape
-from .arms import choose_arms, with_arms, with_regime
+from .arms import choose_arms, with_arms, with_regime, with_regime_window
 from .drafters import check_drafters
 from .host_noise import HostNoise
+from .map_on_shape import map_plan, with_map_on_shape
 from .replicas import replicas_dry_run
 
 
@@ -74,7 +78,11 @@ class Planning:
         self.vllm_facts: VllmFacts | None = None  # what the candidates were validated against
         self.drafters: list[Drafter] = []  # each drafter's config, checked where it is loaded
         self.request_metrics_note: str | None = None  # why no per-request metrics, if so
-        self.planned_s: float | None = None  # the plan's estimate, before this host's pace
+        self.planned_s: float | None = None  # the plan's estimate of what follows the plan
+        self.methods_s: float | None = None  # asking the target's vLLM for its methods, as timed
+        self.time: PlanTime | None = None  # the run's whole time as the plan said it
+        self.timing: Timing | None = None  # the pace it rests on
+        self.regime_line: str | None = None  # the regime window, sized or left out, and why
         # --spec-shape: the architecture served with dummy weights; its config.json goes into
         # the run's folder (targets/shaped.py); `open_target` serves it once it is resolved
         self.shape: ServedShape | None = None
@@ -85,9 +93,11 @@ class Planning:
         a host that cannot be reached refuses the run, nothing touched."""
         target = self.open_target(self.settings.reports_dir)
         try:
+            began = time.monotonic()
             facts = validated_against_target(
                 target, self.settings.candidates, progress=self.progress
             )
+            self.methods_s = time.monotonic() - began
             self.drafters = check_drafters(target, self.settings.candidates, progress=self.progress)
             self.resolve_shape(target, facts)
         except HostError as exc:  # the host cannot be reached: nothing was touched
@@ -122,6 +132,9 @@ class Planning:
             beside=beside,
             progress=self.progress,
         )
+        # --spec-break-even on the shape: its carrier, drafters and depths (run/map_on_shape.py)
+        self.settings, self.shape = with_map_on_shape(self.settings, self.shape)
+        self._use_facts(facts)
 
     # -- the dry run ----------------------------------------------------------------------------
     def dry_run(self) -> int:
@@ -133,9 +146,11 @@ class Planning:
         try:
             checked = []
             if settings.candidates or settings.shape is not None:
+                began = time.monotonic()
                 facts = validated_against_target(
                     target, settings.candidates, progress=self.progress
                 )
+                self.methods_s = time.monotonic() - began
                 self._use_facts(facts)
                 settings = self.settings
                 self.drafters = check_drafters(target, settings.candidates, progress=self.progress)
@@ -161,7 +176,6 @@ class Planning:
             settings,
             steps,
             host=target.host_name,
-            timing=self.host_noise.timing(target, self.settings),
             aba=self.config.getoption("spec_aba"),
             baseline_from=self.config.getoption("spec_baseline_from"),
             adopts_original=target.adopts_running_original,
@@ -171,12 +185,15 @@ class Planning:
                 if settings.run.search
                 else stored_prediction(settings, host=target.host_name)
             ),
-            design=self.design_lines(target),
+            design=[*filter(None, [self.regime_line]), *self.design_lines(target)],
             side_changes=side_change_plan(settings, self._target_version(), self.vllm_facts),
             arms=arms,
+            duration=self.time_lines(target),
         )
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("model:")), 1)
-        lines[at:at] = shape_plan_lines(self.shape, unit=self._shape_unit())
+        timing = self.host_noise.timing(target, settings)
+        shaped = shape_plan_lines(self.shape, unit=self._shape_unit())
+        lines[at:at] = [*shaped, *map_plan(settings, self.shape, timing)]
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
 
@@ -198,15 +215,13 @@ class Planning:
         """The plan into run.log as a run starts, its arms chosen on this host; the estimate
         the run records as its plan's (`planned_s`)."""
         self.progress(f"plan: {self.choose_arms(target)}")
+        if self.regime_line:
+            self.progress(f"plan: {self.regime_line}")
         settings = self.settings
-        self.planned_s = plain_seconds(
-            settings,
-            self.host_noise.timing(target, settings),
-            baseline=self.config.getoption("spec_baseline_from") is None,
-            aba=self.config.getoption("spec_aba"),
-            adopts_original=target.adopts_running_original,
-        )[0]
-        for line in shape_plan_lines(self.shape, unit=self._shape_unit()):
+        duration = self.time_lines(target)
+        timing = self.timing or self.host_noise.timing(target, settings)
+        shaped = shape_plan_lines(self.shape, unit=self._shape_unit())
+        for line in [*shaped, *map_plan(settings, self.shape, timing)]:
             self.progress(f"plan: {line}")
         for step in service_plan(settings, target):
             self.progress(f"plan: {step}")
@@ -215,10 +230,51 @@ class Planning:
         self.progress(f"plan: restart noise: {self.host_noise.noise_plan(target)}")
         for line in self.design_lines(target):
             self.progress(f"plan: {line}")
+        for line in duration:
+            self.progress(f"plan: {line}")
         for line in side_change_plan(settings, self._target_version(), self.vllm_facts):
             self.progress(f"plan: {line}")
         for line in drafter_plan(self.drafters):
             self.progress(f"plan: drafter: {line}")
+
+    def time_lines(self, target: Target) -> list[str]:
+        """The run's whole time, every part in it, at this host's pace and with the range it
+        leaves open (report/plan_reach.py → `time_lines`); kept for the run's own estimate
+        after its first start and round, and as the estimate a stored run is paced against
+        (`planned_s`: what follows the plan)."""
+        settings = self.settings
+        self.timing = self.host_noise.timing(target, settings)
+        self.time, stop = self.host_noise.plan_time(
+            target,
+            settings,
+            self.timing,
+            baseline=self.config.getoption("spec_baseline_from") is None,
+            aba=self.config.getoption("spec_aba"),
+            methods_s=self.methods_s,
+        )
+        self.planned_s = self.time.ahead
+        return time_lines(self.time, self.timing, stop)
+
+    def estimate_now(
+        self, target: Target, startups: Sequence[float], slot_s: float, elapsed_s: float
+    ) -> str | None:
+        """After the first start and round: the whole time again, at the starts and the slot
+        this run measured (`elapsed_s`: since the run began, after the methods query)."""
+        if self.time is None or self.timing is None:
+            return None
+        tokens = [t.max_tokens for t in self.settings.prompt_types.values()] or [1]
+        start_s = sum(startups) / len(startups) if startups else self.timing.start_s
+        timing = Timing(start_s, slot_s * len(tokens) / max(1, sum(tokens)), "measured")
+        found, _ = self.host_noise.plan_time(
+            target,
+            self.settings,
+            timing,
+            baseline=self.config.getoption("spec_baseline_from") is None,
+            aba=self.config.getoption("spec_aba"),
+            methods_s=self.methods_s,
+        )
+        done = (self.methods_s or 0.0) + elapsed_s
+        return estimate_line(found, self.time, startups, slot_s, done)
 
     def _target_version(self) -> str | None:
         """The target's vLLM version where it was asked (not the offline list's)."""
@@ -238,6 +294,9 @@ class Planning:
         )
         settings, fewer = with_regime(
             with_arms(self.settings, mode), lambda: self.host_noise.regimes(target)
+        )
+        settings, self.regime_line = with_regime_window(
+            settings, lambda: self.host_noise.regime_spread(target)
         )
         self.settings = self.host_noise.settings = settings
         how = f"arms: {'side by side' if mode == 'together' else 'one at a time'}: {why}"

@@ -189,6 +189,7 @@ class SpecDecodeSession:
                     facts=self.plan.vllm_facts,
                     probe=HostProbe(target.host),
                     step=self.progress.step,
+                    first_round=lambda slot_s: self._estimate_now(target, board.startups, slot_s),
                 )
                 self.progress.step("watching the host before the run")
                 self.plan.watch_host(self.experiment, target, board.original)
@@ -205,6 +206,14 @@ class SpecDecodeSession:
             if store is not None and board is not None and board.restore_report is not None:
                 store.record.restore = board.restore_report
                 store.flush()
+
+    def _estimate_now(self, target: Target, startups: list[float], slot_s: float) -> None:
+        """Once, after the first start and round: the run's whole time at its own pace."""
+        line = self.plan.estimate_now(
+            target, startups, slot_s, elapsed_s=time.monotonic() - self._started
+        )
+        if line:
+            self.progress(line)
 
     def _search(self, experiment: Experiment, host: str) -> SearchRun:
         """--spec-search: each reload chosen by prediction, checked by the host's vLLM as any
@@ -304,7 +313,7 @@ class SpecDecodeSession:
             candidates={c.name: dict(c.values) for c in settings.candidates},
             prompt_types=dict(settings.prompt_types),
             environment={
-                "planned_s": self.plan.planned_s,  # the plan's estimate, before this host's pace
+                "planned_s": self.plan.planned_s,  # the plan's estimate of what follows it
                 **environment(
                     target,
                     settings.source,
@@ -421,6 +430,9 @@ class SpecDecodeSession:
                 self._analysis = analyze(store.record)
             analysis = self._analysis
             store.record.environment["run_s"] = time.monotonic() - self._started
+            starts = self.experiment.board.startups  # the starts' pace beside the rounds'
+            if starts and isinstance(pace := store.record.environment.get("pace"), dict):
+                pace["start_s"] = sum(starts) / len(starts)
             self.host_noise.update_profile(store.record)
             store.analysis = analysis.to_json()
             store.flush()

@@ -56,6 +56,7 @@ class Switchboard:
         adopted = self.was_active and self.found is self.original
         self.active: Service | None = self.original if adopted else None
         self.last_startup_s: float | None = None  # the last activate's start, to serving
+        self.startups: list[float] = []  # every start's seconds to serving, in order (the pace)
         self.active_spec: SpecConfig | None = None
         self.besides: list[Service] = []  # the servers beside the original, while they serve
         self.swapped = False  # the last pair: the two in each other's places
@@ -103,6 +104,7 @@ class Switchboard:
         self.active, self.active_spec = wanted, spec
         if spec is None:
             self.last_startup_s = self._wait(wanted, self._ready_timeout_s)
+            self.startups.append(self.last_startup_s)
             return wanted
 
         def again(spec: SpecConfig = spec) -> Service:
@@ -112,6 +114,7 @@ class Switchboard:
             return self.active
 
         self.active, self.last_startup_s = self._serve(spec, wanted, again)
+        self.startups.append(self.last_startup_s)
         return self.active
 
     def _serve(
@@ -204,6 +207,7 @@ class Switchboard:
                     return seconds[place]
 
                 _, self.last_startup_s = self._serve(spec, second, again)
+                self.startups.append(self.last_startup_s)
                 if first_beside is not None and place == 0:
                     first_beside(original, seconds[0])
             yield original, seconds

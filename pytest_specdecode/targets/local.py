@@ -13,7 +13,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
-from ..config.vllm_argv import option_value, parse_server_command, with_speculative_config
+from ..config.vllm_argv import (
+    option_value,
+    parse_server_command,
+    served_model,
+    with_speculative_config,
+)
 from ..errors import ConfigError, HostError
 from .base import Progress, Transports, port_answers
 from .beside.placement import (
@@ -35,7 +40,7 @@ from .facts.gpu import (
     parse_compute_apps,
     parse_gpus,
 )
-from .facts.model_config import ModelSite, served_model
+from .facts.model_config import ModelSite
 from .facts.vllm import ask_vllm
 from .hosts.base import LocalHost
 from .local_process import LocalProcessService, server_env

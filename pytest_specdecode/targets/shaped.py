@@ -134,6 +134,9 @@ class ShapedTarget:
         path = self.folder / CONFIG_NAME
         if not self._written:
             write_atomically(path, self.served.config_text())
+            # what is built on the shape: the map's drafters' config.json (run/map_on_shape.py)
+            for where, text in dict(self.served.extras.get("files") or {}).items():
+                write_atomically(Path(where), str(text))
             self._written = True
         return path
 

@@ -240,6 +240,7 @@ def test_report_html_summary_and_plots_of_a_real_run(ngram_run: NgramRun) -> Non
     assert equivalence["n"] == 6 and equivalence["status"] in {"identical", "differs"}
     environment = {"gpus", "cpu", "accelerator", "git_commit", "vllm", "host_before_run"}
     environment |= {"machine", "planned_s", "run_s"}  # which machine; the plan's pace and the run's
+    environment |= {"pace"}  # its starts and slots as it timed them, for the next plan
     assert set(data["environment"]) - {"suite_content"} == environment  # content: outside git
     assert data["environment"]["accelerator"]["kind"] == "cpu"
     assert data["environment"]["vllm"]["version"] == "0.32.0"  # what the candidates were checked by

@@ -28,7 +28,7 @@ import numpy as np
 from scipy import stats
 
 from ...config.arms import cell_key
-from ...config.break_even import point_of
+from ...config.break_even import carrier_of, depth_of_arm, point_of
 from ...record.measurement import Measurement
 from ...record.schema import RunRecord
 from ..verdict.compare import PromptTypeVerdict
@@ -109,6 +109,12 @@ class MapLine:
     slope: float
     confidence: float
     draws: tuple[tuple[float, float], ...]  # (intercept, slope) redrawn, for the bands
+    carrier: str = ""  # what drafted on its servers: ngram, eagle3, draft_model:NAME
+
+    @property
+    def name(self) -> str:
+        """`k=3`, and the carrier where it is a drafter with a model: `k=3 (eagle3)`."""
+        return f"k={self.k}" + (f" ({self.carrier})" if _with_model(self.carrier) else "")
 
     def at(self, length: float) -> tuple[float, float, float]:
         """The ratio at `length` tokens per step, and its band."""
@@ -139,7 +145,7 @@ class MapLine:
             f"{_length(be)})"
         )
         return (
-            f"k={self.k} at {self.level}: {where}; every draft accepted: {top:.2f}x "
+            f"{self.name} at {self.level}: {where}; every draft accepted: {top:.2f}x "
             f"[{top_low:.2f}, {top_high:.2f}]"
         )
 
@@ -148,6 +154,7 @@ class MapLine:
         top, top_low, top_high = self.ceiling
         return {
             "k": self.k,
+            "carrier": self.carrier,
             "level": self.level,
             "prompt_type": self.prompt_type,
             "intercept": self.intercept,
@@ -168,9 +175,21 @@ class BreakEvenMap:
     lines: tuple[MapLine, ...]
     drafting: str  # how it was made sure that the drafter proposed k tokens a step
 
-    def line(self, k: int, level: str, prompt_type: str = ALL_PROMPTS) -> MapLine | None:
+    @property
+    def carriers(self) -> list[str]:
+        """The carriers measured, the map's own first (its servers are named first)."""
+        return list(dict.fromkeys(line.carrier for line in self.lines))
+
+    def line(
+        self, k: int, level: str, prompt_type: str = ALL_PROMPTS, carrier: str | None = None
+    ) -> MapLine | None:
+        """The line of `carrier` (default: the map's own) for k, load and prompt type."""
+        carriers = self.carriers
+        wanted = carrier if carrier is not None else (carriers[0] if carriers else "")
         for line in self.lines:
-            if (line.k, line.level, line.prompt_type) == (k, level, prompt_type):
+            if (line.k, line.level, line.prompt_type, line.carrier) == (
+                k, level, prompt_type, wanted,
+            ):  # fmt: skip
                 return line
         return None
 
@@ -180,15 +199,24 @@ class BreakEvenMap:
 
     @property
     def ks(self) -> list[int]:
-        return sorted({line.k for line in self.lines})
+        """The map's own carrier's k."""
+        own = self.carriers[:1]
+        return sorted({line.k for line in self.lines if line.carrier in own})
 
-    def near(self, k: int, level: str, prompt_type: str) -> MapLine | None:
-        """The line for `k`, else the map's nearest k (the caller names it), at the level."""
-        found = self.line(k, level, prompt_type) or self.line(k, level)
-        if found is not None or not self.ks:
+    def near(
+        self, k: int, level: str, prompt_type: str, carrier: str | None = None
+    ) -> MapLine | None:
+        """The line for `k`, else the map's nearest k (the caller names it), at the level: of
+        `carrier` where the map measured it (a candidate's own method), else the map's own."""
+        carrier = carrier if carrier in self.carriers else None
+        ks = sorted({ln.k for ln in self.lines if ln.carrier == carrier}) if carrier else self.ks
+        found = self.line(k, level, prompt_type, carrier) or self.line(k, level, carrier=carrier)
+        if found is not None or not ks:
             return found
-        nearest = min(self.ks, key=lambda m: (abs(m - k), m))
-        return self.line(nearest, level, prompt_type) or self.line(nearest, level)
+        nearest = min(ks, key=lambda m: (abs(m - k), m))
+        return self.line(nearest, level, prompt_type, carrier) or self.line(
+            nearest, level, carrier=carrier
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"drafting": self.drafting, "lines": [line.to_dict() for line in self.lines]}
@@ -226,14 +254,23 @@ def map_of_run(
     record: RunRecord, verdicts: Mapping[str, Mapping[str, PromptTypeVerdict]]
 ) -> BreakEvenMap | None:
     """The run's map, from its synthetic candidates' verdicts; None where it measured none."""
-    found = {c: p for c in verdicts if (p := point_of(record.candidates.get(c) or {}))}
+    found = {
+        c: p
+        for c in verdicts
+        if (p := point_of(record.candidates.get(c) or {})) and depth_of_arm(c) is None
+    }
     if not found:
         return None
     levels = record.run.levels
     several = len(levels) > 1
     confidence = 1.0 - record.run.alpha
-    points: dict[tuple[int, str, str], list[MapPoint]] = {}
+    # the carriers in the order their servers were configured: the map's own first
+    order = list(dict.fromkeys(carrier_of(record.candidates[c]) for c in record.candidates
+                               if c in found))  # fmt: skip
+    points: dict[tuple[int, str, int, str, str], list[MapPoint]] = {}
     for candidate, (k, length) in found.items():
+        carrier = carrier_of(record.candidates[candidate])
+        rank = order.index(carrier)
         for level in levels:
             per_type: list[MapPoint] = []
             for name in record.prompt_types:
@@ -248,13 +285,14 @@ def map_of_run(
                     counts.length, counts.drafts_per_step, counts.tokens_per_step,
                 )  # fmt: skip
                 per_type.append(point)
-                points.setdefault((k, level.label, name), []).append(point)
+                points.setdefault((rank, carrier, k, level.label, name), []).append(point)
             if per_type:
-                points.setdefault((k, level.label, ALL_PROMPTS), []).append(_pooled(per_type))
+                key = (rank, carrier, k, level.label, ALL_PROMPTS)
+                points.setdefault(key, []).append(_pooled(per_type))
     lines = []
-    for (k, level, name), series in sorted(points.items()):
+    for (_, carrier, k, level, name), series in sorted(points.items()):
         a, b, draws = fit_line(series, confidence=confidence)
-        lines.append(MapLine(k, level, name, tuple(series), a, b, confidence, draws))
+        lines.append(MapLine(k, level, name, tuple(series), a, b, confidence, draws, carrier))
     return BreakEvenMap(tuple(lines), drafting=_drafting(lines))
 
 
@@ -326,9 +364,14 @@ def _drafting(lines: Sequence[MapLine]) -> str:
         for p in line.points
         if p.drafts_per_step is not None
     ]
+    carriers = {line.carrier for line in lines}
     head = (
         "each map server drafts with prompt_lookup_min 1, so a draft is proposed wherever any "
         "earlier token recurs; vLLM's counters say how many draft tokens it proposed a step"
+        if not any(_with_model(c) for c in carriers)
+        else f"the map's servers draft with {', '.join(sorted(carriers))}; a drafter with a "
+        "model proposes k at every step, n-gram only where its lookup matches; vLLM's counters "
+        "say how many draft tokens each proposed a step"
     )
     if not per_step:
         return f"{head}: not counted in this run (no counters)"
@@ -337,6 +380,10 @@ def _drafting(lines: Sequence[MapLine]) -> str:
         f"{head}: {min(shares):.0%} to {max(shares):.0%} of k over the map's servers "
         "(below 100%, some steps drafted fewer than k, and the map's step costs read low)"
     )
+
+
+def _with_model(carrier: str) -> bool:
+    return carrier not in ("", "ngram", "ngram_gpu", "suffix")
 
 
 def _crossing(a: float, b: float) -> float:

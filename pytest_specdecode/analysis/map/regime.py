@@ -97,10 +97,17 @@ class Regime:
                 f"the baseline beside {n} servers ran within {tol} of its speed beside one "
                 f"({figure})"
             )
+        spread = regime_spread(self)
+        alpha = (1.0 - self.confidence) / 2.0
+        needed = (
+            f"about {regime_requests(self.tolerance, spread, alpha=alpha)} requests beside one "
+            f"would tell at this spread ({spread:.1%} a request)"
+            if spread is not None
+            else "more slots in the regime window would tell"
+        )
         return (
             f"the baseline beside {n} servers against beside one: {figure}; neither beyond the "
-            f"tolerance of {tol} nor within it (more slots in the regime window, [run] "
-            "regime_slots, would tell)"
+            f"tolerance of {tol} nor within it ({needed}; [run] regime_slots)"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -192,6 +199,75 @@ def regime_figure(
 def _values(key: str, m: Measurement) -> list[tuple[float, str]]:
     """A cell's values with their prompt's label (the cell and the prompt's index)."""
     return [(v, f"{key}#{i}") for v, i in m.by_prompt(METRIC)]
+
+
+# --------------------------------------------------------------------------- the window's size
+
+REGIME_POWER = 0.80  # the window settles its tolerance this often where it holds (or is missed)
+MOST_REQUESTS = 10_000  # no window beyond this: the search for its size stops here
+
+
+def regime_requests(
+    tolerance: float, sd: float, *, alpha: float, power: float = REGIME_POWER
+) -> int:
+    """Requests beside one (each paired by its prompt with one beside all N) for the regime's
+    `1 - 2 alpha` interval to lie wholly within, or wholly beyond, `1 - tolerance` with this
+    power, at a request's spread `sd` (log, one side): the least n with `sqrt(2 sd^2 / n) (t(1 -
+    alpha, n - 1) + t(power, n - 1)) <= -log(1 - tolerance)` (`regime_figure` fits each prompt's
+    level, so n pairs leave n - 1 degrees of freedom). MOST_REQUESTS where none is enough."""
+    margin = -math.log1p(-tolerance)
+    if sd <= 0.0:
+        return 2
+    n = 2
+    while n < MOST_REQUESTS:
+        df = n - 1
+        se = sd * math.sqrt(2.0 / n)
+        if se * (t_quantile(1.0 - alpha, df) + t_quantile(power, df)) <= margin:
+            return n
+        n += 1 if n < 64 else max(1, n // 16)
+    return MOST_REQUESTS
+
+
+def regime_spread(regime: Regime) -> float | None:
+    """A request's spread (log, one side) that a measured regime shows: its pooled interval's
+    half-width over its t quantile, as `regime_requests` takes it (n pairs: the requests beside
+    one, each paired with one beside all N); None where it cannot tell."""
+    fig, n = regime.pooled, regime.pooled.n_one
+    if n < 2 or not (fig.high > fig.low > 0.0):
+        return None
+    half = (math.log(fig.high) - math.log(fig.low)) / 2.0
+    se = half / t_quantile(0.5 + regime.confidence / 2.0, n - 1)
+    return se * math.sqrt(n / 2.0)
+
+
+@dataclass(frozen=True)
+class RegimeSize:
+    """The regime window a plan sends: its slots per cell (0: left out), the requests that
+    would settle the tolerance at the spread assumed, and why it is left out, if it is."""
+
+    slots: int
+    needed: int
+    spread: float
+    left_out: str | None = None
+
+
+def regime_size(
+    cells: int, most_slots: int, *, tolerance: float, alpha: float, spread: float
+) -> RegimeSize:
+    """The window sized to settle its tolerance with REGIME_POWER at a request's `spread`:
+    enough slots per cell (of `cells`) for `regime_requests`; left out, with the reason,
+    where that is more slots than a cell sends beside all N (`most_slots`): its requests pair
+    with those, so more could not settle it."""
+    needed = regime_requests(tolerance, spread, alpha=alpha)
+    slots = max(1, math.ceil(needed / max(1, cells)))
+    if slots <= most_slots:
+        return RegimeSize(slots, needed, spread)
+    why = (
+        f"the regime window would need {needed} requests beside one ({slots} slots a cell, "
+        f"more than the {most_slots} a cell sends beside all) to settle {tolerance:.0%} with "
+        f"{REGIME_POWER:.0%} power at a request's spread of {spread:.1%}"
+    )
+    return RegimeSize(0, needed, spread, why)
 
 
 def fallback_beside(asked: int, measured: Sequence[tuple[str, Regime]]) -> tuple[int, str | None]:

@@ -139,7 +139,8 @@ def candidate_predictions(
                 if found is None or k is None:
                     continue
                 tau, source = _tokens_per_step(record, prediction, candidate, name, level, i)
-                line = found.near(k, level.label, name) if tau is not None else None
+                method = str((record.candidates.get(candidate) or {}).get("method"))
+                line = found.near(k, level.label, name, method) if tau is not None else None
                 if tau is None or line is None:
                     continue
                 ratio, low, high = line.at(tau)

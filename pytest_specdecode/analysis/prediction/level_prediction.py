@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...config.arms import BASELINE
-from ...config.break_even import point_of
-from ...config.specconfig import BATCH_TABLE_KEY
+from ...config.break_even import depth_of_arm, point_of
+from ...config.specconfig import BATCH_TABLE_KEY, NGRAM_METHODS
 from ...record.measurement import Measurement
 from ...record.requests.token_capture import CapturedTokens
 from ...record.schema import Phase, RunRecord
@@ -212,7 +212,9 @@ def map_timings(record: RunRecord, level: str) -> list[CandidateTiming]:
     out: list[CandidateTiming] = []
     for arm, values in record.candidates.items():
         point = point_of(values)
-        if point is None:
+        # n-gram's own map servers at the depth served: not another drafter's (its proposer's
+        # cost is not n-gram's), nor the map's arms at another depth (analysis/map/shape.py)
+        if point is None or depth_of_arm(arm) is not None or values["method"] not in NGRAM_METHODS:
             continue
         for phase in record.arm_phases(arm):
             for m in phase.measurements.values():

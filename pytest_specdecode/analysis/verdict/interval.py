@@ -6,15 +6,15 @@ metric is compared on the log scale through the mean of each start, and the unce
 start's mean has two parts: the between-start variance (the restart noise) and the within-start
 variance over its requests. Side by side, the pairs' slots give a second analysis
 (analysis/variance/pairs.py); the narrower of the two is kept, and where the stop rule looked
-at the one pair, the interval takes its last look's group-sequential boundary. The verdict is
-read from it in stats.py → `decide`.
+at the one pair, both take its last look's group-sequential boundary. The verdict is read from
+it in stats.py → `decide`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,16 +26,20 @@ from ..variance.restarts import (
     interval_variance,
     t_quantile,
 )
-from ..variance.spending import fractions_of, nominal_level
+from ..variance.spending import fractions_of, look_times, nominal_level
+from ..variance.stop_bias import overstated
 
 __all__ = [
     "Interval",
     "Question",
+    "Watched",
     "arm_figures",
     "center",
     "nested_interval",
     "paired_interval",
     "sequential_confidence",
+    "stop_overstated",
+    "watched",
 ]
 
 
@@ -136,14 +140,12 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     of a start's effect, τ², is pooled by degrees of freedom from this run's repeated starts and
     from `noise` (measured by stored runs, or assumed), each with the residual's share added
     (analysis/variance/restarts.py); the t quantile is taken on the pooled degrees of freedom.
+    Where the stop rule watched the one pair, both analyses take its last look's boundary
+    (`sequential_confidence`), and the narrower is kept there too.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    adjusted = sequential_confidence(question, noise=noise, confidence=confidence)
-    if adjusted != confidence:  # the stop rule's boundary holds for the pairs' interval
-        found = paired_interval(question, noise=noise, confidence=adjusted)
-        if found is not None:
-            return found
+    confidence = sequential_confidence(question, noise=noise, confidence=confidence)
     by_starts = _starts_interval(question, noise=noise, confidence=confidence)
     by_pairs = paired_interval(question, noise=noise, confidence=confidence)
     if by_pairs is None or _width(by_pairs) > _width(by_starts):
@@ -151,30 +153,112 @@ def nested_interval(question: Question, *, noise: RestartNoise, confidence: floa
     return by_pairs
 
 
+@dataclass(frozen=True)
+class Watched:
+    """The looks the stop rule took at one pair: the slots of each, the cell's planned slots,
+    and the change's variance at `n` slots, `offsets + slot_var / n` (this pair's fit)."""
+
+    looks: tuple[int, ...]
+    planned: int
+    offsets: float
+    slot_var: float  # nan: no slot noise known (the variance is then taken as 1 / n)
+
+    def variance(self, n: int) -> float:
+        return self.offsets + self.slot_var / n if math.isfinite(self.slot_var) else 1.0 / n
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        final = self.variance(max(self.planned, self.looks[-1]))
+        return fractions_of([self.variance(n) for n in self.looks], final)
+
+    def level(self, one_sided: float, look: int | None = None) -> float:
+        """The one-sided nominal level of a look's boundary (the last, where None)."""
+        k = len(self.looks) if look is None else look + 1
+        times = look_times(self.looks[:k], self.planned)
+        return nominal_level(self.fractions[:k], one_sided, times)
+
+
+def watched(question: Question, *, noise: RestartNoise) -> Watched | None:
+    """Where the stop rule looked at the question's one pair: its looks and variance; else
+    None. The variance's parts are the pair's offset, pooled with the outside knowledge
+    (pairs.py), less the slot part, and this pair's slot noise."""
+    looks, planned = tuple(question.looks or ()), question.planned_slots
+    fit = fit_pairs(
+        [np.asarray(d, dtype=float) for d in question.pairs or ()], question.pair_prompts
+    )
+    if not looks or planned < 1 or fit is None or fit.pairs != 1:
+        return None
+    tau2, df, _ = pair_variance(fit, outside=noise, twin=_twin_fit(question))
+    if not df or not math.isfinite(tau2):
+        return None
+    slot_var = fit.slot_var if fit.slot_df and math.isfinite(fit.slot_var) else math.nan
+    return Watched(looks, planned, max(0.0, tau2 - fit.within), slot_var)
+
+
 def sequential_confidence(question: Question, *, noise: RestartNoise, confidence: float) -> float:
     """Where the stop rule looked at the question's one pair: the confidence of its last
     look's group-sequential boundary (variance/spending.py), spending the same one-sided
     `(1 - confidence) / 2` over the looks; else `confidence` unchanged.
 
-    The looks' information fractions come from this pair's variance at each look, `omega^2 +
-    sigma_d^2 / n` (the pair's offset, pooled with the outside knowledge, and the slot noise)."""
-    looks, planned = list(question.looks or ()), question.planned_slots
-    fit = fit_pairs(
-        [np.asarray(d, dtype=float) for d in question.pairs or ()], question.pair_prompts
-    )
-    if not looks or planned < 1 or fit is None or fit.pairs != 1:
+    The looks spend on the slots' schedule (`look_times`); their correlation comes from this
+    pair's variance at each look, `omega^2 + sigma_d^2 / n` (`watched`)."""
+    found = watched(question, noise=noise)
+    if found is None:
         return confidence
-    tau2, df, _ = pair_variance(fit, outside=noise, twin=_twin_fit(question))
-    if not df or not math.isfinite(tau2):
-        return confidence
-    slot_var = fit.slot_var if fit.slot_df and math.isfinite(fit.slot_var) else math.nan
-    offsets = max(0.0, tau2 - fit.within)
+    return 1.0 - 2.0 * found.level((1.0 - confidence) / 2.0)
 
-    def variance(n: int) -> float:  # with no slot noise known, as if the slots were all
-        return offsets + slot_var / n if math.isfinite(slot_var) else 1.0 / n
 
-    fractions = fractions_of([variance(n) for n in looks], variance(max(planned, looks[-1])))
-    return 1.0 - 2.0 * nominal_level(fractions, (1.0 - confidence) / 2.0)
+def stop_overstated(
+    question: Question,
+    interval: Interval,
+    *,
+    noise: RestartNoise,
+    one_sided: float,
+    min_effect: float,
+) -> tuple[float, float] | None:
+    """Where the stop rule stopped the question's pair before its planned slots with a call
+    beyond the margin: how much further from no change than the change a cell that stops at
+    this look prints on average (log; variance/stop_bias.py), were the change the interval's
+    estimate, and were it the interval's end nearer no change. On each look's standard error
+    (the interval's, scaled by the pair's variance at that look) and half-width (what the stop
+    rule saw: the pairs' interval on the slots sent by then, at that look's boundary, spending
+    `one_sided`; the last look's, the interval's own); None where it did not stop early."""
+    found = watched(question, noise=noise)
+    if found is None or found.looks[-1] >= found.planned:
+        return None
+    if not (interval.df and math.isfinite(interval.se) and interval.se > 0):
+        return None
+    margin = min(min_effect, 0.999)
+    low, high = math.log1p(-margin), math.log1p(margin)
+    if not (interval.high < low or interval.low > high):
+        return None
+    below = interval.high < low
+    last = found.variance(found.looks[-1])
+    sds = [interval.se * math.sqrt(found.variance(n) / last) for n in found.looks]
+    widths = [
+        _look_width(question, found, j, noise=noise, one_sided=one_sided)
+        for j in range(len(found.looks) - 1)
+    ]
+    widths.append((interval.high - interval.low) / 2.0)
+    if not all(math.isfinite(w) for w in widths):
+        return None
+    near = interval.high if below else interval.low
+    at = overstated(interval.estimate, sds, widths, low=low, high=high, below=below)
+    return at, overstated(near, sds, widths, low=low, high=high, below=below)
+
+
+def _look_width(
+    question: Question, found: Watched, look: int, *, noise: RestartNoise, one_sided: float
+) -> float:
+    """The half-width the pairs' interval had at an earlier look, on the slots sent by then, at
+    that look's boundary: what the stop rule saw there."""
+    n = found.looks[look]
+    pairs = [list(d)[:n] for d in question.pairs or ()]
+    prompts = [list(p)[:n] for p in question.pair_prompts] if question.pair_prompts else None
+    then = replace(question, pairs=pairs, pair_prompts=prompts, looks=found.looks[: look + 1])
+    level = found.level(one_sided, look)
+    at = paired_interval(then, noise=noise, confidence=1.0 - 2.0 * level)
+    return (at.high - at.low) / 2.0 if at is not None else math.inf
 
 
 def _twin_fit(question: Question) -> PairFit | None:

@@ -3,17 +3,21 @@
 A cell served side by side (one pair of starts) is looked at after `LOOKS` of its planned
 slots (variance/spending.py: 1/4, 1/2, 3/4 and all). At a look, each metric's interval is
 taken at the look's group-sequential boundary instead of the fixed design's quantile
-(interval.py → `sequential_confidence`: Lan-DeMets spending of O'Brien-Fleming type over the
-family's per-comparison share, alpha/m one-sided), and `decide` judges it as the analysis will. The
-cell stops only where the prompt type's verdict is decided (regressed on a metric, or every
-metric regressed, improved or equivalent), with the requests' ranks agreeing at the
-Bonferroni bound of the family (`m · p < alpha`, never looser than the analysis's Holm). There
-is no futility stop: "looks like no effect" never stops a cell.
+(interval.py → `sequential_confidence`: Lan-DeMets spending of the family's per-comparison
+share, alpha/m one-sided, as `alpha s^3` on the look's share of the planned slots), the
+narrower of the pairs' and the starts' analyses as in the fixed design, and `decide` judges it
+as the analysis will. The cell stops only where the prompt type's verdict is decided
+(regressed on a metric, or every metric regressed, improved or equivalent), with the
+requests' ranks agreeing at the Bonferroni bound of the family (`m · p < alpha`, never looser
+than the analysis's Holm). There is no futility stop: "looks like no effect" never stops a
+cell (one with no change stops only where its interval lies inside the margin).
 
 The analysis afterwards takes the boundary of the look where the cell stopped (or of its last
 slot), recorded as `Measurement.sequential`; so the repeated intervals' joint coverage, and
-with it the false-call rate, holds whenever the cell stopped (docs/statistics.md has the
-calibration on simulated pairs).
+with it the false-call rate, holds whenever the cell stopped. A call stopped before the last
+look says how far an early stop overstates a change of its size (interval.py →
+`stop_overstated`). docs/statistics.md has the calibration on simulated pairs (`simulate_stop`,
+`python -m benchmarks.sequential_stop`).
 """
 
 from __future__ import annotations
@@ -27,10 +31,19 @@ import numpy as np
 from ...config.settings import RunConfig
 from ..variance.spending import look_slots
 from .compare import worst
-from .interval import Question, nested_interval
+from .interval import Question, nested_interval, stop_overstated
 from .stats import RestartNoise, Verdict, _rank_p, decide
 
-__all__ = ["DECIDED", "Simulated", "decided", "expected_slots", "simulate_cell", "stop_plan"]
+__all__ = [
+    "DECIDED",
+    "Simulated",
+    "Stopped",
+    "decided",
+    "expected_slots",
+    "simulate_cell",
+    "simulate_stop",
+    "stop_plan",
+]
 
 DECIDED = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.EQUIVALENT)
 
@@ -88,6 +101,21 @@ class Simulated:
         return RestartNoise(self.offset_sd, self.noise_df, "simulated", True)
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """One simulated cell: its verdict, the slots it sent, and the throughput change (log) the
+    analysis prints at the look it stopped (or its last), with what its reason says an early
+    stop overstates (interval.py → `stop_overstated`; None where it did not stop early)."""
+
+    verdict: Verdict
+    slots: int
+    estimate: float
+    # what the reason says: the overstatement at the printed change, and at the interval's end
+    # nearer no change (log)
+    overstated: tuple[float, float] | None = None
+    near: float = math.nan  # the interval's end nearer no change (log)
+
+
 def simulate_cell(
     rng: np.random.Generator,
     model: Simulated,
@@ -101,6 +129,26 @@ def simulate_cell(
     """One cell's verdict and the slots it sent, under the stop rule (`sequential`), the fixed
     design (not), or the fixed design's interval looked at every look (`naive`: the error the
     boundary prevents)."""
+    found = simulate_stop(
+        rng, model, alpha=alpha, min_effect=min_effect, family=family,
+        sequential=sequential, naive=naive, estimate=False,
+    )  # fmt: skip
+    return found.verdict, found.slots
+
+
+def simulate_stop(
+    rng: np.random.Generator,
+    model: Simulated,
+    *,
+    alpha: float,
+    min_effect: float,
+    family: int,
+    sequential: bool = True,
+    naive: bool = False,
+    estimate: bool = True,
+) -> Stopped:
+    """`simulate_cell`, with what the analysis prints (`estimate`: its change, and what an early
+    stop overstates; else nan)."""
     levels = rng.normal(0.0, model.prompt_sd, model.prompts)
     speedups = rng.normal(0.0, model.speedup_sd, model.prompts)
     speedups -= speedups.mean()  # the change is the prompt set's mean change
@@ -116,7 +164,7 @@ def simulate_cell(
     )
     looks = look_slots(model.planned) if sequential or naive else (model.planned,)
     noise = {"throughput": model.noise}
-    verdict = Verdict.INCONCLUSIVE
+    verdict, q = Verdict.INCONCLUSIVE, None
     for k, n in enumerate(looks):
         q = Question(
             "simulated",
@@ -133,8 +181,18 @@ def simulate_cell(
             q = replace(q, looks=looks[: k + 1], planned_slots=model.planned)
         found = decided([q], alpha=alpha, min_effect=min_effect, noise=noise, family=family)
         if found is not None:
-            return found, n
-    return verdict, looks[-1]
+            verdict = found
+            break
+    if not estimate or q is None:
+        return Stopped(verdict, len(q.baseline[0]) if q else 0, math.nan)
+    interval = nested_interval(q, noise=model.noise, confidence=1.0 - 2.0 * alpha / family)
+    over = None
+    if verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
+        over = stop_overstated(
+            q, interval, noise=model.noise, one_sided=alpha / family, min_effect=min_effect
+        )
+    near = interval.high if interval.estimate < 0 else interval.low
+    return Stopped(verdict, len(q.baseline[0]), interval.estimate, over, near)
 
 
 def expected_slots(
@@ -157,11 +215,13 @@ def stop_plan(
     noise: RestartNoise,
     residual_sd: float,
     change: float,
+    speedup_sd: float = 0.0,
     draws: int = 20,
 ) -> tuple[tuple[int, ...], float, float]:
     """What the plan says of the stop rule: the looks (slots of a cell), and the slots a cell
     is expected to send at this relative change and at none, on simulated pairs of this
-    host's noise (`noise`: one start's effect; `residual_sd`: one request's own, log)."""
+    host's noise (`noise`: one start's effect; `residual_sd`: one request's own, log;
+    `speedup_sd`: the prompts' own speed-ups about the change)."""
     least, most = run.requests_at(run.levels[0])
     level = run.levels[0]  # a slot: a burst of its concurrency, or an open loop's least
     step = max(1, least) if level.open_loop else level.concurrency or 1
@@ -169,7 +229,7 @@ def stop_plan(
     model = Simulated(
         offset_sd=noise.sd,
         slot_sd=residual_sd / math.sqrt(step),
-        speedup_sd=0.0,
+        speedup_sd=speedup_sd,
         prompts=max(1, min(prompts, planned)),
         planned=planned,
         noise_df=noise.df,

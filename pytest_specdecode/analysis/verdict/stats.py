@@ -27,7 +27,8 @@ from scipy import stats as _st
 
 from ..variance.power import MAX_STARTS, starts_to_decide
 from ..variance.restarts import RestartNoise
-from .interval import Interval, Question, center, nested_interval
+from ..variance.spending import look_slots
+from .interval import Interval, Question, center, nested_interval, stop_overstated
 
 __all__ = [
     "Comparison",
@@ -307,6 +308,8 @@ def compare_family(
                 f"; looked at {', '.join(map(str, q.looks))} of {q.planned_slots} slots, the "
                 f"interval at the last look's sequential boundary"
             )
+            if verdict in (Verdict.REGRESSED, Verdict.IMPROVED):
+                reason += _early_stop(q, interval, n_noise, alpha / m, min_effect)
         out.append(
             Comparison(
                 key=q.key,
@@ -327,6 +330,31 @@ def compare_family(
             )
         )
     return out
+
+
+def _early_stop(
+    q: Question, interval: Interval, noise: RestartNoise, one_sided: float, min_effect: float
+) -> str:
+    """What the reason says of a call stopped before its cell's planned slots: what a cell that
+    stops there prints on average, at the printed change and at the interval's end nearer no
+    change (interval.py → `stop_overstated`)."""
+    found = stop_overstated(q, interval, noise=noise, one_sided=one_sided, min_effect=min_effect)
+    if found is None:
+        return ""
+    below = interval.estimate < 0
+    near = interval.high if below else interval.low
+
+    def printed(change: float, over: float) -> str:
+        return _pct(math.expm1(change - over if below else change + over))
+
+    look, looks = len(q.looks or ()), len(look_slots(q.planned_slots))
+    return (
+        f"; stopped early, at look {look} of {looks}: a cell stopping here prints "
+        f"{printed(interval.estimate, found[0])} on average were the "
+        f"change the printed {_pct(math.expm1(interval.estimate))}, and "
+        f"{printed(near, found[1])} were it {_pct(math.expm1(near))}, the interval's end "
+        f"nearer no change (simulated on its looks)"
+    )
 
 
 def _rank_p(q: Question) -> float:

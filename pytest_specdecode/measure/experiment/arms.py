@@ -53,6 +53,7 @@ class Experiment:
         facts: VllmFacts | None = None,
         probe: Probe | None = None,
         step: Progress | None = None,
+        first_round: Callable[[float], None] | None = None,
     ) -> None:
         self.settings = settings
         self.request_metrics_note = request_metrics_note  # why candidates do not ask, if so
@@ -64,6 +65,7 @@ class Experiment:
         self._ctx = RunContext(settings, store, progress, self.headers, transports or Transports())
         if step is not None:  # what the run is doing now, for a cut run's report
             self._ctx.step = step
+        self._ctx.first_round = first_round  # after the first round: the run's own estimate
         # What the adaptive stop rule knows of the host: the restart noise, a request's residual
         known = dict(outside or {})
         throughput = known.get("throughput")

@@ -4,6 +4,7 @@ current step (for a cut run's report), and the server's own endpoints read untim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -28,6 +29,8 @@ class RunContext:
     headers: dict[str, str] = field(default_factory=dict)
     transports: Transports = field(default_factory=Transports)
     step: Progress = _no_step  # what the run is doing now, kept for a cut run's report
+    # called once, after the run's first round (rounds.py), with a slot's seconds per server
+    first_round: Callable[[float], None] | None = None
 
     @property
     def record(self) -> RunRecord:

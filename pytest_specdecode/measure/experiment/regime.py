@@ -1,5 +1,6 @@
 """The regime window (issue 41): beside two or more, the baseline start with only the first
-server beside it, a few slots per cell (`[run] regime_slots`), sent before the others start
+server beside it, a few slots per cell (`[run] regime_slots`, as the plan sized it: issue 50,
+analysis/map/regime.py `regime_size`), sent before the others start
 (`Switchboard.together_all`'s `first_beside`). Its requests are kept in `RunRecord.regime`,
 never in a phase, so no verdict reads them; analysis/map/regime.py compares them with the same
 start beside all N."""
@@ -23,7 +24,8 @@ def regime_window(
     `base_name`; None where no window is sent (fewer than two beside, none asked, or the run
     has one already)."""
     run = ctx.settings.run
-    if len(group) < 2 or not run.regime_slots or ctx.record.regime is not None:
+    slots = run.regime_window_slots
+    if len(group) < 2 or not slots or ctx.record.regime is not None:
         return None
     neighbour, arm = group[0]
 
@@ -39,11 +41,11 @@ def regime_window(
         )
         ctx.progress(
             f"[{base_name}] the regime window: the baseline beside {neighbour} alone, "
-            f"{run.regime_slots} slot(s) per cell, before the other {len(group) - 1} start; "
+            f"{slots} slot(s) per cell, before the other {len(group) - 1} start; "
             "its requests enter no verdict"
         )
         order = RoundOrder(order_seed(run.seed, base.name))
-        rounds.measure([Start(base, original), Start(near, first)], order, slots=run.regime_slots)
+        rounds.measure([Start(base, original), Start(near, first)], order, slots=slots)
         ctx.store.flush()
 
     return measure

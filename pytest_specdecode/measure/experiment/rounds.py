@@ -103,7 +103,10 @@ class Rounds:
                 keys = keys[:1]
             rounds += 1
             sequence = order.round(keys)
+            began = ctx.clock.now()
             self._send_round(starts, sequence, slot, order, rounds)
+            if slots is None:  # the run's pace (the regime window's aside)
+                self._paced(ctx.clock.now() - began, len(sequence) * len(starts))
             slot += len(sequence)
             stopped |= self._decided(starts, sequence)
             if rounds % ROUNDS_PER_LINE == 0:
@@ -119,6 +122,22 @@ class Rounds:
         for start in starts if slots is None else ():
             for prompt_type, plan, windows in start.prompt_types:
                 self._ids.after_start(start.phase, prompt_type, windows, plan)
+
+    def _paced(self, seconds: float, requests: int) -> None:
+        """A round's time into the run's pace, kept for the next plan (`environment["pace"]`:
+        the rounds' seconds, their slots sent to each server, a slot's seconds per server, the
+        prompt types' mean max_tokens; the warm-up and the regime window aside); after the
+        first round, the run's own estimate (`RunContext.first_round`)."""
+        ctx = self._ctx
+        pace = ctx.record.environment.setdefault("pace", {"rounds_s": 0.0, "slots": 0})
+        first = not pace["slots"]
+        pace["rounds_s"] += seconds
+        pace["slots"] += requests
+        pace["slot_s"] = pace["rounds_s"] / max(1, pace["slots"])
+        tokens = [t.max_tokens for t in ctx.settings.prompt_types.values()] or [0]
+        pace["max_tokens"] = sum(tokens) / len(tokens)
+        if first and requests and ctx.first_round is not None:
+            ctx.first_round(seconds / requests)
 
     def _prepare(self, start: Start, slots: int | None = None) -> None:
         """A start's windows and cells, prompt type by prompt type, on the request plan;

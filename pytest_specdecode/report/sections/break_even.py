@@ -11,6 +11,7 @@ import math
 from ...analysis.map.break_even import MapLine
 from ...analysis.run import RunAnalysis
 from ...record.counters import TOKENS_PER_STEP_MEANS
+from . import shape_map
 
 HEADER = (
     "k",
@@ -44,7 +45,7 @@ def _cells(line: MapLine) -> tuple[str, ...]:
     )
     drafted = [p.drafts_per_step for p in line.points if p.drafts_per_step is not None]
     return (
-        str(line.k),
+        line.name.removeprefix("k="),  # "5", or "5 (eagle3)" for a drafter with a model
         line.level,
         points,
         f"{_length(be, line.k)} [{_length(low, line.k)}, {_length(high, line.k)}]",
@@ -96,6 +97,7 @@ def markdown_lines(analysis: RunAnalysis) -> list[str]:
         "",
         *(f"- {line}" for line in lines(analysis)),
         "",
+        *shape_map.markdown_lines(analysis),
     ]
 
 
@@ -111,8 +113,11 @@ def html_section(analysis: RunAnalysis) -> str:
     return (
         "<h3>The break-even map</h3>"
         f"<table class='specdecode-table'><tr>{head}</tr>{body}</table><ul>{items}</ul>"
+        + shape_map.html_section(analysis)
     )
 
 
 def terminal_lines(analysis: RunAnalysis) -> list[str]:
-    return [f"break-even map: {line}" for line in lines(analysis)]
+    return [f"break-even map: {line}" for line in lines(analysis)] + shape_map.terminal_lines(
+        analysis
+    )

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...config.vllm_argv import ServerCommand, option_value
 from ...errors import ConfigError, HostError
 from ...record.safetensors_io import shapes_of_header
 from ..hosts.base import Host
@@ -88,18 +87,6 @@ class ModelFiles:
     size_bytes: int | None
     # model.safetensors' tensors: name -> shape, where asked for and found (one file, not shards)
     tensors: Mapping[str, tuple[int, ...]] | None = None
-
-
-def served_model(argv: Sequence[str], server: ServerCommand) -> str | None:
-    """The model a vLLM server command loads: `--model X`, `--model=X`, or `vllm serve X`."""
-    args = list(argv[server.server_args :])
-    named = option_value(args, "--model")
-    if named is not None:
-        return named
-    direct = server.kind in ("vllm serve", "docker run", "podman run")
-    if direct and args and not args[0].startswith("-"):
-        return args[0]
-    return None
 
 
 def hub_cache_of(env: Mapping[str, str]) -> str | None:

@@ -180,9 +180,27 @@ def request_metrics_plan(facts: VllmFacts) -> str:
 
 
 def with_request_metrics(specs: Sequence[SpecConfig], facts: VllmFacts) -> tuple[SpecConfig, ...]:
-    """The candidates, each speculative one asking for per-request metrics where it can."""
+    """The candidates, each speculative one asking for per-request metrics where it can (its
+    other extra arguments kept: a map server's depth, `--hf-overrides`)."""
     args, _ = request_metrics_args(facts)
-    return tuple(spec if spec.is_original else replace(spec, extra_args=args) for spec in specs)
+    return tuple(
+        spec if spec.is_original else replace(spec, extra_args=(*_others(spec.extra_args), *args))
+        for spec in specs
+    )
+
+
+def _others(extra: Sequence[str]) -> tuple[str, ...]:
+    """Extra arguments without a per-request metrics flag and its level."""
+    out: list[str] = []
+    skip = False
+    for arg in extra:
+        if skip:
+            skip = False
+        elif arg == REQUEST_METRICS_FLAG:
+            skip = True
+        elif not arg.startswith(REQUEST_METRICS_FLAG + "="):
+            out.append(arg)
+    return tuple(out)
 
 
 def _tail(text: str) -> str:

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING
 
 from ...config.specconfig import SpecConfig, VllmFacts
 from ...config.target import check_unit_name
+from ...config.vllm_argv import served_model
 from ...errors import ConfigError, HostError, ServiceError
 from ..base import Progress, Transports
-from ..facts.model_config import ModelSite, hub_cache_of, served_model
+from ..facts.model_config import ModelSite, hub_cache_of
 from ..facts.vllm import ask_in_container, ask_vllm
 from ..hosts.base import Host
 from ..hosts.container import container_host

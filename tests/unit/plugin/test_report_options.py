@@ -9,6 +9,7 @@ import pytest
 
 from pytest_specdecode.config.settings import load_settings
 from pytest_specdecode.report import plan
+from pytest_specdecode.report.plan_reach import plan_time, time_lines
 from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 
@@ -194,11 +195,12 @@ def test_systemd_dry_run_shows_complete_dropins_and_only_reads(tmp_path: Path) -
         host, "vllm-kimi-k25-int4.service", api_base="http://gpu-box:8000", model="kimi-k25-int4"
     )
     timing = plan.Timing(start_s=600.0, s_per_token=0.03, source="assumed")
+    time, _ = plan_time(settings, {}, timing, baseline=True, aba=False, adopts_original=True)
     lines = plan.dry_run_lines(
         settings,
         target.plan(settings.candidates),
         host=target.host_name,
-        timing=timing,
+        duration=time_lines(time, timing),
         aba=False,
         baseline_from=None,
         adopts_original=target.adopts_running_original,
@@ -221,4 +223,4 @@ def test_systemd_dry_run_shows_complete_dropins_and_only_reads(tmp_path: Path) -
     # The original is measured as it runs: 2 candidate starts and the restore's.
     assert "requests: 36 = 3 phases x 2 prompt types" in text
     assert "server starts, in order: baseline (as it runs), ngram, ngram-k3" in text
-    assert "(3 server starts at ~600s" in text
+    assert "3 server starts at ~600 s" in text

@@ -206,14 +206,18 @@ def test_the_time_is_starts_and_slots_per_server_at_the_h200s_pace_where_nothing
         )
         servers = 1 + len(s.candidates)
         slots = len(TYPES) * (samples + 1)  # each prompt type's requests and its warm-up
-        regime = len(TYPES) * s.run.regime_slots * 2 if beside > 1 else 0  # beside one, first
+        window = s.run.regime_window_slots  # beside one, first
+        regime = len(TYPES) * window * 2 if beside > 1 else 0
         assert starts == servers
         assert seconds == pytest.approx(
             starts * pace.start_s + (slots * servers + regime) * 256 * pace.s_per_token
         )
         assert abs(seconds / took - 1) < 0.25, (beside, seconds, took)
-        line = plan.duration_line(seconds, starts, timing, search=False)
-        assert f"{starts} server starts at ~100s" in line and "assumed for 1 x NVIDIA H200" in line
+        time, stop = plan_reach.plan_time(
+            s, {}, timing, baseline=True, aba=False, adopts_original=False
+        )
+        line = "\n".join(plan_reach.time_lines(time, timing, stop))
+        assert f"{starts} server starts at ~100 s" in line and "assumed for 1 x NVIDIA H200" in line
 
 
 def test_the_committed_h200_profile_of_another_machine_no_longer_halves_the_time(
@@ -257,7 +261,8 @@ def test_this_machines_stored_pace_comes_before_the_accelerators(tmp_path: Path)
         s, timing, baseline=True, aba=False, adopts_original=False
     )
     assert starts == 6
-    slots = len(TYPES) * 13 * 6 + len(TYPES) * s.run.regime_slots * 2  # the regime window's too
+    window = s.run.regime_window_slots  # the regime window's slots too
+    slots = len(TYPES) * 13 * 6 + len(TYPES) * window * 2
     assert seconds == pytest.approx(1.5 * (6 * 80.0 + slots * 256 * timing.s_per_token))
 
 

@@ -14,6 +14,7 @@ from pytest_specdecode.analysis.run import analyze
 from pytest_specdecode.config.arms import BASELINE_AFTER
 from pytest_specdecode.config.prompts import Prompt
 from pytest_specdecode.report import html, markdown, plan, write_reports
+from pytest_specdecode.report.plan_reach import plan_time, time_lines
 from pytest_specdecode.report.plots import write_plots
 from pytest_specdecode.report.rows import TABLE_HEADER, checks, headline, rows
 
@@ -266,22 +267,25 @@ def test_dry_run_lines_count_requests_and_estimate(tmp_path: Path) -> None:
     s = settings(tmp_path, samples=5, max_samples=16)
     timing = plan.Timing(start_s=50.0, s_per_token=0.02, source="from the stored run R")
     steps = ["start the original", "stop; start candidate ngram", "write /x:\n    [Unit]", "end"]
+    time, stop = plan_time(s, {}, timing, baseline=True, aba=True, adopts_original=False)
     lines = plan.dry_run_lines(
         s,
         steps,
         host="localhost",
-        timing=timing,
         aba=True,
         baseline_from=None,
         adopts_original=False,
+        duration=time_lines(time, timing, stop),
     )
     text = "\n".join(lines)
     assert (
         "requests: 36 to 102 = 3 phases x 2 prompt types x (5 to 16 measured + 1 warm-up)" in text
     )
     assert "server starts, in order: baseline, ngram, baseline-after" in text
-    # 3 starts x 50 s + at most 102 requests x 64 tokens x 20 ms = 281 s
-    assert "estimated duration: about 5 min (3 server starts at ~50s" in text
+    # 3 starts x 50 s + at most 102 requests x 64 tokens x 20 ms = 281 s; token ids (6 x
+    # 1.28 s) and the restore (3 x 5 s) on top
+    assert "estimated duration: about 5 min in all (" in text
+    assert "3 server starts at ~50 s (2 min)" in text
     assert "from the stored run R" in text
     assert lines.index(
         "  4. drift check (ABA): stop the last candidate, start the original "
@@ -292,7 +296,6 @@ def test_dry_run_lines_count_requests_and_estimate(tmp_path: Path) -> None:
         s,
         steps,
         host="localhost",
-        timing=timing,
         aba=False,
         baseline_from="old/results.json",
         adopts_original=False,

@@ -16,12 +16,12 @@ import pytest
 
 from pytest_specdecode.analysis.drafters.check import check_drafter, describe_drafter
 from pytest_specdecode.config.specconfig import SpecConfig
-from pytest_specdecode.config.vllm_argv import parse_server_command
+from pytest_specdecode.config.vllm_argv import parse_server_command, served_model
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.report.markdown import drafter_lines
 from pytest_specdecode.report.plan import drafter_plan
 from pytest_specdecode.run.drafters import check_drafters
-from pytest_specdecode.targets.facts.model_config import ModelSite, served_model
+from pytest_specdecode.targets.facts.model_config import ModelSite
 from pytest_specdecode.targets.hosts.base import CommandResult, LocalHost
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 from tests.support.scripted_target import Script, ScriptedTarget

@@ -33,8 +33,10 @@ __all__ = ["line_for", "line_support", "proposer_costs", "read_map"]
 
 
 def line_for(found: BreakEvenMap, k: int, level: str, prompt_type: str) -> MapLine | None:
-    """The map's line at exactly this k and level: the prompt type's own, else over all."""
-    return found.line(k, level, prompt_type) or found.line(k, level)
+    """The map's line at exactly this k and level: the prompt type's own, else over all; n-gram's
+    own lines where the map has them beside another carrier's (an EAGLE-3 head's)."""
+    carrier = "ngram" if "ngram" in found.carriers else None
+    return found.line(k, level, prompt_type, carrier) or found.line(k, level, carrier=carrier)
 
 
 def line_support(line: MapLine) -> Support:

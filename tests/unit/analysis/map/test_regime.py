@@ -281,7 +281,9 @@ def test_the_regime_s_settings_are_checked(tmp_path: Path) -> None:
 
     from pytest_specdecode.errors import ConfigError
 
-    assert settings(tmp_path).run.regime_slots == 4  # the default, defined once
+    # the default, defined once: sized by the plan (test_regime_size.py), 4 where none sized it
+    assert settings(tmp_path).run.regime_slots is None
+    assert settings(tmp_path).run.regime_window_slots == 4
     with pytest.raises(ConfigError, match="regime_tolerance must be in"):
         settings(tmp_path, run_extra="regime_tolerance = 1.5")
     with pytest.raises(ConfigError, match="regime_slots must be an integer >= 0"):

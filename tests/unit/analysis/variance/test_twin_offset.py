@@ -193,5 +193,11 @@ def test_the_plan_says_what_a_twin_would_give(tmp_path: Path) -> None:
     found = twin_plan(s, _prior(), room=True, accelerator="gpu")
     assert found is not None
     line = next(x for x in lines if x.startswith("a twin baseline"))
-    assert f"±{found.with_twin:.1%} where this design prints ±{found.without:.1%}" in line
+    assert (
+        f"±{found.with_twin:.1%} with every slot sent, where this design prints "
+        f"±{found.without:.1%}" in line
+    )
+    # the same figure the plan prints for what the run will print with every slot sent
+    printed = next(x for x in lines if x.startswith("the interval it will print"))
+    assert f"±{found.without:.1%} at 48" in printed
     assert line.endswith("not worth it at 20%")  # 3 df known: one more df is not worth it

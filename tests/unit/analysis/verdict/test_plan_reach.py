@@ -134,17 +134,33 @@ def test_the_slot_noise_comes_from_the_profile_else_the_accelerator(tmp_path: Pa
     assert len({gpu.half_width, other.half_width, wide.half_width}) == 3
 
 
-def test_the_plan_prints_the_half_width(tmp_path: Path) -> None:
+def test_the_plan_prints_one_reach_per_look_and_the_twin_compares_with_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 50: three reaches for one design, in three adjacent lines. Now one figure for
+    what the run will print, per look with the look's boundary, one for what it can call, and
+    the twin's line compares with the plan's own figure (the last look's)."""
     s = _main_job(tmp_path)
     lines = design_lines(
         s, _prior(), detect=None, timing=Timing(60.0, 0.002, "stored runs"),
         baseline=True, aba=False, adopts_original=False, accelerator="gpu",
     )  # fmt: skip
-    found = reach(s, _prior(), accelerator="gpu")
+    found = reach(s, _prior(), accelerator="gpu")["throughput"]
     text = "\n".join(lines)
-    assert "the intervals it will print" in text
-    assert found["throughput"].half_text() in text
-    assert f"±{found['throughput'].at_looks[-1][1]:.1%} at 48" in text  # the stop rule's looks
+    assert "what this design can call with 80% power: throughput " in text
+    printed = [line for line in lines if line.startswith("the interval it will print")]
+    assert len(printed) == 1 and found.half_text() in printed[0], lines
+    assert "(throughput and tpot alike)" in printed[0]  # one figure, not one per metric
+    looks = found.at_looks
+    assert [look.slots for look in looks] == [12, 24, 36, 48]
+    assert f"±{looks[0].half_width:.1%} at 12 slots (look 1 of 4, boundary " in printed[0]
+    # the first look's boundary is the strictest, the last near the fixed design's quantile
+    assert looks[0].boundary > looks[-1].boundary + 0.5
+    assert 2.3 < looks[-1].boundary < 2.9
+    twin = next(line for line in lines if line.startswith("a twin baseline"))
+    assert f"where this design prints ±{looks[-1].half_width:.1%} " in twin
+    if f"{found.half_width:.1%}" != f"{looks[-1].half_width:.1%}":  # the two may round alike
+        assert f"±{found.half_width:.1%}" not in twin
 
 
 def test_under_the_stop_rule_the_plan_gives_the_half_width_where_a_cell_stops(
@@ -161,11 +177,17 @@ def test_under_the_stop_rule_the_plan_gives_the_half_width_where_a_cell_stops(
     s = _main_job(tmp_path)
     found = reach(s, _prior(), accelerator="gpu")["throughput"]
     looks = look_slots(48)
-    assert tuple(n for n, _ in found.at_looks) == looks
-    # n-gram's own speed-up per prompt (20%) is noise until the prompts repeat (the first look)
+    assert tuple(look.slots for look in found.at_looks) == looks
+    # n-gram's own speed-up per prompt (20%) is noise until the prompts repeat (the first look;
+    # its boundary is the slots' schedule's whatever the noise, so only the width moves)
     residual = _prior()["throughput"].residual or 0.0
-    planned = dict(looks_half_width(s, found.noise, residual, 48, speedup_var=0.2**2))
-    assert planned[12] > 1.2 * dict(found.at_looks)[12]
+    planned = {
+        look.slots: look.half_width
+        for look in looks_half_width(s, found.noise, residual, 48, speedup_var=0.2**2)
+    }
+    bare = {look.slots: look.half_width for look in looks_half_width(s, found.noise, residual, 48)}
+    assert abs(planned[12] / bare[12] - 1.0) > 0.2
+    assert all(planned[n] == pytest.approx(bare[n]) for n in looks[1:])
     noise = {"throughput": _prior()["throughput"]}
     rng = np.random.default_rng(4)
     ratios, stops = [], []
@@ -190,3 +212,62 @@ def test_under_the_stop_rule_the_plan_gives_the_half_width_where_a_cell_stops(
                 break
     assert np.mean(stops) < 24  # a -45% change stops early, mostly at the first look
     assert abs(float(np.median(ratios)) - 1.0) <= 0.25, np.median(ratios)
+
+
+def test_the_width_planned_per_look_is_the_calibrations_at_the_gpus_figures(
+    tmp_path: Path,
+) -> None:
+    """Issue 50, on one H100 (no A/A run: the restart noise assumed; prompts' speed-ups 30%
+    apart): math stopped at 12 slots printing ±87.6% where the plan said ±24.3%. Cells of the
+    project's own calibration model (sequential.py → `Simulated`) at the GPU's figures, at
+    n-gram's changes on these prompt sets (-34% to -53%, the README's H200 run), decided through
+    the stop rule (`decided`) and printed by the analysis (`nested_interval`): at each look
+    where cells stop, the median half-width printed is within a quarter of the plan's (about
+    ±59% at the first look and ±28% at the second, issue 50's simulation)."""
+    from dataclasses import replace
+
+    from pytest_specdecode.analysis.variance.spending import look_slots
+    from pytest_specdecode.analysis.verdict.design import ASSUMED_SPEEDUP_SD
+    from pytest_specdecode.analysis.verdict.sequential import Simulated, decided
+
+    s = _main_job(tmp_path)
+    found = reach(s, {}, accelerator="gpu")["throughput"]  # nothing measured: assumed
+    planned = {look.slots: look.half_width for look in found.at_looks}
+    model = Simulated(
+        offset_sd=s.run.assumed_restart_noise, noise_df=found.noise.df,
+        slot_sd=found.residual_sd, speedup_sd=ASSUMED_SPEEDUP_SD,
+    )  # fmt: skip
+    assert model.noise_df == 8.0 and model.slot_sd == pytest.approx(SLOT_SD / math.sqrt(2.0))
+    noise = {"throughput": model.noise}
+    confidence = 1 - 2 * s.run.alpha / family_size(s)
+    looks = look_slots(model.planned)
+    printed: dict[int, list[float]] = {n: [] for n in looks}
+    rng = np.random.default_rng(50)
+    prompt = np.arange(model.planned) % model.prompts
+    for change in (-0.34, -0.50, -0.35, -0.53):
+        for _ in range(40):
+            levels = rng.normal(0.0, model.prompt_sd, model.prompts)
+            speedups = rng.normal(0.0, model.speedup_sd, model.prompts)
+            speedups -= speedups.mean()
+            offset = rng.normal(0.0, math.sqrt(2.0) * model.offset_sd)
+            base = levels[prompt] + rng.normal(0.0, model.slot_sd, model.planned)
+            cand = (levels[prompt] + math.log1p(change) + speedups[prompt] + offset
+                    + rng.normal(0.0, model.slot_sd, model.planned))  # fmt: skip
+            for k, n in enumerate(looks):
+                q = Question(
+                    "t", "throughput", True, [np.exp(base[:n]).tolist()],
+                    [np.exp(cand[:n]).tolist()], [prompt[:n].tolist()], [prompt[:n].tolist()],
+                    pairs=[(cand[:n] - base[:n]).tolist()], pair_prompts=[prompt[:n].tolist()],
+                    looks=looks[: k + 1], planned_slots=model.planned,
+                )  # fmt: skip
+                stop = decided([q], alpha=s.run.alpha, min_effect=s.run.min_effect,
+                               noise=noise, family=family_size(s))  # fmt: skip
+                if stop is not None or n == looks[-1]:
+                    iv = nested_interval(replace(q), noise=model.noise, confidence=confidence)
+                    printed[n].append((iv.high - iv.low) / 2)
+                    break
+    stopped = {n: float(np.median(v)) for n, v in printed.items() if len(v) >= 20}
+    assert set(stopped) == {12, 24}, {n: len(v) for n, v in printed.items()}
+    for n, median in stopped.items():
+        assert abs(planned[n] / median - 1.0) <= 0.25, (n, planned[n], median)
+    assert stopped[12] > 1.5 * stopped[24]  # the first look's boundary and speed-ups in it
