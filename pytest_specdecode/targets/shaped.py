@@ -68,6 +68,7 @@ def resolve_shape(
         )
     say(f"shape: the room on {target.host_name}: " + (room.where if room else "not read"))
     where = site.where if site is not None else f"the server on {target.host_name}"
+    place = getattr(target, "shape_place", None)  # a unit's: a folder of the run's on its host
     served = serve_shape(
         shape,
         asked,
@@ -76,7 +77,7 @@ def resolve_shape(
         served_name=config.model,
         facts=facts,
         room=room,
-        folder=str(folder),
+        folder=place(folder) if place is not None else str(folder),
         where=where,
         tokenizer_vocab=vocab,
         images=config.vllm_images or None,

@@ -60,7 +60,8 @@ def test_the_units_shape_is_served_by_its_dropin_and_the_original_put_back(
     model = next(w for w in testbed.exec_start() if "SmolLM2" in w)
     assert shape["shape"]["source"] == "unit" and (shape["layers"], shape["full"]) == (4, 30)
     assert shape["shape"]["origin"].startswith(f"the served model's config.json, {model} on ")
-    assert shape["folder"].startswith(f"{SHAPE_ROOT}/") and shape["tokenizer"] == model
+    run = results_path(pytester).parent.name  # the run's folder on the host is named as its own
+    assert shape["folder"] == f"{SHAPE_ROOT}/{run}/shape" and shape["tokenizer"] == model
     assert data["target"]["model"].endswith("[shape unit (LlamaForCausalLM), 4 of 30 layers]")
     log = (results_path(pytester).parent / "run.log").read_text()
     assert f"in the window of unit {testbed.unit}, which is stopped for it" in log

@@ -7,13 +7,14 @@ own server command with its model replaced by the folder that holds the shape's 
 (`--tokenizer`, so that prompts tokenize as in production), the served model name kept, and
 `--hf-overrides` with the cut (merged with any the command had). `env` is what the server's
 environment gains: for a MoE, its routing drawn uniformly (a container's command passes it with
--e and mounts the folder).
+-e and mounts the folder's parent).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,14 +226,16 @@ def shape_words(
     index of the command's own word, kept as it is (a unit file keeps its raw text), or a new
     one: `vllm serve MODEL` or `--model MODEL` replaced by the folder; --tokenizer and
     --served-model-name added where the command has none; --load-format and --hf-overrides
-    replaced. A container's command (`docker run … IMAGE …`) also mounts the folder read-only
-    at the same path and passes `env` (the MoE routing) with -e, before the image."""
+    replaced. A container's command (`docker run … IMAGE …`) also mounts the folder's parent
+    (the run's: the shape's folder and what is built beside it) read-only at the same path and
+    passes `env` (the MoE routing) with -e, before the image."""
     server = parse_server_command(command, where=where, images=images)
     start = server.server_args
     out: list[int | str] = list(range(start))
     if server.image_at is not None:
         given = [w for k, v in sorted((env or {}).items()) for w in ("-e", f"{k}={v}")]
-        out[server.image_at : server.image_at] = ["-v", f"{folder}:{folder}:ro", *given]
+        run = posixpath.dirname(folder.rstrip("/")) or folder  # the map's drafters beside it
+        out[server.image_at : server.image_at] = ["-v", f"{run}:{run}:ro", *given]
     rest: list[int | str] = list(range(start, len(command)))
     named = _model_at(command, rest)
     if named is not None:

@@ -2,13 +2,16 @@
 window, serves the shape's baseline and its candidates through the run's runtime drop-in.
 
 What it writes on the host, and where (besides target.py's lock, watchdog and drop-in):
-- /run/pytest-specdecode-shape/<run>/config.json: the shape's config.json. Its folders are
-  0755 and the file 0644 (a config.json, no secret), so that a unit with User= reads it; /run is
-  cleared at boot. Removed by the run's end (`close`) and by the watchdog's restore.sh;
+- /run/pytest-specdecode-shape/<run>/shape/config.json: the shape's config.json, <run> the run's
+  reports folder's name; beside it, the map's drafters' config.json (run/map_on_shape.py,
+  `ServedShape.extras` files: map-drafters/…). Folders 0755, files 0644 (config.json, no
+  secret), so that a unit with User= reads them; /run is cleared at boot. The run's folder is
+  removed by the run's end (`close`) and by the watchdog's restore.sh;
 - the drop-in (unitfile.py → `render_dropin` with the shape): the baseline's ExecStart is the
   unit's own command serving the shape (`ServedShape.words`: the unit's words kept as written),
   a candidate's the same plus --speculative-config; the shape's environment (a MoE's routing)
-  as Environment=, or -e for a container unit, whose command also mounts the folder read-only.
+  as Environment=, or -e for a container unit, whose command also mounts the run's folder
+  read-only.
 
 The original is not the baseline: the first start of the shape's servers stops it (the watchdog
 armed before), and the restore puts it back as it was found (targets/lifecycle.py, `found`:
@@ -18,15 +21,16 @@ shape's servers run in the original's window, one at a time (docs/shape.md says 
 
 from __future__ import annotations
 
-import dataclasses
+import posixpath
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...config.shape.served import CONFIG_NAME, ServedShape
 from ...config.specconfig import SpecConfig
 from ..base import Progress
 from ..hosts.base import Host
-from .unitfile import DROPIN_NAME, SHAPE_ROOT, checked_folder, render_dropin, shape_folder
+from .unitfile import DROPIN_NAME, SHAPE_ROOT, render_dropin, run_folder, shape_folder
 from .units import SystemdUnit
 
 
@@ -86,13 +90,21 @@ class ShapeHost:
 
         def _check_dropin_took_effect(self, spec: SpecConfig | None) -> None: ...
 
+    def shape_place(self, local: Path) -> str:
+        """Where the shape's config.json goes on the host, for the run whose own folder on
+        this machine would have held it (`local`, reports/<run>/shape): /run/…/<run>/shape."""
+        return shape_folder(local.parent.name)
+
     def serve_shape(self, served: ServedShape) -> ServedShape:
-        """From now on the unit's servers serve `served`, its config.json in this run's folder
-        on the host; before the preflight, so that restore.sh removes that folder too."""
-        self.shape = dataclasses.replace(served, folder=shape_folder(self.run_id))
+        """From now on the unit's servers serve `served` (its folder on the host: `shape_place`);
+        before the preflight, so that restore.sh removes the run's folder too."""
+        run_folder(served.folder)  # checked: one run's folder under SHAPE_ROOT
+        for path in self._shape_files(served):
+            run_folder(path)
+        self.shape = served
         self.adopts_running_original = False  # the baseline is the shape's, started by the run
         self._original = None
-        return self.shape
+        return served
 
     def found_original(self) -> SystemdUnit:
         """The unit as the run found it, what the restore puts back (the baseline is the
@@ -130,23 +142,43 @@ class ShapeHost:
         self._check_dropin_took_effect(spec)
         return content
 
-    def write_shape_folder(self) -> str:
-        """The shape's config.json in the run's folder on the host (made readable by the unit's
-        User=); its path."""
+    def write_shape_folder(self) -> list[str]:
+        """The shape's config.json, and the map's drafters' beside it, in the run's folder on
+        the host, each folder made 0755 (readable by the unit's User=); their paths."""
         assert self.shape is not None
-        folder = checked_folder(self.shape.folder)
+        files = self._shape_files(self.shape)
+        root = run_folder(self.shape.folder)
+        folders = {root}
+        for path in files:
+            folder = posixpath.dirname(path)
+            while folder != root:
+                folders.add(folder)
+                folder = posixpath.dirname(folder)
         self._wrote_shape = True
-        self.host.check(["mkdir", "-p", "-m", "0755", SHAPE_ROOT], timeout=30)
-        self.host.check(["mkdir", "-p", "-m", "0755", folder], timeout=30)
-        path = f"{folder}/{CONFIG_NAME}"
-        self.write_file(path, self.shape.config_text())
-        return path
+        for folder in [SHAPE_ROOT, *sorted(folders, key=len)]:  # each parent before its folders
+            self.host.check(["mkdir", "-p", "-m", "0755", folder], timeout=30)
+        for path, text in files.items():
+            self.write_file(path, text)
+        return list(files)
 
     def remove_shape_folder(self) -> None:
-        """The run's shape folder, and SHAPE_ROOT where no other run's is in it."""
+        """The run's folder under SHAPE_ROOT, and SHAPE_ROOT where no other run's is in it."""
         if self.shape is not None and self._wrote_shape:
-            self.remove_files(checked_folder(self.shape.folder), empty_dir=SHAPE_ROOT)
+            self.remove_files(run_folder(self.shape.folder), empty_dir=SHAPE_ROOT)
             self._wrote_shape = False
+
+    @staticmethod
+    def _shape_files(served: ServedShape) -> dict[str, str]:
+        """Every file the run writes for the shape on the host: its config.json, and what is
+        built on it (`extras["files"]`, the map's drafters), each checked in the run's folder."""
+        files = {posixpath.join(served.folder, CONFIG_NAME): served.config_text()}
+        for path, text in dict(served.extras.get("files") or {}).items():
+            files[str(path)] = str(text)
+        root = run_folder(served.folder)
+        for path in files:
+            if run_folder(path) != root or ".." in path.split("/"):
+                raise ValueError(f"{path!r} is not in the run's folder {root}")
+        return files
 
     def shape_plan(self, specs: Sequence[SpecConfig], head: list[str]) -> list[str]:
         """The steps of a run on the shape, after `head` (the lock and the watchdog)."""
@@ -163,7 +195,12 @@ class ShapeHost:
         steps = [
             *head,
             f"write the shape's config.json into {shape.folder}/ on {self.host_name} (0755, so "
-            f"that the unit's User= reads it; /run is cleared at boot): {shape.shape.describe()}",
+            f"that the unit's User= reads it; /run is cleared at boot): {shape.shape.describe()}"
+            + "".join(
+                f"; {path} (built on the shape)"
+                for path in self._shape_files(shape)
+                if posixpath.dirname(path) != shape.folder
+            ),
             f"systemctl stop {self.unit}: the original is not the baseline, the shape serves in "
             "its place; check that its process is gone and the port free",
             f"write {self.dropin} (the shape's baseline; runtime only):\n" + _indent(render(None)),
@@ -177,8 +214,8 @@ class ShapeHost:
             ]
         steps.append(
             f"restore: systemctl stop {self.unit}; rm {self.dropin}; systemctl daemon-reload; "
-            f"rm -rf {shape.folder}; systemctl start {self.unit} (the original, as it was "
-            "found: a reload of the real model); wait until healthy; start again the units "
+            f"rm -rf {run_folder(shape.folder)}; systemctl start {self.unit} (the original, as it "
+            "was found: a reload of the real model); wait until healthy; start again the units "
             "that its stop also stopped and that were active; disarm the watchdog; unlock. On "
             "Ctrl-C, SIGTERM or SIGHUP, or a silent controller, the host runs this restore "
             "itself (restore.sh, the folder included)"

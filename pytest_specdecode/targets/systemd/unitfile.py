@@ -50,22 +50,33 @@ DROPIN_MARK = "# Written by pytest-specdecode"
 _KEPT_PREFIX = set("-+!")
 
 
-# A shape's config.json (shape.py): a folder of each run's, 0755 so that a unit's User= reads it
+# A shape's files (shape.py): a folder of each run's, <root>/<run>/shape/config.json (and the map's
+# drafters beside it, <root>/<run>/map-drafters/…), 0755 so that a unit's User= reads them
 SHAPE_ROOT = "/run/pytest-specdecode-shape"
-_SHAPE_DIR = re.compile(rf"{re.escape(SHAPE_ROOT)}/[A-Za-z0-9_][A-Za-z0-9._-]{{0,199}}")
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 
 
-def shape_folder(run_id: str) -> str:
-    """The run's own folder for the shape's config.json on the host (checked: a plain name)."""
-    return checked_folder(f"{SHAPE_ROOT}/{run_id}")
+def shape_folder(run: str) -> str:
+    """The shape's folder on the host for the run named `run` (its reports folder's name; made
+    plain), `<SHAPE_ROOT>/<run>/shape`."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", run).lstrip(".-") or "run"
+    return checked_path(f"{SHAPE_ROOT}/{plain[:200]}/shape")
 
 
-def checked_folder(folder: str) -> str:
-    """`folder` if it is one run's shape folder under SHAPE_ROOT, else ValueError: nothing else
-    is ever created or removed there."""
-    if not _SHAPE_DIR.fullmatch(folder) or ".." in folder:
-        raise ValueError(f"not a shape folder under {SHAPE_ROOT}: {folder!r}")
-    return folder
+def checked_path(path: str) -> str:
+    """`path` if it lies in one run's folder under SHAPE_ROOT, each of its names plain, else
+    ValueError: nothing else is ever created or removed there."""
+    names = path.removeprefix(SHAPE_ROOT + "/").split("/")
+    if not path.startswith(SHAPE_ROOT + "/") or len(names) < 2:
+        raise ValueError(f"not a path in a run's folder under {SHAPE_ROOT}: {path!r}")
+    if not all(_PLAIN.fullmatch(name) for name in names):
+        raise ValueError(f"not a plain path under {SHAPE_ROOT}: {path!r}")
+    return path
+
+
+def run_folder(path: str) -> str:
+    """The run's own folder under SHAPE_ROOT that holds `path` (what its restore removes)."""
+    return f"{SHAPE_ROOT}/{checked_path(path).removeprefix(SHAPE_ROOT + '/').split('/')[0]}"
 
 
 def dropin_path(unit: str) -> str:

@@ -17,7 +17,7 @@ from ...errors import ConfigError, HostError
 from ...redaction import redact_text
 from ..hosts.base import Host
 from .beside import beside_unit_prefix
-from .unitfile import SHAPE_ROOT, checked_folder
+from .unitfile import SHAPE_ROOT, run_folder
 
 if TYPE_CHECKING:
     from ...config.shape.served import ServedShape
@@ -163,8 +163,8 @@ class HostWatchdog:
         ]
         if self.shape is not None:
             lines += [
-                "# the shape's folder (its config.json), written by this run",
-                f"rm -rf -- {q(checked_folder(self.shape.folder))}",
+                "# the run's shape folder (its config.json, the map's drafters), this run's own",
+                f"rm -rf -- {q(run_folder(self.shape.folder))}",
                 f"rmdir -- {q(SHAPE_ROOT)} 2>/dev/null",
             ]
         if not self.found_active:  # a shape's run on a stopped unit: it stays stopped

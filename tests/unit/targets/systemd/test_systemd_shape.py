@@ -32,9 +32,10 @@ from pytest_specdecode.targets.shaped import ShapedTarget, resolve_shape, shaped
 from pytest_specdecode.targets.systemd.target import SystemdTarget
 from pytest_specdecode.targets.systemd.unitfile import (
     SHAPE_ROOT,
-    checked_folder,
+    checked_path,
     effective_exec_start,
     render_dropin,
+    run_folder,
     shape_folder,
     split_exec,
 )
@@ -70,7 +71,8 @@ FACTS = dataclasses.replace(
     moe_routing=("normal_routing", "uniform_random"),
 )
 NGRAM = SpecConfig("ngram", {"method": "ngram", "num_speculative_tokens": 3})
-FOLDER = shape_folder("gpu-ctl-42-1700000000")
+FOLDER = shape_folder("20261207T120000Z-ngram")  # the run's reports folder's name
+RUN_FOLDER = f"{SHAPE_ROOT}/20261207T120000Z-ngram"
 
 
 def shape(name: str = "llama-3.1-8b", *, tokenizer: str = "/models/smol") -> ServedShape:
@@ -159,19 +161,26 @@ def test_a_container_unit_mounts_the_folder_and_passes_the_routing_with_dash_e()
     words = exec_words(text)
     at = words.index("docker.io/vllm/vllm-openai:v0.32.0")
     assert words[at - 4 : at] == [
-        "-v", f"{FOLDER}:{FOLDER}:ro", "-e", f"{MOE_ROUTING_ENV}=uniform_random"
+        "-v", f"{RUN_FOLDER}:{RUN_FOLDER}:ro", "-e", f"{MOE_ROUTING_ENV}=uniform_random"
     ]  # fmt: skip
     assert words[at + 1 : at + 3] == ["--model", FOLDER]
     assert "Environment=" not in text  # the container's server would not see it
 
 
-def test_only_a_plain_folder_of_one_run_under_the_shape_root_is_ever_written_or_removed():
-    assert shape_folder("host-1-1700000000") == f"{SHAPE_ROOT}/host-1-1700000000"
-    for bad in ("", "..", "a/b", "x y", "$(reboot)", "-rf"):
+def test_only_plain_paths_in_one_runs_folder_under_the_shape_root_are_written_or_removed():
+    assert f"{RUN_FOLDER}/shape" == FOLDER and run_folder(FOLDER) == RUN_FOLDER
+    assert shape_folder("$(reboot) x") == f"{SHAPE_ROOT}/__reboot__x/shape"  # made plain
+    assert shape_folder("..") == f"{SHAPE_ROOT}/run/shape"
+    for bad in (
+        "/run/systemd/system/x",
+        f"{SHAPE_ROOT}/run",  # the run's folder itself is never a file's place
+        f"{SHAPE_ROOT}/run/../../etc",
+        f"{SHAPE_ROOT}/run/a b",
+        f"{SHAPE_ROOT}/run/$x",
+        f"{SHAPE_ROOT}//x",
+    ):
         with pytest.raises(ValueError):
-            shape_folder(bad)
-    with pytest.raises(ValueError):
-        checked_folder("/run/systemd/system")
+            checked_path(bad)
 
 
 # -- the run, on a stand-in host --------------------------------------------------------------
@@ -343,8 +352,13 @@ def test_a_shape_that_cannot_fit_the_units_gpus_even_cut_is_refused_with_its_num
     assert not host.files and host.active
 
 
+HEAD = f"{SHAPE_ROOT}/nowhere/map-drafters/eagle3-d4/config.json"  # the map's carrier
+
+
 def shaped(tmp_path: Path, host: UnitHost, progress=None) -> ShapedTarget:
     served = resolved(host, ShapeConfig("unit", (4,)))
+    # what is built on the shape (run/map_on_shape.py): a drafter's config.json beside it
+    served = dataclasses.replace(served, extras={"files": {HEAD: '{"draft": 1}'}})
 
     def open_unit(config: TargetConfig, *, progress=None, **_: object) -> SystemdTarget:
         return SystemdTarget(
@@ -374,12 +388,12 @@ def test_the_shape_serves_in_the_units_window_and_the_restore_puts_the_unit_back
     lines: list[str] = []
     target = shaped(tmp_path, host, lines.append)
     folder = target.served.folder
-    assert folder == shape_folder(target.inner.run_id)  # on the host, the run's own
+    assert folder == f"{SHAPE_ROOT}/nowhere/shape"  # on the host, named as the run's folder
     assert target.adopts_running_original is False
     assert target.room_beside(NGRAM).startswith("unit vllm.service on root@gpu:22 serves the")
     target.preflight()
     script = host.files[RESTORE_SCRIPT]
-    assert f"rm -rf -- {folder}" in script  # the watchdog's restore removes it too
+    assert f"rm -rf -- {SHAPE_ROOT}/nowhere\n" in script  # the watchdog's restore removes it too
     seen: dict[str, str | None] = {}
     with experiment_services(
         target, ready_timeout_s=5, restore_timeout_s=5, progress=lines.append,
@@ -389,6 +403,15 @@ def test_the_shape_serves_in_the_units_window_and_the_restore_puts_the_unit_back
         board.activate(None)
         seen["baseline"] = host.dropin()
         assert json.loads(host.files[f"{folder}/config.json"]) == SMOL
+        assert host.files[HEAD] == '{"draft": 1}'  # the drafter beside it, on the host too
+        made = [a[-1] for a in host.ran if a[:4] == ("mkdir", "-p", "-m", "0755")][:5]
+        assert made == [
+            SHAPE_ROOT,
+            f"{SHAPE_ROOT}/nowhere",
+            folder,
+            *[HEAD.rsplit("/", 2)[0]],
+            HEAD.rsplit("/", 1)[0],
+        ]
         board.activate(NGRAM)
         seen["ngram"] = host.dropin()
     baseline, candidate = (exec_words(seen[k] or "") for k in ("baseline", "ngram"))
@@ -438,7 +461,7 @@ def test_the_restore_script_removes_the_folder_before_the_unit_starts_again(tmp_
         text = host.files[RESTORE_SCRIPT]
         script = text.splitlines()
         folder = target.served.folder
-        removed = script.index(f"rm -rf -- {folder}")
+        removed = script.index(f"rm -rf -- {run_folder(folder)}")
         dropin = script.index(
             "  rm -f /run/systemd/system/vllm.service.d/zz-pytest-specdecode.conf"
         )
@@ -448,3 +471,13 @@ def test_the_restore_script_removes_the_folder_before_the_unit_starts_again(tmp_
     finally:
         target.close()
     assert host.left() == []
+
+
+def test_a_file_built_on_the_shape_outside_the_runs_folder_is_refused(tmp_path: Path) -> None:
+    host = UnitHost(API_UNIT.format(model=model_dir(tmp_path)))
+    target = SystemdTarget(host, "vllm.service", api_base="http://127.0.0.1:9", model="smol")  # type: ignore[arg-type]
+    served = resolved(host, ShapeConfig("unit", (4,)))
+    for elsewhere in ("/etc/systemd/system/x.conf", f"{SHAPE_ROOT}/other-run/shape/config.json"):
+        with pytest.raises(ValueError):
+            target.serve_shape(dataclasses.replace(served, extras={"files": {elsewhere: "x"}}))
+    assert target.shape is None and not host.files
