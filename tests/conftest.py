@@ -42,6 +42,7 @@ MARKERS = {"real_vllm": "vllm", "real_host": "remote"}
 # this order, so that the last ones to start are short and neither worker idles long at the end.
 # The test host's files come first, as one scope (pytest_xdist_make_scheduler).
 LONGEST_FIRST = (
+    "real_host/test_shape_host.py",  # about 2 min (three starts of the unit): first in its scope
     "real_host/",
     "real_vllm/test_prediction_real.py",
     "real_vllm/test_embedded_experiment.py",

@@ -86,6 +86,7 @@ class ServerCommand:
     kind: str  # "vllm serve", "python -m api_server", "docker run", "podman run"
     server_args: int  # index of the first argument that the server itself receives
     image: str | None = None
+    image_at: int | None = None  # where the image is in the command line (a container's)
     container_name: str | None = None
     engine: tuple[str, ...] = ()  # a container's: the engine and its own options, before `run`
     publish: tuple[str, ...] = ()  # a container's -p/--publish values, in order
@@ -337,6 +338,7 @@ def _container(argv: Sequence[str], *, where: str, images: Sequence[str]) -> Ser
         )
     found = {
         "image": image,
+        "image_at": i,
         "container_name": _last(options, "name"),
         "engine": engine_argv,
         "publish": tuple(options.get("publish", ())),

@@ -192,9 +192,15 @@ class Planning:
         )
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("model:")), 1)
         timing = self.host_noise.timing(target, settings)
-        lines[at:at] = [*shape_plan_lines(self.shape), *map_plan(settings, self.shape, timing)]
+        shaped = shape_plan_lines(self.shape, unit=self._shape_unit())
+        lines[at:at] = [*shaped, *map_plan(settings, self.shape, timing)]
         write_line("\n".join(lines), stream=sys.stdout)
         return pytest.ExitCode.OK
+
+    def _shape_unit(self) -> str | None:
+        """The unit whose window the shape is served in; None for a local command."""
+        t = self.settings.target
+        return t.unit if t.backend == "systemd" else None
 
     def _shaped(self, target: Target, facts: VllmFacts) -> Target:
         """--spec-shape: the target opened again, serving the shape (its plan, its servers)."""
@@ -214,7 +220,8 @@ class Planning:
         settings = self.settings
         duration = self.time_lines(target)
         timing = self.timing or self.host_noise.timing(target, settings)
-        for line in [*shape_plan_lines(self.shape), *map_plan(settings, self.shape, timing)]:
+        shaped = shape_plan_lines(self.shape, unit=self._shape_unit())
+        for line in [*shaped, *map_plan(settings, self.shape, timing)]:
             self.progress(f"plan: {line}")
         for step in service_plan(settings, target):
             self.progress(f"plan: {step}")

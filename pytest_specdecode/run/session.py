@@ -195,8 +195,12 @@ class SpecDecodeSession:
                 self.plan.watch_host(self.experiment, target, board.original)
                 if settings.run.search:
                     self.search = self._search(self.experiment, target.host_name)
-                if target.adopts_running_original and board.was_active:
-                    self.plan.watch_traffic(self.experiment, board.original)
+                # the original as it serves: measured as the baseline, or stopped for the
+                # shape's window (a unit serving its shape): no other client may be using it
+                if board.was_active and (
+                    target.adopts_running_original or board.found is not board.original
+                ):
+                    self.plan.watch_traffic(self.experiment, board.found)
                 yield self.experiment
         finally:  # the restore ran in experiment_services' teardown: keep what it reported
             if store is not None and board is not None and board.restore_report is not None:
@@ -291,6 +295,8 @@ class SpecDecodeSession:
     def _new_record(self, target: Target) -> RunRecord:
         settings = self.settings
         t = settings.target
+        # the shape as the target serves it (a unit's: its folder on the host)
+        shape = getattr(target, "served", None) or self.plan.shape
         record = RunRecord(
             plugin_version=__version__,
             config_file=str(settings.source),
@@ -298,7 +304,7 @@ class SpecDecodeSession:
                 backend=t.backend,
                 host=target.host_name,
                 api_base=target.api_base,
-                model=self.plan.shape.model_label(t.model) if self.plan.shape else t.model,
+                model=shape.model_label(t.model) if shape else t.model,
                 unit=t.unit,
                 command=redact_argv(t.command),
                 env=redact_env(t.env),
@@ -317,7 +323,7 @@ class SpecDecodeSession:
                 "vllm": self.plan.vllm_facts.record() if self.plan.vllm_facts else None,
                 **drafters_environment(self.plan.drafters),  # each named, with its warnings
             },
-            shape=self.plan.shape,
+            shape=shape,
         )
         reuse = self.config.getoption("spec_baseline_from")
         if reuse:

@@ -47,9 +47,14 @@ class Switchboard:
         retry_failed_start: bool = False,
     ) -> None:
         self.target = target
-        self.original = target.original()
-        self.was_active = self.original.is_active()
-        self.active: Service | None = self.original if self.was_active else None
+        self.original = target.original()  # the baseline
+        # What the restore puts back as it was found: the original, or the service that the
+        # baseline serves in place of (the shape on a unit: the unit, stopped for the window)
+        found = getattr(target, "found_original", None)
+        self.found: Service = found() if found is not None else self.original
+        self.was_active = self.found.is_active()
+        adopted = self.was_active and self.found is self.original
+        self.active: Service | None = self.original if adopted else None
         self.last_startup_s: float | None = None  # the last activate's start, to serving
         self.startups: list[float] = []  # every start's seconds to serving, in order (the pace)
         self.active_spec: SpecConfig | None = None
@@ -91,6 +96,8 @@ class Switchboard:
             self.original_stopped = self.original_stopped or self.active is self.original
             self.active.stop()
             self.active = None
+        if self.found is not self.original and self.was_active:
+            self.original_stopped = True  # the baseline's first start stops the found one
         wanted = self.original if spec is None else self.target.candidate(spec)
         self._progress(f"starting {wanted.label}")
         wanted.start()
@@ -259,17 +266,17 @@ class Switchboard:
         notes: list[str] = []
         if observed:
             try:
-                is_active = self.original.is_active()
+                is_active = self.found.is_active()
                 if is_active and self.was_active:
                     notes = self.target.after_restore()
             except Exception as exc:
                 errors.append(str(exc))
-            self.active = self.original if is_active else None
+            self.active = self.found if is_active else None
         notes = [*self._stopped, *notes]
         untouched = observed and self.was_active and not self.original_stopped and bool(is_active)
         self.ending.original_never_stopped = untouched
         self.restore_report = RestoreReport(
-            original=self.original.label,
+            original=self.found.label,
             was_active=self.was_active,
             is_active=is_active,
             seconds=self._clock.now() - start,
@@ -317,16 +324,17 @@ class Switchboard:
                 self._stopped.append(f"stopped the second server {label} at {where}")
             self.besides.clear()
             if self.was_active:
-                self._wait(self.original, self._restore_timeout_s)
+                self._wait(self.found, self._restore_timeout_s)
                 self._serving = True
         except (HostError, ServiceError) as exc:
             errors.append(str(exc))
         self.active = None
 
     def _restore_here(self, errors: list[str], *, deadline: float) -> None:
-        """Stop any candidate and start the original, waiting out an unreachable host."""
+        """Stop any candidate (and a baseline in the found one's place) and put the original
+        back as found, waiting out an unreachable host."""
         self._stop_beside(errors, deadline)
-        if self.active is not None and self.active is not self.original:
+        if self.active is not None and self.active is not self.found:
             active = self.active
             self._progress(f"restore: stopping {active.label}")
             self._step(f"stopping {active.label}", active.stop, errors, deadline)
@@ -346,19 +354,19 @@ class Switchboard:
             self._stopped.append(f"stopped the second server {label} at {where}")
 
     def _ensure_original(self) -> None:
-        if not self.original.is_active():
-            self._progress(f"restore: starting {self.original.label}")
-            self.original.start()
-        self._wait(self.original, self._restore_timeout_s)
+        if not self.found.is_active():
+            self._progress(f"restore: starting {self.found.label}")
+            self.found.start()
+        self._wait(self.found, self._restore_timeout_s)
         self._serving = True
 
     def _stop_original(self) -> None:
-        if self.original.is_active():
+        if self.found.is_active():
             self._progress(
-                f"restore: stopping {self.original.label} (it was not running before the run)"
+                f"restore: stopping {self.found.label} (it was not running before the run)"
             )
             self.original_stopped = True
-            self.original.stop()
+            self.found.stop()
 
     def _step(
         self, what: str, action: Callable[[], None], errors: list[str], deadline: float

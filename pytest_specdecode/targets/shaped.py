@@ -9,9 +9,10 @@ backend's own: the local backend's original was not running before the run (it s
 the shape server takes its place in the run's window and nothing of the real model is started
 or stopped.
 
-On a systemd unit (an original adopted as it runs) the shape would have to be a drop-in on the
-unit, its folder written on the host and removed by the restore: not built yet, so it is
-refused here, before anything is touched.
+On a systemd unit the unit's own target serves the shape (systemd/shape.py → `serve_shape`):
+its drop-in serves the shape's baseline and candidates in the unit's window, one at a time, the
+config.json in a folder of the run's on the host; the original, stopped for the window, is put
+back as it was found, and the folder removed (by the watchdog's restore.sh too).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from ..config.shape.served import CONFIG_NAME, ServedShape
 from ..config.shape.table import ShapeConfig
 from ..config.specconfig import SpecConfig, VllmFacts
 from ..config.target import TargetConfig
-from ..errors import ShapeRefused
 from ..files import write_atomically
 from .base import Progress, Target
 from .beside.placement import GPU_SHARE, gpu_share_of
@@ -51,6 +51,8 @@ def resolve_shape(
     host (each server's part, where `beside` servers may serve beside the baseline), the depth
     chosen, and the refusals (config/shape/resolve.py). Reads only."""
     say = progress or (lambda _line: None)
+    if config.backend != "local":
+        beside = 0  # a unit serves the shape one server at a time (systemd/shape.py)
     site: ModelSite | None = getattr(target, "model_site", lambda: None)()
     argv, env = served_command(target, config)
     shape, vocab = read_shape(asked, site)
@@ -66,6 +68,7 @@ def resolve_shape(
         )
     say(f"shape: the room on {target.host_name}: " + (room.where if room else "not read"))
     where = site.where if site is not None else f"the server on {target.host_name}"
+    place = getattr(target, "shape_place", None)  # a unit's: a folder of the run's on its host
     served = serve_shape(
         shape,
         asked,
@@ -74,12 +77,11 @@ def resolve_shape(
         served_name=config.model,
         facts=facts,
         room=room,
-        folder=str(folder),
+        folder=place(folder) if place is not None else str(folder),
         where=where,
         tokenizer_vocab=vocab,
         images=config.vllm_images or None,
     )
-    refuse_backend(config, served)
     return served
 
 
@@ -100,8 +102,11 @@ def shaped_target(
     log_dir: Path,
     progress: Progress | None = None,
 ) -> ShapedTarget:
-    """The configured backend, serving `served` (its command and environment changed)."""
-    refuse_backend(config, served)
+    """The configured backend, serving `served`: the local command and environment changed,
+    or a unit's own drop-ins (its folder then on the unit's host)."""
+    if config.backend != "local":
+        inner = open_target(config, log_dir=log_dir, progress=progress)
+        return ShapedTarget(inner, inner.serve_shape(served), writes=False)  # type: ignore[attr-defined]
     argv = served.argv(config.command, where=f"{config.workdir}: [target] command")
     shaped = dataclasses.replace(
         config, command=tuple(argv), env={**dict(config.env), **dict(served.env)}
@@ -109,30 +114,17 @@ def shaped_target(
     return ShapedTarget(open_target(shaped, log_dir=log_dir, progress=progress), served)
 
 
-def refuse_backend(config: TargetConfig, served: ServedShape | None = None) -> None:
-    """A backend the shape target cannot serve on yet: refused, nothing touched."""
-    if config.backend == "local":
-        return
-    what = f"the shape {served.shape.source}" if served else "a shape"
-    fits = f" ({served.cut_text()})" if served else ""
-    raise ShapeRefused(
-        f"unit {config.unit} on {config.host}: {what}{fits} cannot be served on a systemd unit yet "
-        "(its server would be a drop-in on the unit, its config.json written on the host and "
-        "removed by the restore: not built). Serve it with the local backend on the same GPUs "
-        "and vLLM ([target] backend = 'local' with the unit's command); the unit is left as it "
-        "runs. Nothing was touched"
-    )
-
-
 class ShapedTarget:
     """A target whose servers serve the shape: the wrapped backend's, with the shape's
-    config.json written before the first start. Everything else is the backend's own."""
+    config.json written before the first start (`writes`: here; else the backend writes it on
+    its host, a unit's). Everything else is the backend's own."""
 
-    def __init__(self, inner: Target, served: ServedShape) -> None:
+    def __init__(self, inner: Target, served: ServedShape, *, writes: bool = True) -> None:
         self.inner = inner
         self.served = served
         self.folder = Path(served.folder)
-        self._written = False
+        self.writes = writes
+        self._written = not writes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -154,6 +146,8 @@ class ShapedTarget:
         self.inner.before_swap()
 
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
+        if not self.writes:
+            return self.inner.plan(specs)
         return [
             f"write the shape's config.json into {self.folder} (the run's own folder): "
             f"{self.served.shape.describe()}",

@@ -18,7 +18,11 @@ from pytest_specdecode.errors import HostError
 from pytest_specdecode.record.store import JOURNAL_FILE
 from pytest_specdecode.targets.hosts.base import CommandResult
 from pytest_specdecode.targets.hosts.ssh import SSHHost
-from pytest_specdecode.targets.systemd.unitfile import PERSISTENT_UNIT_DIR, dropin_path
+from pytest_specdecode.targets.systemd.unitfile import (
+    PERSISTENT_UNIT_DIR,
+    SHAPE_ROOT,
+    dropin_path,
+)
 from pytest_specdecode.targets.systemd.watchdog import (
     HANDOVER_UNIT,
     LOCK_DIR,
@@ -167,6 +171,7 @@ class Testbed:
             "candidate drop-in directory": ["test", "-e", dropin.rsplit("/", 1)[0]],
             "lock": ["test", "-e", LOCK_DIR],
             "restore script": ["test", "-e", RESTORE_SCRIPT],
+            "shape folder": ["test", "-e", SHAPE_ROOT],
             "watchdog timer": ["systemctl", "is-active", "--quiet", f"{WATCHDOG}.timer"],
             "watchdog service": ["systemctl", "is-active", "--quiet", f"{WATCHDOG}.service"],
             "handed-over restore": ["systemctl", "is-active", "--quiet", HANDOVER_UNIT],

@@ -23,6 +23,7 @@ Read on the host by targets/facts/shape_site.py; resolved by targets/shaped.py �
 `resolve_shape(target, config, asked, facts, folder=, beside=)` (called by run/planning.py →
 `Planning.resolve_shape`, kept as `Planning.shape`); served by targets/shaped.py →
 `shaped_target(config, served, ...)`, a `ShapedTarget` (`.served`, `.inner`: the backend's
-own target on the shape's command), which run/session.py → `_open_target` opens once the plan
-resolved the shape; recorded as `RunRecord.shape`.
+own target on the shape's command; a unit's own target, serving the shape through its drop-ins,
+`.served.folder` on its host: targets/systemd/shape.py), which run/session.py → `_open_target`
+opens once the plan resolved the shape; recorded as `RunRecord.shape`.
 """

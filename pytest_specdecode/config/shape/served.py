@@ -1,17 +1,20 @@
 """A shape as the run serves it: the depth, the server's command and environment, and what is
 real, random, cut and changed.
 
-`ServedShape.argv(command)` is the target's own server command with its model replaced by the
-folder that holds the shape's config.json (`folder`), the weights drawn at random (`--load-format
-dummy`), the target's own tokenizer (`--tokenizer`, so that prompts tokenize as in production),
-the served model name kept, and `--hf-overrides` with the cut (merged with any the command had).
-`env` is what the server's environment gains: for a MoE, its routing drawn uniformly.
+`ServedShape.argv(command)` (`words`: the same, keeping a unit file's raw words) is the target's
+own server command with its model replaced by the folder that holds the shape's config.json
+(`folder`), the weights drawn at random (`--load-format dummy`), the target's own tokenizer
+(`--tokenizer`, so that prompts tokenize as in production), the served model name kept, and
+`--hf-overrides` with the cut (merged with any the command had). `env` is what the server's
+environment gains: for a MoE, its routing drawn uniformly (a container's command passes it with
+-e and mounts the folder's parent).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +84,15 @@ class ServedShape:
         self, command: Sequence[str], *, where: str, images: Sequence[str] | None = None
     ) -> list[str]:
         """The target's server command, serving this shape (see the module's docstring)."""
-        return shape_argv(
+        words = self.words(command, where=where, images=images)
+        return [command[w] if isinstance(w, int) else w for w in words]
+
+    def words(
+        self, command: Sequence[str], *, where: str, images: Sequence[str] | None = None
+    ) -> list[int | str]:
+        """`argv`'s words, each the index of the command's own word kept as it is, or a new
+        one (`shape_words`: a unit's drop-in keeps the unit's raw words)."""
+        return shape_words(
             command,
             folder=self.folder,
             tokenizer=self.tokenizer,
@@ -89,6 +100,7 @@ class ServedShape:
             overrides=self.overrides,
             where=where,
             images=images,
+            env=self.env,
         )
 
     def config_text(self) -> str:
@@ -199,7 +211,7 @@ def command_overrides(command: Sequence[str], *, where: str) -> dict[str, Any]:
     return found
 
 
-def shape_argv(
+def shape_words(
     command: Sequence[str],
     *,
     folder: str,
@@ -208,17 +220,28 @@ def shape_argv(
     overrides: Mapping[str, Any],
     where: str,
     images: Sequence[str] | None = None,
-) -> list[str]:
-    """`command` serving the config.json in `folder` with dummy weights: `vllm serve MODEL` or
-    `--model MODEL` replaced by the folder; --tokenizer and --served-model-name added where the
-    command has none; --load-format and --hf-overrides replaced."""
-    start = parse_server_command(command, where=where, images=images).server_args
-    argv = list(command[:start])
-    rest = list(command[start:])
-    named = _model_index(rest)
+    env: Mapping[str, str] | None = None,
+) -> list[int | str]:
+    """`command` serving the config.json in `folder` with dummy weights, each word either the
+    index of the command's own word, kept as it is (a unit file keeps its raw text), or a new
+    one: `vllm serve MODEL` or `--model MODEL` replaced by the folder; --tokenizer and
+    --served-model-name added where the command has none; --load-format and --hf-overrides
+    replaced. A container's command (`docker run … IMAGE …`) also mounts the folder's parent
+    (the run's: the shape's folder and what is built beside it) read-only at the same path and
+    passes `env` (the MoE routing) with -e, before the image."""
+    server = parse_server_command(command, where=where, images=images)
+    start = server.server_args
+    out: list[int | str] = list(range(start))
+    if server.image_at is not None:
+        given = [w for k, v in sorted((env or {}).items()) for w in ("-e", f"{k}={v}")]
+        run = posixpath.dirname(folder.rstrip("/")) or folder  # the map's drafters beside it
+        out[server.image_at : server.image_at] = ["-v", f"{run}:{run}:ro", *given]
+    rest: list[int | str] = list(range(start, len(command)))
+    named = _model_at(command, rest)
     if named is not None:
-        rest[named] = folder
-    elif rest and not rest[0].startswith("-"):
+        at, split = named
+        rest[at : at + 1] = ["--model", folder] if split else [folder]
+    elif rest and not command[start].startswith("-"):
         rest[0] = folder  # `vllm serve MODEL`
     else:
         raise ConfigError(
@@ -226,34 +249,38 @@ def shape_argv(
             "the shape cannot take its place. Nothing was touched"
         )
     for flag in REPLACED:
-        rest = _without(rest, flag)
-    if option_value(rest, "--tokenizer") is None:
+        rest = _without(command, rest, flag)
+    values = [command[w] if isinstance(w, int) else w for w in rest]
+    if option_value(values, "--tokenizer") is None:
         rest += ["--tokenizer", tokenizer]
-    if option_value(rest, "--served-model-name") is None:
+    if option_value(values, "--served-model-name") is None:
         rest += ["--served-model-name", served_name]
     rest += ["--load-format", LOAD_FORMAT, HF_OVERRIDES, json.dumps(dict(overrides))]
-    return argv + rest
+    return out + rest
 
 
-def _model_index(args: list[str]) -> int | None:
-    """Where `--model`'s value is among the server's arguments (the last one wins); a
-    `--model=X` is split into two words first, so that its value is replaced in place."""
-    split = [w for a in args for w in (a.split("=", 1) if a.startswith("--model=") else [a])]
-    args[:] = split
+def _model_at(command: Sequence[str], rest: list[int | str]) -> tuple[int, bool] | None:
+    """Where `--model`'s value is among the server's words (the last one wins), and whether it
+    is one `--model=X` word (split in two when replaced)."""
     found = None
-    for i, arg in enumerate(args):
-        if arg == "--model" and i + 1 < len(args):
-            found = i + 1
+    for at, w in enumerate(rest):
+        word = command[w] if isinstance(w, int) else w
+        if word == "--model" and at + 1 < len(rest):
+            found = (at + 1, False)
+        elif word.startswith("--model="):
+            found = (at, True)
     return found
 
 
-def _without(args: Sequence[str], flag: str) -> list[str]:
+def _without(command: Sequence[str], words: list[int | str], flag: str) -> list[int | str]:
     out, i = [], 0
-    while i < len(args):
-        if args[i] == flag:
+    while i < len(words):
+        w = words[i]
+        word = command[w] if isinstance(w, int) else w
+        if word == flag:
             i += 2
             continue
-        if not args[i].startswith(flag + "="):
-            out.append(args[i])
+        if not word.startswith(flag + "="):
+            out.append(w)
         i += 1
     return out

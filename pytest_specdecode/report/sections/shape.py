@@ -12,13 +12,18 @@ from ...record.schema import RunRecord
 HEADLINE = "Measured on the shape, not the model"
 
 
-def plan_lines(served: ServedShape | None) -> list[str]:
-    """The plan's lines, before anything is touched."""
+def plan_lines(served: ServedShape | None, *, unit: str | None = None) -> list[str]:
+    """The plan's lines, before anything is touched; `unit`: the systemd unit that serves it."""
     if served is None:
         return []
+    window = (
+        f"the window of unit {unit}, which is stopped for it and put back as it was found at "
+        "the end (a reload of the real model)"
+        if unit
+        else "the original's window (the real model is neither started nor stopped)"
+    )
     return [
-        f"shape: {served.label}, served by the target's own vLLM, with dummy weights, in the "
-        "original's window (the real model is neither started nor stopped)",
+        f"shape: {served.label}, served by the target's own vLLM, with dummy weights, in {window}",
         *(f"  {line}" for line in served.statement()),
     ]
 

@@ -5,5 +5,6 @@
 - inspection.py: what is read on the host and never changed;
 - unitfile.py, unit_environment.py: ExecStart as systemd expands it, a candidate's drop-in;
 - watchdog.py: the lock, restore.sh, its watchdog, the handover;
-- beside.py: a candidate as a transient unit beside the running original.
+- beside.py: a candidate as a transient unit beside the running original;
+- shape.py: a shape's servers (--spec-shape) as the unit's drop-ins, in its window.
 """

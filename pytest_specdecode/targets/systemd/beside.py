@@ -48,6 +48,7 @@ from .unit_environment import (
 )
 
 if TYPE_CHECKING:  # paramiko only where a host is reached over SSH (the GPU kit has none)
+    from ...config.shape.served import ServedShape
     from ..hosts.tunnel import ApiTunnel
     from .unitfile import ExpandedExecStart
 
@@ -150,6 +151,7 @@ class BesideHost:
     api_base: str
     tunnel: ApiTunnel | None
     vllm_images: tuple[str, ...]
+    shape: ServedShape | None
 
     if TYPE_CHECKING:  # UnitInspection's
 
@@ -164,6 +166,11 @@ class BesideHost:
     def room_beside(self, spec: SpecConfig) -> str | None:
         """None where a second copy fits beside the original; else why not (host, unit,
         figures). Reads only."""
+        if self.shape is not None:
+            return (
+                f"unit {self.unit} on {self.host_name} serves the shape in its own window, one "
+                "server at a time: a second one beside it is not served on a unit (docs/shape.md)"
+            )
         found = self._beside_placement()
         return found if isinstance(found, str) else None
 

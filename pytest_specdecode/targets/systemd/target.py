@@ -10,7 +10,9 @@ writes on the host, and where:
   restore.sh when the controller stops renewing; an interrupted controller starts the service
   at once. Nothing is ever written to /etc/systemd/system;
 - with `--spec-arms together`, each candidate as a transient unit beside the running unit,
-  specdecode-beside-<run>-<candidate>.service (beside.py); the unit itself is untouched.
+  specdecode-beside-<run>-<candidate>.service (beside.py); the unit itself is untouched;
+- with a shape (--spec-shape), /run/pytest-specdecode-shape/<run>/config.json, and the drop-in
+  serves the shape: its baseline too, in the original's window (shape.py).
 
 It runs only the programs in HOST_PROGRAMS (inspection.py; no shell), so that a
 non-root user can be given exactly those in a sudo rule; the Host wraps each command in
@@ -38,6 +40,7 @@ from ..hosts.base import Host
 from ..hosts.container import container_host
 from .beside import BesideHost, BesideLaunch, beside_unit_prefix
 from .inspection import UnitInspection
+from .shape import ShapeHost, ShapeUnit
 from .unitfile import (
     RUNTIME_UNIT_DIR,
     ExpandedExecStart,
@@ -47,19 +50,22 @@ from .unitfile import (
     effective_exec_start,
     own_dropins,
     render_dropin,
+    shape_exec_start,
 )
 from .units import BesideUnit, SystemdUnit
 from .watchdog import LOCK_DIR, RESTORE_SCRIPT, WATCHDOG, HostWatchdog
 
 if TYPE_CHECKING:
+    from ...config.shape.served import ServedShape
     from ..hosts.tunnel import ApiTunnel
 
 
-class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
+class SystemdTarget(UnitInspection, HostWatchdog, BesideHost, ShapeHost):
     """A production unit on a host, and candidates as runtime drop-ins of that same unit.
 
     What it reads on the host is UnitInspection's; the lock, the watchdog and the handover are
-    HostWatchdog's; candidates beside the running unit (`--spec-arms together`), BesideHost's.
+    HostWatchdog's; candidates beside the running unit (`--spec-arms together`), BesideHost's;
+    a shape's servers in the unit's window (`serve_shape`), ShapeHost's.
     """
 
     adopts_running_original = True  # the running unit is the baseline, measured as it runs
@@ -105,6 +111,10 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
         self._closing = False
         self._wrote_dropin = False
         self._beside_units: list[BesideUnit] = []
+        self.shape: ServedShape | None = None  # serve_shape: the unit's servers serve it
+        self.found_active = True  # the unit as the run found it (only a shape's run may not)
+        self._found: SystemdUnit | None = None
+        self._wrote_shape = False
         self.tunnel: ApiTunnel | None = None
 
     def use_tunnel(self, tunnel: ApiTunnel) -> None:
@@ -119,14 +129,22 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
         self._check_programs()
         text = self.unit_text()
         self._refuse_own_dropin(text)
-        render_dropin(self.unit, text, _PROBE_SPEC, run_id=self.run_id, images=self.vllm_images)
-        state = self.original().show()
-        if state.get("ActiveState") != "active":
+        images = self.vllm_images
+        render_dropin(self.unit, text, _PROBE_SPEC, run_id=self.run_id, images=images)
+        if self.shape is not None:  # the shape's drop-ins too: refused here, not mid-run
+            shape = self.shape
+            render_dropin(self.unit, text, None, run_id=self.run_id, images=images, shape=shape)
+        state = self.found_original().show()
+        active = state.get("ActiveState")
+        # A shape's baseline is its own: a stopped unit may serve it, and is left stopped.
+        if active != "active" and not (self.shape is not None and active == "inactive"):
             raise ConfigError(
-                f"unit {self.unit} on {self.host_name} is {state.get('ActiveState')}/"
-                f"{state.get('SubState')}, not active: refusing to experiment. The tool restores "
-                "the original to the state it found, and only a serving original is a baseline"
+                f"unit {self.unit} on {self.host_name} is {active}/{state.get('SubState')}, "
+                "not active: refusing to experiment. The tool restores the original to the "
+                "state it found, and only a serving original is a baseline"
+                + (" (with a shape: a serving or a stopped one)" if self.shape else "")
             )
+        self.found_active = active == "active"
         self._check_port_owner()
         if self.tunnel is not None:
             self.tunnel.remote_answers()  # refuses an sshd that forbids forwarding
@@ -172,15 +190,26 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
         return ModelSite(host, where, served_model(command.argv, command.server), hub_cache=hub)
 
     def original(self) -> SystemdUnit:
+        """The baseline: the unit as it runs, or the shape's baseline (a drop-in of its own)."""
         if self._original is None:
-            self._original = SystemdUnit(self)
+            self._original = SystemdUnit(self) if self.shape is None else ShapeUnit(self)
         return self._original
+
+    def found_original(self) -> SystemdUnit:
+        """What the restore puts back as it was found: the original itself, or the unit that
+        the shape's baseline serves in place of (shape.py)."""
+        if self.shape is None:
+            return self.original()
+        return ShapeHost.found_original(self)
 
     def before_swap(self) -> None:
         self._arm_watchdog()
 
     def candidate(self, spec: SpecConfig) -> SystemdUnit:
         """Configure the (stopped) unit as the candidate: write its drop-in, reload, check it."""
+        if self.shape is not None:  # the unit stopped, the shape's folder and drop-in written
+            self.configure_shape(spec)
+            return SystemdUnit(self, spec)
         self._arm_watchdog()
         self._check_port_free()
         content = render_dropin(
@@ -213,7 +242,8 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
         steps = [
             f"on {self.host_name}: lock {LOCK_DIR}; arm the watchdog: systemd-run --unit "
             f"{WATCHDOG} --on-active={self.watchdog_s:.0f}s /bin/sh {RESTORE_SCRIPT} (renewed "
-            f"while this controller runs); measure {self.unit} as it runs"
+            "while this controller runs); "
+            + (f"measure {self.unit} as it runs" if self.shape is None else "serve the shape")
         ]
         if self.tunnel is not None:
             command = self.command()
@@ -222,6 +252,8 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
                 f"reach the API through SSH: {self.tunnel.describe()}"
                 + (origin if command.used else "")
             )
+        if self.shape is not None:
+            return self.shape_plan(specs, steps)
         for spec in specs:
             text = render_dropin(
                 self.unit, self.unit_text(), spec, run_id=self.run_id, images=self.vllm_images
@@ -253,12 +285,12 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
             if time.monotonic() - start > timeout_s:
                 raise ServiceError(
                     f"the host-side restore on {self.host_name} did not finish within "
-                    f"{timeout_s:.0f}s; the unit is {self.original().state()}"
+                    f"{timeout_s:.0f}s; the unit is {self.found_original().state()}"
                     + self._watchdog_journal()
                 )
             if time.monotonic() - last >= 15:
                 last = time.monotonic()
-                progress(f"  … the host is restoring {self.unit}: {self.original().state()}")
+                progress(f"  … the host is restoring {self.unit}: {self.found_original().state()}")
             time.sleep(1)
 
     def reachable(self) -> bool:
@@ -321,6 +353,7 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
                 self._stop_beside_units()
                 self._disarm_watchdog()
                 self._unlock()
+                self.remove_shape_folder()  # the run's own: last, so that nothing waits on it
         finally:
             for service in self._beside_units:
                 if service.tunnel is not None:
@@ -373,11 +406,16 @@ class SystemdTarget(UnitInspection, HostWatchdog, BesideHost):
             self.host.run(["systemctl", "stop", self.unit], timeout=180)
             self.remove_dropin()
 
-    def _check_dropin_took_effect(self, spec: SpecConfig) -> None:
+    def _check_dropin_took_effect(self, spec: SpecConfig | None) -> None:
         """After the reload, `systemctl cat` must show our command as the one systemd runs."""
         text = self.host.check(["systemctl", "cat", self.unit], timeout=30).stdout
         where = f"unit {self.unit} on {self.host_name}"
-        want = candidate_exec_start(self.unit_text(), spec, where=where, images=self.vllm_images)
+        images = self.vllm_images
+        if self.shape is not None:
+            want = shape_exec_start(self.unit_text(), self.shape, spec, where=where, images=images)
+        else:
+            assert spec is not None
+            want = candidate_exec_start(self.unit_text(), spec, where=where, images=images)
         try:
             got = effective_exec_start(text, where=where, images=self.vllm_images)
             ok = got.prefix + " ".join(t.raw for t in got.tokens) == want

@@ -7,6 +7,10 @@ A candidate runs as the production unit itself, changed only by a runtime drop-i
     ExecStart=
     ExecStart=<the original's command, its raw words reused verbatim> --speculative-config "<JSON>"
 
+With a shape (config/shape/served.py), the same drop-in serves the shape: its model replaced by
+the shape's folder, `--load-format dummy`, `--tokenizer`, `--hf-overrides`, and the shape's
+`Environment=`; the shape's baseline is that drop-in without `--speculative-config`.
+
 Specifiers (%i, %n, …), ${VAR}, EnvironmentFile=, User=, ExecStartPre=, the dependencies and the
 unit's name all stay the unit's own: nothing is copied. /run is cleared at boot, so a reboot
 brings back the original by itself. Nothing is ever written to /etc/systemd/system.
@@ -15,8 +19,9 @@ brings back the original by itself. Nothing is ever written to /etc/systemd/syst
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...config.specconfig import SpecConfig
 from ...config.target import check_unit_name
@@ -30,6 +35,9 @@ from ...errors import ConfigError
 from ...redaction import redact_text
 from .unit_environment import UnitEnvironment, expand_words, refuse_unset
 
+if TYPE_CHECKING:
+    from ...config.shape.served import ServedShape
+
 ANY_UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}\.[a-z]{3,9}$")
 RUNTIME_UNIT_DIR = "/run/systemd/system"
 PERSISTENT_UNIT_DIR = "/etc/systemd/system"  # never written by this tool
@@ -40,6 +48,35 @@ DROPIN_MARK = "# Written by pytest-specdecode"
 # An ExecStart prefix that changes how the words are read ("@" takes argv[0] apart, ":" turns off
 # $VAR expansion, "|" runs a shell) is refused; these only change privileges or failure handling.
 _KEPT_PREFIX = set("-+!")
+
+
+# A shape's files (shape.py): a folder of each run's, <root>/<run>/shape/config.json (and the map's
+# drafters beside it, <root>/<run>/map-drafters/…), 0755 so that a unit's User= reads them
+SHAPE_ROOT = "/run/pytest-specdecode-shape"
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+
+
+def shape_folder(run: str) -> str:
+    """The shape's folder on the host for the run named `run` (its reports folder's name; made
+    plain), `<SHAPE_ROOT>/<run>/shape`."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", run).lstrip(".-") or "run"
+    return checked_path(f"{SHAPE_ROOT}/{plain[:200]}/shape")
+
+
+def checked_path(path: str) -> str:
+    """`path` if it lies in one run's folder under SHAPE_ROOT, each of its names plain, else
+    ValueError: nothing else is ever created or removed there."""
+    names = path.removeprefix(SHAPE_ROOT + "/").split("/")
+    if not path.startswith(SHAPE_ROOT + "/") or len(names) < 2:
+        raise ValueError(f"not a path in a run's folder under {SHAPE_ROOT}: {path!r}")
+    if not all(_PLAIN.fullmatch(name) for name in names):
+        raise ValueError(f"not a plain path under {SHAPE_ROOT}: {path!r}")
+    return path
+
+
+def run_folder(path: str) -> str:
+    """The run's own folder under SHAPE_ROOT that holds `path` (what its restore removes)."""
+    return f"{SHAPE_ROOT}/{checked_path(path).removeprefix(SHAPE_ROOT + '/').split('/')[0]}"
 
 
 def dropin_path(unit: str) -> str:
@@ -225,25 +262,79 @@ def candidate_exec_start(
     return exec_start.prefix + " ".join([*kept, *added])
 
 
+def shape_exec_start(
+    unit_text: str,
+    served: ServedShape,
+    spec: SpecConfig | None,
+    *,
+    where: str,
+    images: Sequence[str] | None = (),
+) -> str:
+    """The original's ExecStart serving the shape (`ServedShape.words`: the unit's own words
+    reused as written, the new ones quoted here); a candidate's plus `--speculative-config
+    JSON`, replacing any the unit had; spec None: the shape's baseline."""
+    exec_start = effective_exec_start(unit_text, where=where, images=images)
+    words = served.words(exec_start.argv, where=where, images=images)
+    values = [exec_start.argv[w] if isinstance(w, int) else w for w in words]
+    raw = [exec_start.tokens[w].raw if isinstance(w, int) else _new_word(w) for w in words]
+    if spec is not None and not spec.is_original:
+        start = parse_server_command(values, where=where, images=images).server_args
+        drop = spec_flag_positions(values, start)
+        raw = [r for i, r in enumerate(raw) if i not in drop]
+        raw += [SPEC_FLAG, quote_arg(spec.to_json())]
+    if spec is not None:
+        raw += map(quote_arg, spec.extra_args)
+    return exec_start.prefix + " ".join(raw)
+
+
+def _new_word(word: str) -> str:
+    """A word the unit did not have: as it is where nothing in it means anything to systemd
+    (a flag, a path), else quoted (`quote_arg`)."""
+    return word if re.fullmatch(r"[A-Za-z0-9_./:@+,=-]+", word) else quote_arg(word)
+
+
 def render_dropin(
     unit: str,
     unit_text: str,
-    spec: SpecConfig,
+    spec: SpecConfig | None,
     *,
     run_id: str,
     images: Sequence[str] | None = (),
+    shape: ServedShape | None = None,
 ) -> str:
-    """The candidate's drop-in: reset ExecStart, then the original's plus the speculative config."""
+    """The candidate's drop-in: reset ExecStart, then the original's plus the speculative config.
+
+    With a shape: the original's command serving the shape (`shape_exec_start`), and the shape's
+    environment (a MoE's routing; a container's gets it with -e); spec None is the shape's
+    baseline."""
     where = f"unit {unit}"
     check_dropin_wins(unit_text, where=where)
-    exec_start = candidate_exec_start(unit_text, spec, where=where, images=images)
+    if shape is not None:
+        exec_start = shape_exec_start(unit_text, shape, spec, where=where, images=images)
+        what = "the shape's baseline" if spec is None else f"candidate {spec.name!r} on the shape"
+        what += f" {shape.label}"
+    elif spec is not None:
+        exec_start = candidate_exec_start(unit_text, spec, where=where, images=images)
+        what = f"candidate {spec.name!r}"
+    else:
+        raise ValueError("render_dropin: a candidate's spec, or a shape")
+    container = effective_exec_start(unit_text, where=where, images=images).server.image
+    environment = {} if shape is None or container is not None else dict(shape.env)
+    if spec is not None and spec.env:
+        if container is not None:
+            raise ConfigError(
+                f"{where}: candidate {spec.name!r} needs {', '.join(sorted(spec.env))} in the "
+                "server's environment, which a container unit's Environment= does not reach; "
+                "that side change cannot be reproduced here"
+            )
+        environment.update(spec.env)
     return "\n".join(
         [
-            f"{DROPIN_MARK} (run {run_id}): candidate {spec.name!r} for {unit}.",
+            f"{DROPIN_MARK} (run {run_id}): {what} for {unit}.",
             "# Runtime only: /run is cleared at boot, so a reboot brings back the original.",
             "# Removed when the run restores the original, or by its watchdog.",
             "[Service]",
-            *_environment_lines(unit_text, spec, where=where, images=images),
+            *_environment_lines(environment, where=where),
             "ExecStart=",
             f"ExecStart={exec_start}",
             "",
@@ -251,23 +342,13 @@ def render_dropin(
     )
 
 
-def _environment_lines(
-    unit_text: str, spec: SpecConfig, *, where: str, images: Sequence[str] | None
-) -> list[str]:
-    """`Environment=NAME=value` for a control arm's variables (after the unit's own, so they
-    win). A container unit's server would not see them: refused, naming the variables."""
-    if not spec.env:
-        return []
-    if effective_exec_start(unit_text, where=where, images=images).server.image is not None:
-        raise ConfigError(
-            f"{where}: candidate {spec.name!r} needs {', '.join(sorted(spec.env))} in the "
-            "server's environment, which a container unit's Environment= does not reach; "
-            "that side change cannot be reproduced here"
-        )
-    for name, value in spec.env.items():
+def _environment_lines(env: Mapping[str, str], *, where: str) -> list[str]:
+    """`Environment=NAME=value` for a control arm's variables or a shape's routing (after the
+    unit's own, so they win); each a plain name and value, nothing a unit file would expand."""
+    for name, value in env.items():
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) or not re.fullmatch(r"[\w.,:/-]*", value):
             raise ConfigError(f"{where}: environment {name}={value!r} is not a plain variable")
-    return [f"Environment={name}={value}" for name, value in sorted(spec.env.items())]
+    return [f"Environment={name}={value}" for name, value in sorted(env.items())]
 
 
 def check_dropin_wins(unit_text: str, *, where: str) -> None:

@@ -60,7 +60,8 @@ class SystemdUnit:
 
     Both are the same systemd unit. Which one runs is told by the candidate's drop-in: it is
     written only while the unit is stopped and removed only after it stopped, so the unit runs
-    a candidate exactly when it is active with the drop-in present.
+    a candidate exactly when it is active with the drop-in present. `configured`: whether this
+    service is the unit with a drop-in of this run's (a candidate; shape.py's baseline too).
     """
 
     def __init__(self, target: UnitOwner, spec: SpecConfig | None = None) -> None:
@@ -68,6 +69,7 @@ class SystemdUnit:
         self.host = target.host
         self.unit = target.unit
         self.spec = spec
+        self.configured = spec is not None
         self.api_base = target.api_base
         self.model = target.model
         where = f"unit {self.unit} on {target.host_name}"
@@ -94,10 +96,10 @@ class SystemdUnit:
     def is_active(self) -> bool:
         if self.show().get("ActiveState") not in ("active", "activating", "reloading"):
             return False
-        return self.target.dropin_present() == (self.spec is not None)
+        return self.target.dropin_present() == self.configured
 
     def start(self) -> None:
-        if self.spec is None and self.target.dropin_present():
+        if not self.configured and self.target.dropin_present():
             # A candidate is configured (a restore that stopped half-way): stop it, drop it.
             self._systemctl("stop", timeout=180)
             self.target.remove_dropin()
@@ -108,14 +110,14 @@ class SystemdUnit:
         self._restarts_at_start = min(before, int(self.show().get("NRestarts") or 0))
 
     def stop(self) -> None:
-        if self.spec is not None and not self.target.dropin_present():
+        if self.configured and not self.target.dropin_present():
             # The drop-in is gone: the host rebooted, or its watchdog restored the original.
             # The unit now runs the original, which is not this candidate's to stop.
             return
         before = gpu.snapshot_unit(self.host, self.unit)  # its PIDs, while they still run
         self._systemctl("stop", timeout=180)
         self._check_stopped(before)
-        if self.spec is not None:
+        if self.configured:
             self.target.remove_dropin()
 
     def failure(self) -> str | None:

@@ -17,6 +17,10 @@ from ...errors import ConfigError, HostError
 from ...redaction import redact_text
 from ..hosts.base import Host
 from .beside import beside_unit_prefix
+from .unitfile import SHAPE_ROOT, run_folder
+
+if TYPE_CHECKING:
+    from ...config.shape.served import ServedShape
 
 STATE_DIR = "/run/pytest-specdecode"
 LOCK_DIR = f"{STATE_DIR}/lock"
@@ -37,6 +41,8 @@ class HostWatchdog:
     watchdog_s: float
     restore_timeout_s: float
     dependents: dict[str, bool]
+    shape: ServedShape | None  # a shape's run: restore.sh removes its folder too
+    found_active: bool  # the unit was active when the run began: restore.sh starts it again
     _heartbeat_host: Host | None
     _heartbeat: threading.Thread | None
     _stop_heartbeat: threading.Event
@@ -154,18 +160,31 @@ class HostWatchdog:
             f"  rmdir --ignore-fail-on-non-empty {q(self.dropin.rsplit('/', 1)[0])}",
             "  systemctl daemon-reload",
             "fi",
-            f"systemctl start {unit}",
         ]
-        if dependents:
+        if self.shape is not None:
+            lines += [
+                "# the run's shape folder (its config.json, the map's drafters), this run's own",
+                f"rm -rf -- {q(run_folder(self.shape.folder))}",
+                f"rmdir -- {q(SHAPE_ROOT)} 2>/dev/null",
+            ]
+        if not self.found_active:  # a shape's run on a stopped unit: it stays stopped
+            lines.append(f"# {self.unit} was stopped when the run began: it is left stopped")
+        else:
+            lines.append(f"systemctl start {unit}")
+        if dependents and self.found_active:
             lines.append(
                 "# units that the stop also stopped, and that were active when the run began"
             )
             lines.append("systemctl start " + " ".join(q(u) for u in dependents))
         port = self._api_port()
+        if self.found_active:
+            lines += [
+                "# The lock says a restore is in progress until the original listens again.",
+                f"i=0; while [ $i -lt {int(self.restore_timeout_s)} ] && command -v ss "
+                f">/dev/null && ! ss -Htln 'sport = :{port}' | grep -q .; do sleep 2; "
+                "i=$((i + 2)); done",
+            ]
         lines += [
-            "# The lock says a restore is in progress until the original listens again.",
-            f"i=0; while [ $i -lt {int(self.restore_timeout_s)} ] && command -v ss >/dev/null "
-            f"&& ! ss -Htln 'sport = :{port}' | grep -q .; do sleep 2; i=$((i + 2)); done",
             f"{mine} && rm -rf {q(LOCK_DIR)}",
             f"rm -f {q(RESTORE_SCRIPT)}",
             f'echo "restored {self.unit} for run {self.run_id}"',

@@ -1,6 +1,6 @@
 """The shape target's reads and its servers (targets/facts/shape_site.py, targets/shaped.py):
-each source read where it is, the room from real nvidia-smi output and /proc/meminfo, the local
-backend serving the shape, and a systemd unit refused before anything is touched."""
+each source read where it is, the room from real nvidia-smi output and /proc/meminfo, and the local
+backend serving the shape (a systemd unit's: systemd/test_systemd_shape.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from pytest_specdecode.config.shape.served import ServedShape
 from pytest_specdecode.config.shape.table import ShapeConfig
 from pytest_specdecode.config.specconfig import SpecConfig
 from pytest_specdecode.config.target import TargetConfig
-from pytest_specdecode.errors import ConfigError, HostError, ShapeRefused
+from pytest_specdecode.errors import ConfigError, HostError
 from pytest_specdecode.targets import open_target
 from pytest_specdecode.targets.facts.model_config import ModelSite
 from pytest_specdecode.targets.facts.shape_site import read_room, read_shape
 from pytest_specdecode.targets.hosts.base import CommandResult, LocalHost
-from pytest_specdecode.targets.shaped import ShapedTarget, refuse_backend, shaped_target
+from pytest_specdecode.targets.shaped import ShapedTarget, shaped_target
 
 DATA = Path(__file__).parents[2] / "data" / "nvidia-smi-h200"
 SMOL = {
@@ -168,16 +168,3 @@ def test_the_local_backend_serves_the_shape_and_writes_its_config_before_the_fir
     assert not written.exists()  # nothing is written before a server starts
     target.before_swap()
     assert json.loads(written.read_text()) == dict(named_shape("deepseek-v3").config)
-
-
-def test_a_systemd_unit_is_refused_before_anything_is_touched(tmp_path: Path) -> None:
-    config = TargetConfig(
-        **{**vars(local_config(tmp_path)), "backend": "systemd", "host": "root@gpu-1",
-           "unit": "vllm.service", "command": ()},
-    )  # fmt: skip
-    with pytest.raises(ShapeRefused) as refused:
-        refuse_backend(config, a_shape(tmp_path / "shape"))
-    text = str(refused.value)
-    assert text.startswith("unit vllm.service on root@gpu-1: the shape deepseek-v3 (the layers")
-    assert text.endswith("Nothing was touched")
-    refuse_backend(local_config(tmp_path))  # the local backend is served
