@@ -1,7 +1,7 @@
 """The dry run of a target of several replicas: each replica's facts read through its own
 target (reads only), the alike check (analysis/replicas/alike.py), the plan's lines
-(report/replicas/lines.py). The run itself: run/crossover/periods.py, which reads and checks each replica
-through `replica_facts` again before anything is touched."""
+(report/replicas/lines.py). The run itself: run/crossover/, which reads and checks each
+replica through `replica_facts` again before anything is touched."""
 
 from __future__ import annotations
 
