@@ -175,3 +175,23 @@ def test_the_map_lies_at_the_tokens_a_step_counted_not_the_length_asked() -> Non
     assert counted.x == pytest.approx(3.55, abs=0.01) and asked.x == 4.0
     a, b, _ = fit_line((_point(1.0, 0.883), counted), confidence=0.95)
     assert (1 - a) / b == pytest.approx(1.15, abs=0.01)  # where k=3 broke even in eager mode
+
+
+def test_a_step_that_drafted_counts_though_the_output_dropped_its_tokens() -> None:
+    """The H100 map of 2026-12-07 (an 8B shape, an EAGLE-3 head, k = 5, everything accepted,
+    16 requests of 128 tokens): each request's last step accepted 5 drafts that max_tokens cut
+    from the output, and vLLM's counter kept them. Output minus accepted gave 17 steps a request
+    where 22 drafted: 7.47 tokens a step, past k + 1. The drafts counted bound the steps."""
+    from pytest_specdecode.analysis.map.break_even import measured_steps
+    from pytest_specdecode.record.counters import Acceptance
+    from pytest_specdecode.record.measurement import Measurement
+
+    m = Measurement(prompt_type="coding")
+    m.samples = [synthetic.sample("coding", "map-k5-L6", i, 539.4, tokens=128) for i in range(16)]
+    m.acceptance = Acceptance(
+        present=True, drafts=16 * 22, draft_tokens=16 * 110, accepted=16 * 110
+    )
+    steps = measured_steps([m])
+    assert steps.tokens_per_step == pytest.approx(2032 / 352)  # 5.77: at most k + 1
+    assert steps.drafts_per_step == pytest.approx(5.0)
+    assert steps.length == pytest.approx(6.0)
