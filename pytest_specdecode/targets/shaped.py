@@ -62,7 +62,9 @@ def resolve_shape(
         servers = beside + 1
         room = room.shared(
             servers,
-            share=gpu_share_of(GPU_SHARE, servers),
+            share=gpu_share_of(
+                GPU_SHARE, servers, min(room.totals_mib) if room.totals_mib else None
+            ),
             beside=f"each of {servers} servers side by side gets its part (--spec-arms "
             "one-at-a-time gives one server all of it)",
         )

@@ -8,6 +8,7 @@ OpenMP threads to that list). On one GPU each gets its share of the memory
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,10 +106,22 @@ def cpu_room(cores: Iterable[int], servers: int = 2) -> str | None:
     )
 
 
-def gpu_share_of(share: float, servers: int) -> float:
+# What a vLLM server takes beyond its --gpu-memory-utilization share: its CUDA context and what
+# it allocates outside the share's accounting. Seen on an H100 (2026-12-07, vLLM 0.26.0, an 8B
+# shape at 0.3 with an EAGLE-3 head): 25.5 and 27.6 GiB taken for 23.75, and the third server
+# found less than its share free and refused to start.
+SERVER_OVERHEAD_MIB = 4096
+
+
+def gpu_share_of(share: float, servers: int, total_mib: int | None = None) -> float:
     """Each server's memory share on a shared GPU: `share`, or less where more servers share it
-    (0.9 of the memory over them all: eight SmolLM2 servers at 0.1 each on an H200)."""
-    return share if servers <= 2 else min(share, round(0.9 / servers, 3))
+    (0.9 of the memory over them all: eight SmolLM2 servers at 0.1 each on an H200), and, where
+    the GPU's memory is known, less each server's overhead beyond its share."""
+    each = share if servers <= 2 else min(share, round(0.9 / servers, 3))
+    if total_mib and servers >= 2:
+        room = 0.9 * total_mib - servers * SERVER_OVERHEAD_MIB
+        each = min(each, math.floor(1000 * room / (servers * total_mib)) / 1000)
+    return max(each, 0.0)
 
 
 def gpu_placements(
@@ -135,13 +148,19 @@ def gpu_placements(
         )
     if len(gpus) < tensor_parallel:
         return f"{len(gpus)} GPU(s), and the server needs {tensor_parallel}"
-    each = gpu_share_of(share, servers)
+    totals = [g.memory_total_mib for g in gpus[:tensor_parallel] if g.memory_total_mib]
+    each = gpu_share_of(share, servers, min(totals) if totals else None)
+    if each <= 0.0:
+        return (
+            f"{servers} servers on {tensor_parallel} GPU(s) of {min(totals)} MiB leave no share "
+            f"after {SERVER_OVERHEAD_MIB} MiB each beyond it"
+        )
     short = []
     for gpu in gpus[:tensor_parallel]:
         total, used = gpu.memory_total_mib, gpu.memory_used_mib
         if total is None or used is None:
             return f"GPU {gpu.index}: its memory is not known (nvidia-smi said N/A)"
-        needed = round(servers * each * total)
+        needed = round(servers * (each * total + SERVER_OVERHEAD_MIB))
         if total - used < needed:
             short.append(
                 f"GPU {gpu.index} ({gpu.name}) has {total - used} MiB free of {total} MiB; "

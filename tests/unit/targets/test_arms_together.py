@@ -153,9 +153,9 @@ def test_on_one_gpu_each_server_gets_its_memory_share(tmp_path):
     original = target.original()
     for service in (second, original):
         at = service.argv.index("--gpu-memory-utilization")
-        assert service.argv[at + 1] == "0.45"
+        assert service.argv[at + 1] == "0.421"  # 0.9 less 4 GiB each, over 2
         assert service.argv[0] == sys.executable  # no taskset on a GPU
-    assert "45% of the GPU memory" in second.placement
+    assert "42% of the GPU memory" in second.placement
 
 
 def test_a_gpu_without_room_for_two_shares_is_refused_with_its_figures(tmp_path):
@@ -163,7 +163,7 @@ def test_a_gpu_without_room_for_two_shares_is_refused_with_its_figures(tmp_path)
     why = target.room_beside(SPEC)
     assert why is not None
     assert "GPU 0 (NVIDIA H200) has 122672 MiB free of 143771 MiB" in why
-    assert "need 129394 MiB" in why
+    assert "need 129247 MiB" in why
 
 
 class NvidiaSmiWithApps(NvidiaSmi):
@@ -216,7 +216,7 @@ def test_tensor_parallel_needs_its_gpus_for_each_server():
     first, second = gpu_placements(gpus, tensor_parallel=1)
     assert (first.gpus, second.gpus) == ((0,), (1,))
     shared = gpu_placements(gpus, tensor_parallel=2)  # 2 GPUs for 2 x 2: both share them
-    assert not isinstance(shared, str) and shared[0].memory_share == 0.45
+    assert not isinstance(shared, str) and shared[0].memory_share == 0.421
     assert "needs 3" in str(gpu_placements(gpus, tensor_parallel=3))
 
 
@@ -394,3 +394,21 @@ def test_the_first_signal_hands_both_over_and_the_restore_says_so(tmp_path, slee
     assert f"stopped the second server local vLLM process 'beside-ngram' (pid {pids[1]})" in (
         board.restore_report.describe()
     )
+
+
+def test_three_servers_on_an_h100_leave_each_its_overhead_beyond_its_share():
+    """The H100 lease of 2026-12-07: three 8B servers at 0.3 each took 25.5 and 27.6 GiB for
+    their 23.75, and the third found 23.2 GiB free, less than its share, and refused to start.
+    Each share now leaves SERVER_OVERHEAD_MIB beyond it, and the three fit with it."""
+    from pytest_specdecode.targets.beside.placement import SERVER_OVERHEAD_MIB
+
+    h100 = H200.replace("NVIDIA H200", "NVIDIA H100 80GB HBM3").replace("143771", "81559")
+    gpus = parse_gpus(used(h100, 0), H200_FIELDS)
+    layout = gpu_placements(gpus, share=0.9, servers=3)
+    assert not isinstance(layout, str)
+    each = layout[0].memory_share
+    assert each is not None and each < 0.3
+    assert 3 * (each * 81559 + SERVER_OVERHEAD_MIB) <= 0.9 * 81559
+    # the servers of that lease: 3.8 GiB at most beyond the share; the third's share is free
+    taken = 2 * (each * 81559 + 3.82 * 1024)
+    assert 81559 - taken >= each * 81559
