@@ -101,8 +101,9 @@ def test_the_plans_groups_and_starts_are_the_runs(tmp_path: Path, beside, groups
 def test_five_beside_on_an_h200_the_plan_names_the_six_servers_the_run_places(
     tmp_path: Path,
 ) -> None:
-    """beside = 5 with the map: one group of six servers at (0.9 less 4 GiB a server)/6 = 0.121 of the memory each,
-    on the ports the run gives them; the old plan said 45% for every one."""
+    """beside = 5 with the map: one group of six servers at (0.9 less 4 GiB a server)/6 =
+    0.121 of the memory each, on the ports the run gives them; the old plan said 45% for every
+    one."""
     s = gpu_settings(tmp_path, beside=5, samples=12, break_even=True)
     planning = local_target(tmp_path, gpus=(H200,), command=GPU_COMMAND)
     (group,) = schedule_of(s, baseline=True, aba=False, adopts_original=False).groups
