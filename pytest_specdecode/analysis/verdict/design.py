@@ -99,13 +99,20 @@ class Reach:
         if self.at_looks:
             n = len(self.at_looks)
             return ", ".join(
-                f"±{look.half_width:.1%} at {look.slots} slots (look {i} of {n}, boundary "
+                f"{_width(look.half_width)} at {look.slots} slots (look {i} of {n}, boundary "
                 f"{look.boundary:.2f})"
                 if i == 1
-                else f"±{look.half_width:.1%} at {look.slots} ({look.boundary:.2f})"
+                else f"{_width(look.half_width)} at {look.slots} ({look.boundary:.2f})"
                 for i, look in enumerate(self.at_looks, start=1)
             )
         return f"±{self.half_width:.1%} ({self.half_df:.1f} df)"
+
+
+UNBOUNDED = math.log(10.0)  # past 10x a look bounds nothing (an H100 plan's 2 slots: ±18658%)
+
+
+def _width(half_width: float) -> str:
+    return f"±{half_width:.1%}" if half_width <= UNBOUNDED else "no bound (too few slots)"
 
 
 def expected_requests(

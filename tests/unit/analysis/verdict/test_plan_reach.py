@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -271,3 +272,16 @@ def test_the_width_planned_per_look_is_the_calibrations_at_the_gpus_figures(
     for n, median in stopped.items():
         assert abs(planned[n] / median - 1.0) <= 0.25, (n, planned[n], median)
     assert stopped[12] > 1.5 * stopped[24]  # the first look's boundary and speed-ups in it
+
+
+def test_a_look_too_early_to_bound_anything_says_so(tmp_path: Path) -> None:
+    """The H100 lease of 2026-12-07: an 8-slot design's first look, at 2 slots, planned
+    ±18658.4%. A look whose interval would span more than a factor of 10 says it bounds nothing;
+    the later looks keep their figures."""
+    base = _main_job(tmp_path)
+    s = dataclasses.replace(base, run=dataclasses.replace(base.run, samples=8, max_samples=8))
+    found = reach(s, _prior(), accelerator="gpu")["throughput"]
+    assert [look.slots for look in found.at_looks] == [2, 4, 6, 8]
+    text = found.half_text()
+    assert text.startswith("no bound (too few slots) at 2 slots (look 1 of 4, boundary ")
+    assert "%" in text.split("at 2 slots")[1]  # the later looks are figures
