@@ -2,24 +2,30 @@
 
 Each entry takes the keys a `[target]` takes for its backend (a systemd unit on a host reached
 over SSH, or a local server), plus a `name` and optional `drain` / `undrain` commands; the keys
-of `[target]` itself are every entry's defaults. The crossover across replicas (docs/replicas.md)
-runs in run/crossover/periods.py.
+of `[target]` itself are every entry's defaults. A local replica may take `devices` (the GPUs
+its servers see: their CUDA_VISIBLE_DEVICES) and `port` (its servers' `--port`, and its
+api_base's), so that replicas of one command run one per GPU or GPU group. The crossover
+across replicas (docs/replicas.md) runs in run/crossover/periods.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError
 from .target import TargetConfig, target_config
 
 REPLICA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_OWN_KEYS = {"name", "drain", "undrain"}
+_OWN_KEYS = {"name", "drain", "undrain", "devices", "port"}
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 _MOST_ARGS = 256
 _MOST_ARG_CHARS = 4096
 
@@ -33,13 +39,19 @@ class ReplicaConfig:
     target: TargetConfig
     drain: tuple[str, ...] = ()
     undrain: tuple[str, ...] = ()
+    devices: tuple[int, ...] = ()  # local: the GPUs its servers see (CUDA_VISIBLE_DEVICES)
+    port: int | None = None  # local: its servers' --port
 
     def describe(self) -> str:
         """`a: unit vllm.service on gpu-a, API http://gpu-a:8000/v1`, for the plan."""
         t = self.target
         api = t.api_base or "through the SSH connection"
         if t.backend == "local":
-            return f"{self.name}: a local server ({' '.join(t.command[:3])} …), API {api}"
+            on = ""
+            if self.devices:
+                gpus = ",".join(map(str, self.devices))
+                on = f" on GPU{'s' if len(self.devices) > 1 else ''} {gpus} ({VISIBLE}={gpus})"
+            return f"{self.name}: a local server ({' '.join(t.command[:3])} …){on}, API {api}"
         return f"{self.name}: unit {t.unit} on {t.host}, API {api}"
 
 
@@ -104,12 +116,99 @@ def _replica(
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if here in message else f"{here}: {message}") from None
+    devices = _devices(entry.get("devices"), here)
+    port = _port(entry.get("port"), here)
+    if (devices or port is not None) and target.backend != "local":
+        raise ConfigError(
+            f"{here}: devices and port are a local replica's; a systemd unit's GPUs and port "
+            "are its own (its unit file), so they cannot be set here"
+        )
     return ReplicaConfig(
         name=name,
-        target=target,
+        target=_placed(target, devices, port, entry, here),
         drain=check_argv(entry.get("drain"), "drain", here),
         undrain=check_argv(entry.get("undrain"), "undrain", here),
+        devices=devices,
+        port=port,
     )
+
+
+def _devices(value: Any, here: str) -> tuple[int, ...]:
+    """`devices = [0, 1]` or `"0,1"`: GPU indices, each once; () where none is given."""
+    if value is None:
+        return ()
+    words = value.split(",") if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        words = [words]
+    out: list[int] = []
+    for word in words:
+        text = word.strip() if isinstance(word, str) else word
+        if isinstance(text, str) and text.isdigit():
+            text = int(text)
+        if not isinstance(text, int) or isinstance(text, bool) or text < 0:
+            raise ConfigError(
+                f"{here}: devices must be GPU indices as nvidia-smi numbers them, e.g. [0] or "
+                f'[0, 1] or "0,1", got {value!r}'
+            )
+        out.append(text)
+    if not out or len(set(out)) != len(out):
+        raise ConfigError(f"{here}: devices must name each GPU once, at least one: got {value!r}")
+    return tuple(out)
+
+
+def _port(value: Any, here: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+        raise ConfigError(f"{here}: port must be a TCP port (1 to 65535), got {value!r}")
+    return value
+
+
+def _placed(
+    target: TargetConfig,
+    devices: tuple[int, ...],
+    port: int | None,
+    entry: Mapping[str, Any],
+    here: str,
+) -> TargetConfig:
+    """A local replica's target on its own GPUs and port: CUDA_VISIBLE_DEVICES in its servers'
+    environment, `--port` in its command and its api_base on that port."""
+    changes: dict[str, Any] = {}
+    if devices:
+        visible = ",".join(map(str, devices))
+        given = target.env.get(VISIBLE)
+        if given is not None and given != visible:
+            raise ConfigError(
+                f"{here}: devices = {list(devices)} and env's {VISIBLE}={given!r} disagree: "
+                "give the replica's GPUs once, as devices"
+            )
+        changes["env"] = {**target.env, VISIBLE: visible}
+    if port is not None:
+        parts = urlsplit(target.api_base)
+        if "api_base" in entry and parts.port not in (None, port):
+            raise ConfigError(
+                f"{here}: port = {port} and api_base {target.api_base!r} disagree: give the "
+                "port once (api_base's host is kept, its port set to port)"
+            )
+        host = parts.hostname or "127.0.0.1"
+        netloc = f"[{host}]" if ":" in host else host
+        changes["api_base"] = urlunsplit(parts._replace(netloc=f"{netloc}:{port}"))
+        changes["command"] = _on_port(target.command, port)
+    return dataclasses.replace(target, **changes) if changes else target
+
+
+def _on_port(command: Sequence[str], port: int) -> tuple[str, ...]:
+    """The command listening on `port`: every `--port V` and `--port=V` replaced by one."""
+    out: list[str] = []
+    skip = False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg == "--port":
+            skip = True
+        elif not arg.startswith("--port="):
+            out.append(arg)
+    return (*out, "--port", str(port))
 
 
 def check_argv(value: Any, key: str, here: str) -> tuple[str, ...]:
@@ -137,7 +236,8 @@ def check_argv(value: Any, key: str, here: str) -> tuple[str, ...]:
 
 
 def _distinct(replicas: Sequence[ReplicaConfig], where: str) -> None:
-    """Names, API bases and (host, unit) pairs: each replica's own."""
+    """Names, API bases, (host, unit) pairs, and a local replica's port and GPUs: each
+    replica's own."""
     seen: dict[tuple[str, str], str] = {}
     for index, replica in enumerate(replicas, start=1):
         t = replica.target
@@ -146,6 +246,13 @@ def _distinct(replicas: Sequence[ReplicaConfig], where: str) -> None:
             keys.append(("api_base", t.api_base))
         if t.backend == "systemd":
             keys.append(("unit", f"{t.unit} on {t.host}"))
+        else:
+            parts = urlsplit(t.api_base)
+            host = parts.hostname or ""
+            host = "this machine" if host in _LOOPBACK else host
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            keys.append(("port", f"{port} on {host}"))
+            keys += [("GPU", str(d)) for d in replica.devices]
         for kind, value in keys:
             other = seen.setdefault((kind, value), f"entry {index} ({replica.name!r})")
             if not other.startswith(f"entry {index} "):

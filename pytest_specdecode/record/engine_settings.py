@@ -18,9 +18,12 @@ from typing import Any
 ASYNC = "async scheduling"
 RUNNER = "model runner"
 
-# A log line's prefix: `(APIServer pid=1) WARNING 12-02 10:43:55 [vllm.py:1605] `
+# A log line's prefix: `(APIServer pid=1) WARNING 12-02 10:43:55 [vllm.py:1605] `; a tensor
+# parallel rank's names its process `Worker_TP1` (vLLM 0.32), `VllmWorker TP1` or `VllmWorker
+# rank=1` (older): each rank's line read as the engine's, the same warning kept once
 _PREFIX = re.compile(
-    r"^(?:\(\w+ pid=\d+\)\s+)?(?P<level>DEBUG|INFO|WARNING|ERROR)\s+\S+\s+\S+\s+\[[^\]]*\]\s?"
+    r"^(?:\((?:[\w.=-]+\s+)+pid=\d+\)\s+)?"
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR)\s+\S+\s+\S+\s+\[[^\]]*\]\s?"
 )
 _VERSION = re.compile(r"(?:Initializing a V1 LLM engine \(v|█\s+version\s+)(\d+\.\d+[\w.+-]*)")
 _ENGINE_CONFIG = re.compile(r"Initializing a V1 LLM engine \([^)]*\) with config: (.*)$")

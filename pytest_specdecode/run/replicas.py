@@ -18,12 +18,12 @@ from ..config.arms import BASELINE
 from ..config.replicas import ReplicaConfig
 from ..config.settings import Settings
 from ..config.specconfig import SpecConfig
-from ..errors import SpecDecodeError
+from ..errors import ConfigError, SpecDecodeError
 from ..progress import write_line
 from ..record.profile import profiles_dir
 from ..report.replicas.lines import replicas_plan
 from ..targets.base import Target
-from ..targets.facts.gpu import gpus_and_driver, read_gpus
+from ..targets.facts.gpu import Gpu, gpus_and_driver, read_gpus
 from ..targets.facts.model_config import read_model_config
 from ..targets.facts.vllm import check_candidates, facts_or_offline
 from .crossover_known import crossover_plan
@@ -86,10 +86,11 @@ def replica_facts(
 ) -> ReplicaFacts:
     """What one replica runs, read through its target before anything is touched: its vLLM
     (targets/facts/vllm.py), against which each candidate is checked, its model where the
-    backend says where it loads it, its GPUs."""
+    backend says where it loads it, its GPUs (those its servers see, where the backend says:
+    `_gpus`)."""
     vllm = facts_or_offline(target, progress=progress)
     check_candidates(candidates, vllm)
-    gpus = read_gpus(target.host)
+    gpus, devices = _gpus(replica, target)
     names, driver = gpus_and_driver(gpus) if gpus is not None else (None, None)
     path, fingerprint = _model(target, progress)
     return ReplicaFacts(
@@ -100,7 +101,31 @@ def replica_facts(
         vllm_version=None if vllm.offline else vllm.version,
         gpus=names,
         driver=driver,
+        host=target.host_name,
+        devices=devices,
     )
+
+
+def _gpus(
+    replica: ReplicaConfig, target: Target
+) -> tuple[list[Gpu] | None, tuple[int | None, ...] | None]:
+    """The GPUs the replica's servers see, and their indices: read with its own
+    CUDA_VISIBLE_DEVICES where the backend runs the servers itself (a local one's
+    `server_gpus`); else every GPU of its host, its servers' own not known (None). ConfigError
+    where they cannot serve there (a GPU the host lacks, a tensor parallel size larger than
+    the GPUs it sees)."""
+    seen = getattr(target, "server_gpus", None)
+    if seen is None:
+        return read_gpus(target.host), None
+    found = seen()
+    why = found.refusal()
+    if why is None and replica.devices and not found.listed:
+        why = (
+            f"devices = {list(replica.devices)}, and nvidia-smi lists no GPU on {target.host_name}"
+        )
+    if why:
+        raise ConfigError(f"{why}; nothing was touched")
+    return list(found.seen), tuple(g.index for g in found.seen)
 
 
 def _model(target: Target, progress: Progress) -> tuple[str | None, str | None]:

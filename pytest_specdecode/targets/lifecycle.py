@@ -269,6 +269,10 @@ class Switchboard:
                 is_active = self.found.is_active()
                 if is_active and self.was_active:
                     notes = self.target.after_restore()
+                elif is_active is False and not self.was_active:
+                    # a backend that started the original itself: its GPUs' memory, let go
+                    check = getattr(self.target, "gpus_after_restore", None)
+                    notes = check() if check is not None else []
             except Exception as exc:
                 errors.append(str(exc))
             self.active = self.found if is_active else None

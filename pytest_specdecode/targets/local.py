@@ -13,12 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config.specconfig import SpecConfig, VllmFacts
-from ..config.vllm_argv import (
-    option_value,
-    parse_server_command,
-    served_model,
-    with_speculative_config,
-)
+from ..config.vllm_argv import parse_server_command, served_model, with_speculative_config
 from ..errors import ConfigError, HostError
 from .base import Progress, Transports, port_answers
 from .beside.placement import (
@@ -32,14 +27,8 @@ from .beside.placement import (
     split_cores,
     with_port,
 )
-from .facts.gpu import (
-    APPS_QUERY,
-    GPUS_QUERY,
-    Gpu,
-    GpuOutputError,
-    parse_compute_apps,
-    parse_gpus,
-)
+from .facts.devices import ServerGpus, memory_after_restore, read_server_gpus
+from .facts.gpu import APPS_QUERY, Gpu, GpuOutputError, parse_compute_apps
 from .facts.model_config import ModelSite
 from .facts.vllm import ask_vllm
 from .hosts.base import LocalHost
@@ -80,7 +69,11 @@ class LocalProcessTarget:
         self._beside_ports: dict[str, int] = {}
 
     def preflight(self) -> None:
-        """Refuse a port that something else already serves: this backend only runs its own."""
+        """Refuse a port that something else already serves (this backend only runs its own),
+        and a command that asks for more GPUs than it sees (`gpu_refusal`)."""
+        why = self.gpu_refusal()
+        if why:
+            raise ConfigError(why)
         if port_answers(self.api_base):
             parts = urlsplit(self.api_base)
             raise ConfigError(
@@ -122,8 +115,25 @@ class LocalProcessTarget:
         argv = with_speculative_config(self.command, spec, where="[target] command")
         return self._service(f"candidate-{spec.name}", argv, env=spec.env)
 
+    def server_gpus(self) -> ServerGpus:
+        """The GPUs the server command sees (its CUDA_VISIBLE_DEVICES, [target.env]'s or this
+        process's) and the GPUs it asks for (tensor x pipeline parallel). Reads only."""
+        return read_server_gpus(self.host, self.command, server_env(self.env))
+
+    def gpu_refusal(self) -> str | None:
+        """Why the command cannot serve on the GPUs it sees, naming the host; None where it
+        can, or on a CPU."""
+        why = self.server_gpus().refusal()
+        return f"refused on {self.host_name}, nothing was touched: {why}" if why else None
+
     def plan(self, specs: Sequence[SpecConfig]) -> list[str]:
-        steps = [f"start the original: (cd {self.workdir} && {shlex.join(self.command)})"]
+        """The steps, each server on the GPUs it sees; a ConfigError where it cannot serve."""
+        gpus = self.server_gpus()
+        why = self.gpu_refusal()
+        if why:
+            raise ConfigError(why)
+        on = f" on {gpus.describe()}" if gpus.used else ""
+        steps = [f"start the original{on}: (cd {self.workdir} && {shlex.join(self.command)})"]
         for spec in specs:
             argv = with_speculative_config(self.command, spec, where="[target] command")
             env = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(spec.env.items()))
@@ -225,13 +235,11 @@ class LocalProcessTarget:
     def _layout(self, servers: int = 2) -> tuple[Placement, ...] | str:
         """Each of `servers` servers' place, the original's first: GPUs where nvidia-smi lists
         any, else cores; or why not."""
-        gpus = self._gpus()
+        found = self.server_gpus()
+        gpus = self._gpus(found)
         if gpus:
-            tp = option_value(self.command, "--tensor-parallel-size") or option_value(
-                self.command, "-tp"
-            )
             layout = gpu_placements(
-                gpus, share=self.gpu_share, tensor_parallel=int(tp or 1), servers=servers
+                gpus, share=self.gpu_share, tensor_parallel=found.per_server, servers=servers
             )
         else:
             layout = cpu_room(self.cores, servers) or split_cores(self.cores, servers)
@@ -240,17 +248,10 @@ class LocalProcessTarget:
             return f"no room for {what} beside the original on {self.host_name}: {layout}"
         return layout
 
-    def _gpus(self) -> list[Gpu]:
-        """The GPUs the server would see (CUDA_VISIBLE_DEVICES of [target.env]); none: a CPU."""
-        try:
-            result = self.host.run(["nvidia-smi", *GPUS_QUERY], timeout=30, privileged=False)
-            gpus = parse_gpus(result.stdout) if result.ok else []
-        except (HostError, GpuOutputError):
-            return []
-        visible = self.env.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            wanted = {int(i) for i in visible.split(",") if i.strip().isdigit()}
-            gpus = [g for g in gpus if g.index in wanted]
+    def _gpus(self, found: ServerGpus) -> list[Gpu]:
+        """The GPUs the server would see (`server_gpus`), less what this target's own servers
+        hold there; none: a CPU."""
+        gpus = list(found.seen)
         own = self._own_gpu_mib()
         return [
             dataclasses.replace(g, memory_used_mib=max(0, g.memory_used_mib - own[g.uuid]))
@@ -313,6 +314,23 @@ class LocalProcessTarget:
 
     def after_restore(self) -> list[str]:
         return []
+
+    def gpus_after_restore(self) -> list[str]:
+        """After the restore stopped every server (the original was not running before): each
+        GPU the servers could use, its memory used, once none of it is held by a process of
+        theirs (a process group this run started); ServiceError where some still is."""
+        groups = {s.pid for s in self._services if s.pid is not None}
+        if not groups:
+            return []
+        gpus = self.server_gpus().seen
+
+        def ours(pid: int) -> bool:
+            try:
+                return os.getpgid(pid) in groups
+            except OSError:  # gone, and still listed: its memory is being released
+                return True
+
+        return memory_after_restore(self.host, gpus, ours) if gpus else []
 
     def close(self) -> None:
         return None

@@ -24,6 +24,8 @@ class ReplicaFacts:
     gpus: tuple[str, ...] | None = None  # each GPU's name, from nvidia-smi
     driver: str | None = None
     cuda: str | None = None
+    host: str | None = None  # where its servers run
+    devices: tuple[int | None, ...] | None = None  # the indices of the GPUs it sees
 
     def describe(self) -> str:
         """One line for the plan: `a: model m, vLLM 0.11.0, 8 x NVIDIA H200, driver 580`."""
@@ -34,7 +36,7 @@ class ReplicaFacts:
         ]
         parts = [f"model {self.model}" + (f" ({', '.join(loaded)})" if loaded else "")]
         parts.append(f"vLLM {self.vllm_version or 'unknown'}")
-        parts.append(_gpus_text(self.gpus))
+        parts.append(_gpus_text(self.gpus) + _indices(self.devices))
         if self.gpus != ():  # no GPU, no driver to name
             parts.append(f"driver {self.driver or 'unknown'}")
         if self.cuda:
@@ -56,8 +58,9 @@ class Alike:
 
 
 def alike(replicas: Sequence[ReplicaFacts]) -> Alike:
-    """Each replica against the first: refusals (model, vLLM version), differences (GPU model,
-    GPU count, driver, CUDA) and what could not be compared."""
+    """Each replica against the first: refusals (model, vLLM version; two replicas on one
+    host that see one GPU), differences (GPU model, GPU count, driver, CUDA) and what could not
+    be compared."""
     refusals: list[str] = []
     differences: list[str] = []
     unknown: list[str] = []
@@ -87,7 +90,26 @@ def alike(replicas: Sequence[ReplicaFacts]) -> Alike:
         if missing:
             unknown.append(f"{replica.name}: {', '.join(missing)} could not be read")
     refused = [f"{line}: a crossover compares one model on one vLLM" for line in refusals]
-    return Alike(tuple(refused), tuple(differences), tuple(unknown))
+    return Alike(tuple(refused + _shared(replicas)), tuple(differences), tuple(unknown))
+
+
+def _shared(replicas: Sequence[ReplicaFacts]) -> list[str]:
+    """Two replicas on one host that see one GPU: their servers would share its memory, and
+    each replica's speed would be the other's load."""
+    out = []
+    for i, a in enumerate(replicas):
+        for b in replicas[i + 1 :]:
+            both = sorted(
+                {d for d in a.devices or () if d is not None} & set(b.devices or ()),
+            )
+            if a.host is not None and a.host == b.host and both:
+                out.append(
+                    f"replica {b.name} and replica {a.name} both see GPU"
+                    f"{'s' if len(both) > 1 else ''} {','.join(map(str, both))} on {a.host}: "
+                    "each replica needs GPUs of its own (devices in its [[target.replicas]] "
+                    "entry)"
+                )
+    return out
 
 
 def _differ(
@@ -107,6 +129,14 @@ def _names(gpus: tuple[str, ...] | None) -> str | None:
 
 def _count(gpus: tuple[str, ...] | None) -> str | None:
     return None if gpus is None else f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
+
+
+def _indices(devices: tuple[int | None, ...] | None) -> str:
+    """` (GPU 0)`, ` (GPUs 0,1)`; '' where none is known."""
+    if not devices:
+        return ""
+    shown = ",".join("?" if d is None else str(d) for d in devices)
+    return f" (GPU{'s' if len(devices) > 1 else ''} {shown})"
 
 
 def _gpus_text(gpus: tuple[str, ...] | None) -> str:

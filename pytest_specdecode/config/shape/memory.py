@@ -52,13 +52,33 @@ class Room:
     visible_gpus: int = 0  # GPU: all the server may see (side by side, each may get its own)
     servers: int = 1  # servers sharing it
     beside: str = ""  # how they share it, in words
+    tensor_parallel: int = 1  # GPU: of its GPUs, the tensor parallel group (the rest: pipeline)
+
+    @property
+    def gpus(self) -> int:
+        return len(self.totals_mib)
+
+    @property
+    def per_gpu(self) -> int:
+        """GPU: what the smallest of its GPUs holds at the share, less the allowance: the weights
+        are split evenly over the GPUs, so the smallest bounds each part."""
+        usable = [int(t * (1 << 20) * self.share) - GPU_ALLOWANCE for t in self.totals_mib]
+        return max(min(usable, default=0), 0)
+
+    def kv_split(self, shape: Shape) -> int:
+        """Over how many GPUs one sequence's KV cache is split: the pipeline's stages, and the
+        tensor parallel ranks up to the KV heads (a rank keeps one head at least); MLA's latent
+        cache is whole on every rank of the group."""
+        pipeline = max(1, self.gpus // max(1, self.tensor_parallel))
+        ranks = 1 if shape.mla else max(1, min(self.tensor_parallel, shape.kv_heads))
+        return pipeline * ranks
 
     @property
     def bytes(self) -> int:
-        """For the weights (and, where `kv_bytes` is None, the KV cache too)."""
+        """For the weights (and, where `kv_bytes` is None, the KV cache too): on GPUs, every GPU
+        of the server's, each at the smallest one's part."""
         if self.device == "gpu":
-            usable = sum(int(t * (1 << 20) * self.share) - GPU_ALLOWANCE for t in self.totals_mib)
-            return max(usable, 0)
+            return self.gpus * self.per_gpu
         each = self.available_bytes // self.servers - (self.kv_bytes or 0) - CPU_ALLOWANCE
         return max(each, 0)
 
@@ -73,8 +93,9 @@ class Room:
             text = (
                 f"{len(self.totals_mib)} x {kinds} "
                 f"({', '.join(f'{t} MiB' for t in self.totals_mib)}) x "
-                f"--gpu-memory-utilization {self.share:g}, less {gib(GPU_ALLOWANCE)} a GPU, on "
-                f"{self.host}"
+                f"--gpu-memory-utilization {self.share:g}, less {gib(GPU_ALLOWANCE)} a GPU, "
+                + (f"tensor parallel {self.tensor_parallel}, " if self.tensor_parallel > 1 else "")
+                + f"on {self.host}"
             )
         else:
             kv = f", VLLM_CPU_KVCACHE_SPACE={self.kv_space_gib} GiB for the KV cache"
@@ -117,9 +138,11 @@ def gpu_room(
     host: str,
     names: Sequence[str] = (),
     visible: int | None = None,
+    tensor_parallel: int = 1,
 ) -> Room:
     """The server's GPUs: each one's memory x its share (`--gpu-memory-utilization`), less the
-    allowance per GPU; `visible`: all the GPUs it may see (default: its own)."""
+    allowance per GPU; `visible`: all the GPUs it may see (default: its own); `tensor_parallel`:
+    of its GPUs, the tensor parallel group's (the others are pipeline stages)."""
     return Room(
         "gpu",
         host,
@@ -127,6 +150,7 @@ def gpu_room(
         names=tuple(names),
         share=share,
         visible_gpus=visible if visible is not None else len(totals_mib),
+        tensor_parallel=tensor_parallel,
     )
 
 
@@ -214,10 +238,18 @@ class DepthFit:
         sequence, in 14.0 GiB (…)`."""
         depth = depth or self.depths[-1]
         weights, kv = self.need(shape, depth)
+        room = self.room
+        each = ""
+        if room.device == "gpu" and room.gpus > 1:
+            whole = " (MLA's latent cache, whole on every rank)" if shape.mla else ""
+            each = (
+                f"; on each of its {room.gpus} GPUs {gib(weights / room.gpus)} of weights and "
+                f"{gib(kv / room.kv_split(shape))} of KV cache{whole}, in {gib(room.per_gpu)}"
+            )
         return (
             f"{depth} of {self.full} layers: {gib(weights)} of weights and {gib(kv)} of KV "
-            f"cache for one {self.max_model_len}-token sequence, in {gib(self.room.bytes)} "
-            f"({self.room.where})"
+            f"cache for one {self.max_model_len}-token sequence, in {gib(room.bytes)}{each} "
+            f"({room.where})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,7 +275,11 @@ class DepthFit:
 
 
 def fits(shape: Shape, sizes: ShapeBytes, room: Room, depth: int, max_model_len: int) -> bool:
+    """Whether `depth` fits: on GPUs, each GPU's part of the weights and of the KV cache in
+    each GPU's room (`Room.kv_split`); on a CPU, in its memory (and its KV space apart)."""
     weights, kv = sizes.weights(shape, depth), sizes.kv_floor(depth, max_model_len)
+    if room.device == "gpu":
+        return weights / max(1, room.gpus) + kv / room.kv_split(shape) <= room.per_gpu
     if room.kv_bytes is not None:
         return weights <= room.bytes and kv <= room.kv_bytes
     return weights + kv <= room.bytes

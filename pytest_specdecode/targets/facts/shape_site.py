@@ -5,8 +5,9 @@ the tokenizer's vocabulary, and the room on the serving host. Reads only.
   read as the drafter check's: this machine, over SSH, in the unit's container);
 - `file:PATH`: a config.json on this machine;
 - a named shape (config/shape/named.py): no read at all.
-The room: the server's GPUs (nvidia-smi, its CUDA_VISIBLE_DEVICES, tensor x pipeline parallel)
-at its `--gpu-memory-utilization`; without GPUs, the host's MemAvailable and
+The room: the server's GPUs (nvidia-smi, its CUDA_VISIBLE_DEVICES, tensor x pipeline parallel:
+targets/facts/devices.py) at its `--gpu-memory-utilization`, a tensor parallel size larger than
+the GPUs it sees refused; without GPUs, the host's MemAvailable and
 VLLM_CPU_KVCACHE_SPACE. None where neither can be read.
 """
 
@@ -22,7 +23,7 @@ from ...config.shape.table import ShapeConfig
 from ...config.vllm_argv import VLLM_GPU_MEMORY_UTILIZATION, option_value
 from ...errors import ConfigError, HostError
 from ..hosts.base import Host
-from .gpu import GPUS_QUERY, GpuOutputError, parse_gpus
+from .devices import read_server_gpus
 from .model_config import ModelFiles, ModelSite, read_model_config
 
 
@@ -75,43 +76,35 @@ _MEMINFO = "grep -m1 '^MemAvailable:' /proc/meminfo"
 
 
 def read_room(host: Host, argv: Sequence[str], env: Mapping[str, str]) -> Room | None:
-    """The room the server's command gives a model on `host`; None where it cannot be read."""
+    """The room the server's command gives a model on `host`: every GPU of its tensor (x
+    pipeline) parallel group; None where it cannot be read. ConfigError, with the figures, where
+    the command asks for more GPUs than it sees (targets/facts/devices.py)."""
+    found = read_server_gpus(host, argv, env)
+    why = found.refusal()
+    if why:
+        raise ConfigError(f"the shape's room on {host.name}: {why}; nothing was touched")
+    used = found.used
+    totals = [g.memory_total_mib for g in used if g.memory_total_mib]
+    if used and len(totals) == len(used):
+        return gpu_room(
+            totals,
+            share=_share(argv),
+            host=host.name,
+            names=[g.name or "GPU" for g in used],
+            visible=len(found.seen),
+            tensor_parallel=found.tensor_parallel,
+        )
     try:
-        result = host.run(["nvidia-smi", *GPUS_QUERY], timeout=30, privileged=False)
-        gpus = parse_gpus(result.stdout) if result.ok else []
-    except (HostError, GpuOutputError):
-        gpus = []
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        wanted = [int(i) for i in visible.split(",") if i.strip().isdigit()]
-        gpus = [g for i in wanted for g in gpus if g.index == i]
-    if gpus:
-        used = gpus[: max(1, _parallel(argv))]
-        totals = [g.memory_total_mib for g in used if g.memory_total_mib]
-        if len(totals) == len(used):
-            share = _share(argv)
-            names = [g.name or "GPU" for g in used]
-            return gpu_room(totals, share=share, host=host.name, names=names, visible=len(gpus))
-    try:
-        found = host.run(["sh", "-c", _MEMINFO], timeout=30, privileged=False)
+        found_mem = host.run(["sh", "-c", _MEMINFO], timeout=30, privileged=False)
     except HostError:
         return None
-    words = found.stdout.split()
-    if not found.ok or len(words) < 2 or not words[1].isdigit():
+    words = found_mem.stdout.split()
+    if not found_mem.ok or len(words) < 2 or not words[1].isdigit():
         return None
     space = env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
     return cpu_room(
         int(words[1]) * 1024, kv_space_gib=int(space) if space.isdigit() else None, host=host.name
     )
-
-
-def _parallel(argv: Sequence[str]) -> int:
-    """GPUs one server uses: tensor x pipeline parallel."""
-    out = 1
-    for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
-        text = next((v for f in flags if (v := option_value(argv, f)) is not None), "1")
-        out *= int(text) if text.isdigit() and int(text) > 0 else 1
-    return out
 
 
 def _share(argv: Sequence[str]) -> float:

@@ -108,3 +108,29 @@ def test_side_by_side_each_server_gets_its_part_of_the_room() -> None:
     alone = fit_depths(v3, None, h200, max_model_len=4096).depths[0]
     beside = fit_depths(v3, None, h200.shared(2, share=0.45, beside=""), max_model_len=4096)
     assert beside.depths[0] < alone  # a MoE layer's 10.5 GiB each: fewer fit in half
+
+
+def test_a_tensor_parallel_room_counts_every_gpu_each_holding_its_part() -> None:
+    """The reference experiment's geometry (issue 51): DeepSeek-V3 in fp8 at full depth over 8
+    H200s at tensor parallel 8: the weights split over the 8, the latent KV cache whole on each."""
+    v3 = named_shape("deepseek-v3")
+    eight = gpu_room([H200_MIB] * 8, share=0.9, host="gpu-8", tensor_parallel=8)
+    one = gpu_room([H200_MIB], share=0.9, host="gpu-8")
+    assert eight.bytes == 8 * one.bytes and eight.per_gpu == one.bytes
+    full = fit_depths(v3, None, eight, max_model_len=4096)
+    assert full.depths == (61,)
+    assert fit_depths(v3, None, one, max_model_len=4096).depths[0] < 20
+    weights, kv = full.need(v3, 61)
+    assert eight.kv_split(v3) == 1 and weights / 8 + kv <= eight.per_gpu
+    text = full.describe(v3)
+    assert "on each of its 8 GPUs" in text and "(MLA's latent cache, whole on every rank)" in text
+    assert "tensor parallel 8, on gpu-8" in eight.where
+    assert "on each of its" not in fit_depths(v3, [4], one, max_model_len=4096).describe(v3)
+    # GQA: a sequence's KV cache splits over the ranks up to its KV heads (8 in Llama 3.1 8B)
+    llama = named_shape("llama-3.1-8b")
+    assert gpu_room([H100_MIB] * 2, share=0.9, host="g", tensor_parallel=2).kv_split(llama) == 2
+    assert gpu_room([H100_MIB] * 16, share=0.9, host="g", tensor_parallel=16).kv_split(llama) == 8
+    assert gpu_room([H100_MIB] * 4, share=0.9, host="g", tensor_parallel=2).kv_split(llama) == 4
+    # GPUs of two sizes: the weights split evenly, so the smaller bounds each part
+    mixed = gpu_room([H100_MIB, H200_MIB], share=0.9, host="g", tensor_parallel=2)
+    assert mixed.bytes == 2 * gpu_room([H100_MIB], share=0.9, host="g").bytes

@@ -266,3 +266,39 @@ def test_a_phase_stored_before_the_settings_were_read_still_loads() -> None:
 def test_a_side_change_reads_as_the_issue_asks() -> None:
     change = SideChange("model runner", "V2", "V1")
     assert change.text() == "model runner V1 (baseline: V2)"
+
+
+def tensor_parallel(lines: list[str], ranks: int = 2) -> list[str]:
+    """A start's real log as a tensor parallel start would write it: `tensor_parallel_size` among
+    its non-default args, each worker's line once per rank (`Worker_TP1`, vLLM 0.32's name)."""
+    out = []
+    for line in lines:
+        line = line.replace("'max_model_len': 2048", f"'max_model_len': 2048, "
+                            f"'tensor_parallel_size': {ranks}")  # fmt: skip
+        if line.startswith("(Worker pid="):
+            out += [line.replace("(Worker pid=", f"(Worker_TP{r} pid=") for r in range(ranks)]
+        else:
+            out.append(line)
+    return out
+
+
+def test_a_tensor_parallel_start_reads_as_one_engine_and_its_size_is_no_side_change() -> None:
+    base, ngram = cpu_log("baseline"), cpu_log("ngram")
+    one = parse_engine_log(ngram)
+    two = parse_engine_log(tensor_parallel(ngram))
+    assert two.non_default_args["tensor_parallel_size"] == 2
+    assert two.feature_warnings == one.feature_warnings  # each rank's warning, once
+    assert side_changes(parse_engine_log(tensor_parallel(base)), two) == side_changes(
+        parse_engine_log(base), one
+    )
+
+
+def test_a_warning_of_one_rank_only_is_a_side_change_whatever_vllm_named_the_rank() -> None:
+    """vLLM 0.32 names a rank `Worker_TP1` (and a worker `VllmWorker-0`); older ones
+    `VllmWorker TP1` and `VllmWorker rank=1` (vllm-project/vllm#21256)."""
+    base = parse_engine_log(tensor_parallel(cpu_log("baseline")))
+    said = "WARNING 12-02 10:44:20 [x.py:1] Chunked prefill is disabled"
+    for rank in ("Worker_TP1", "VllmWorker-1", "VllmWorker TP1", "VllmWorker rank=1"):
+        line = f"({rank} pid=7) {said}"
+        found = side_changes(base, parse_engine_log([*tensor_parallel(cpu_log("ngram")), line]))
+        assert [c.text() for c in found] == ["vLLM warned: Chunked prefill is disabled"], rank

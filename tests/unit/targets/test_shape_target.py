@@ -111,6 +111,21 @@ def test_the_room_counts_the_tensor_parallel_gpus_it_is_allowed() -> None:
     assert "2 x NVIDIA H200" in two.where and "--gpu-memory-utilization 0.9" in one.where
 
 
+def test_the_room_refuses_a_tensor_parallel_size_larger_than_the_gpus_it_sees() -> None:
+    with pytest.raises(ConfigError) as refused:
+        read_room(Answers(h200s(4)), ["vllm", "serve", "m", "-tp", "4"],
+                  {"CUDA_VISIBLE_DEVICES": "2,3"})  # fmt: skip
+    text = str(refused.value)
+    assert text.startswith(
+        "the shape's room on root@gpu-1:22: the server command asks for --tensor-parallel-size "
+        "4, 4 GPUs, and sees 2 GPUs (CUDA_VISIBLE_DEVICES=2,3 of the 4 listed)"
+    )
+    assert text.endswith("; nothing was touched")
+    eight = read_room(Answers(h200s(8)), ["vllm", "serve", "m", "-tp", "8"], {})
+    assert eight is not None and eight.gpus == eight.tensor_parallel == 8
+    assert eight.bytes == 8 * eight.per_gpu and "tensor parallel 8" in eight.where
+
+
 def test_the_room_of_a_cpu_server_is_the_memory_available_and_its_kv_space() -> None:
     room = read_room(Answers(None), ["vllm", "serve", "m"], {"VLLM_CPU_KVCACHE_SPACE": "2"})
     assert room is not None and room.device == "cpu" and room.kv_bytes == 2 * 2**30
