@@ -69,8 +69,11 @@ def test_a_1_4_8_sweep_measures_every_level_in_each_phase(pytester: pytest.Pytes
     for key in keys:
         t, level = key.split("@")
         case = rf"test_speculation_keeps_the_first_token_prompt\[ngram-{t}-{level}\]"
-        assert re.search(rf"^(PASSED \S+::{case}|FAILED \S+::{case} - .*median TTFT)", out, re.M), (
-            key, out)  # fmt: skip
+        # a FAILED line is cut to the terminal's width: its reason is read from its failure
+        passed = re.search(rf"^PASSED \S+::{case}", out, re.M)
+        failed = re.search(rf"^FAILED \S+::{case}", out, re.M)
+        reason = re.search(rf"_ {case} _.*?AssertionError: .*?median TTFT", out, re.S)
+        assert passed or (failed and reason), (key, out)
     # The paying load per prompt type, in the tables and drawn.
     paying_loads = data["analysis"]["paying_loads"]["ngram"]
     assert set(paying_loads) == {"coding", "math"}

@@ -4,6 +4,7 @@ one reconnect, and privilege escalation with `sudo -n` for a non-root user.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import threading
 import time
@@ -268,8 +269,12 @@ class SSHHost(BaseHost):
         channel.settimeout(1.0)
         channel.exec_command(command)
         if stdin is not None:
-            channel.sendall(stdin.encode())
-        channel.shutdown_write()
+            # A command that exits before reading its input (not executable for this user, say)
+            # closes the channel under us: its exit status and stderr below say what happened.
+            with contextlib.suppress(OSError):
+                channel.sendall(stdin.encode())
+        with contextlib.suppress(OSError):
+            channel.shutdown_write()
         while True:
             # Drain both streams as we go, so a chatty command can never block on a full pipe.
             while channel.recv_ready():
