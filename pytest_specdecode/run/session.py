@@ -433,6 +433,7 @@ class SpecDecodeSession:
             starts = self.experiment.board.startups  # the starts' pace beside the rounds'
             if starts and isinstance(pace := store.record.environment.get("pace"), dict):
                 pace["start_s"] = sum(starts) / len(starts)
+                pace["starts_s"] = list(starts)  # in order: the first compiles (plan.warm_starts)
             self.host_noise.update_profile(store.record)
             store.analysis = analysis.to_json()
             store.flush()

@@ -23,7 +23,9 @@ from ...record.schema import RunRecord
 from ..variance.restarts import fit_starts, t_quantile
 
 SLOWED = "slowed"  # the whole interval beyond the tolerance, on the slow side
-WITHIN = "within"  # not slower than the tolerance
+WITHIN = "within"  # not slower than the tolerance, nor wholly faster than it
+FASTER = "faster"  # the whole interval beyond the tolerance, on the fast side: not slowed,
+# but the baseline's speed moved between the window and the rounds (a host-bound server drifts)
 UNCLEAR = "unclear"  # the interval reaches both sides of it
 
 METRIC = "tokens_per_s"  # a request's output tokens per second
@@ -72,6 +74,8 @@ class Regime:
         floor = 1.0 - self.tolerance
         if self.pooled.high < floor:
             return SLOWED
+        if self.pooled.low > 1.0 + self.tolerance:
+            return FASTER
         return WITHIN if self.pooled.low >= floor else UNCLEAR
 
     @property
@@ -91,6 +95,14 @@ class Regime:
                 f"the baseline ran {1 - self.pooled.ratio:.0%} slower beside {n} servers than "
                 f"beside one ({figure}; tolerance {tol}): the map and the verdicts measured "
                 f"beside {n} were measured in another regime than production's"
+            )
+        if self.state == FASTER:
+            return (
+                f"the baseline ran {self.pooled.ratio - 1:.0%} faster beside {n} servers than "
+                f"beside one ({figure}; tolerance {tol}): beyond the tolerance on the fast side, "
+                f"so its neighbours did not slow it, but its own speed moved between the window "
+                f"and the rounds by more than the tolerance; the verdicts and the map compare "
+                f"servers measured in the same rounds"
             )
         if self.state == WITHIN:
             return (
@@ -282,7 +294,7 @@ def fallback_beside(asked: int, measured: Sequence[tuple[str, Regime]]) -> tuple
     if not slowed:
         return asked, None
     least = slowed[0]
-    within = [n for n, (_, r) in latest.items() if r.state == WITHIN and n < least]
+    within = [n for n, (_, r) in latest.items() if r.state in (WITHIN, FASTER) and n < least]
     chosen = max(within, default=1)
     run, regime = latest[least]
     why = (

@@ -119,7 +119,9 @@ def candidate_predictions(
                     if i == 0 and prediction is not None and settings is not None
                     else None
                 )
+                base = v.throughput.baseline_center
                 if p is not None and p.speedup is not None and p.speedup_band is not None:
+                    low, high = p.speedup_band
                     out.append(
                         CandidatePrediction(
                             *head,
@@ -127,9 +129,10 @@ def candidate_predictions(
                             "replayed",
                             p.basis or COST_MODEL,
                             p.speedup,
-                            *p.speedup_band,
-                            p.tokens_per_s,
-                            p.tokens_per_s_band,
+                            low,
+                            high,
+                            base * p.speedup,  # the results table's baseline, as below
+                            (base * low, base * high),
                             *tail,
                             p.withheld,
                             k if p.basis else None,
@@ -144,7 +147,6 @@ def candidate_predictions(
                 if tau is None or line is None:
                     continue
                 ratio, low, high = line.at(tau)
-                base = v.throughput.baseline_center
                 band = (base * low, base * high)
                 basis = f"the map (k={line.k}, {line.level})"
                 out.append(

@@ -94,13 +94,16 @@ def prediction_rows(
     (`RunAnalysis.candidate_predictions`, the same figure)."""
     out = []
     first = record.run.levels[0].label if record.run.levels else None
-    inside = {(o.candidate, o.prompt_type): o.inside for o in ones if o.level == first}
+    one = {(o.candidate, o.prompt_type): o for o in ones if o.level == first}
     for candidate, per in prediction.comparisons.items():
         for name, c in per.items():
             pred = prediction.predictions.get(name, {}).get(c.settings)
             key = first_key(record, name)
             measured = figures.get(candidate, {}).get(key, {}).get("throughput")
             stats, counts = c.predicted, c.measured
+            said = one.get((candidate, name))  # its one prediction, in the results table's tok/s
+            predicted_tps = said.tokens_per_s if said else pred.tokens_per_s if pred else None
+            band = said.tokens_per_s_band if said else pred.tokens_per_s_band if pred else None
             out.append(
                 PredictionRow(
                     candidate=candidate,
@@ -113,11 +116,11 @@ def prediction_rows(
                     predicted_rate=stats.draft_acceptance_rate if stats else None,
                     measured_rate=counts.draft_acceptance_rate if counts else None,
                     tokens_per_step=stats.decode_tokens_per_step if stats else None,
-                    predicted_tps=pred.tokens_per_s if pred else None,
-                    band=pred.tokens_per_s_band if pred else None,
+                    predicted_tps=predicted_tps,
+                    band=band,
                     measured_tps=measured,
                     withheld=pred.withheld if pred else None,
-                    inside=inside.get((candidate, name)),
+                    inside=said.inside if said else None,
                 )
             )
     return out

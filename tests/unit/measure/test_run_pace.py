@@ -52,6 +52,23 @@ def test_the_first_round_gives_the_runs_own_estimate_once_and_the_pace_is_kept(
     assert start_s == pace["start_s"] and s_per_token == pytest.approx(pace["slot_s"] / 64)
 
 
+def test_the_next_plan_takes_the_starts_after_the_first_which_compiled() -> None:
+    from pytest_specdecode.record.schema import RunRecord
+
+    def stored(pace: dict) -> RunRecord:
+        rec = RunRecord.__new__(RunRecord)
+        rec.environment = {"pace": {"slot_s": 0.9, "max_tokens": 256.0, **pace}}
+        return rec
+
+    # the H100 on 2026-12-07: the main job's starts, then the map's in the next run
+    assert timed_pace(stored({"start_s": 103.0, "starts_s": [117.0, 89.0]}))[0] == 89.0  # type: ignore[index]
+    six = [74.0, 63.0, 55.0, 51.0, 51.0, 48.0]
+    assert timed_pace(stored({"start_s": 57.0, "starts_s": six}))[0] == 51.0  # type: ignore[index]
+    # one start kept, or none listed (a run stored before the list): the mean as stored
+    assert timed_pace(stored({"start_s": 100.0, "starts_s": [100.0]}))[0] == 100.0  # type: ignore[index]
+    assert timed_pace(stored({"start_s": 95.0}))[0] == 95.0  # type: ignore[index]
+
+
 def test_the_runs_estimate_names_the_plans_beside_its_own(tmp_path: Path) -> None:
     s = settings(tmp_path, samples=12)
     planned, _ = plan_time(

@@ -151,6 +151,30 @@ def test_a_stored_runs_own_pace_plans_the_next_run_on_the_same_lease(tmp_path: P
     assert other.spread == SPREAD_OTHER_MACHINE and "another machine" in other.source
 
 
+def test_the_stored_runs_later_starts_pace_the_next_run_on_a_warm_machine(tmp_path: Path) -> None:
+    """The second lease of 2026-12-07 (an H100): the main job started its servers in 117 and
+    89 s (the first compiled SmolLM2), then the map's six starts took 74 to 48 s, the compile
+    cache warm, and the map ran 702 s where its plan, at the main job's mean start, said 16
+    min. At its later start the plan is within a quarter of the run."""
+    s = gpu(tmp_path, mapped=True)
+    run = s.reports_dir / "20261207T145328Z-ngram"
+    run.mkdir(parents=True)
+    st = store(run.parent / "x", s)
+    st.record.environment.update({
+        "accelerator": H100.to_json(), "machine": "m-1", "run_s": 386.0,
+        "pace": {"start_s": 103.0, "starts_s": [117.0, 89.0], "slot_s": 0.91,
+                 "max_tokens": 256.0},
+    })  # fmt: skip
+    add_phase(st.record, "baseline", {"coding": 500.0}).startup_s = 117.0
+    st.path = run / "results.json"
+    st.flush()
+    timing = timed(s, machine="m-1")
+    assert timing.start_s == 89.0
+    assert "its starts after its first (vLLM's compile cache then warm)" in timing.source
+    found, _ = whole(s, timing, methods_s=1.0)
+    assert abs(found.seconds / 702.0 - 1.0) <= 0.25, found.seconds
+
+
 @pytest.mark.parametrize("cpu", ["AMD EPYC", "Intel Xeon"])
 def test_make_experiment_on_a_fresh_clone_is_inside_the_range_the_plan_names(
     tmp_path: Path, cpu: str

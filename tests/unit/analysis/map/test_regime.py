@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from pytest_specdecode.analysis.map.regime import (
+    FASTER,
     SLOWED,
     WITHIN,
     Regime,
@@ -105,6 +106,16 @@ def test_the_baseline_beside_three_as_fast_as_beside_one_is_within(tmp_path: Pat
     regime = regime_of(rec)
     assert regime is not None and regime.state == WITHIN
     assert "within 5% of its speed beside one" in regime.text()
+
+
+def test_the_baseline_faster_beside_all_is_beyond_on_the_fast_side_not_within() -> None:
+    # the H100 on 2026-12-07 (SmolLM2, beside 5): 1.24x [1.10, 1.39] was printed as "within 5%"
+    regime = _regime(5, 1.24, half=0.12)
+    assert regime.state == FASTER and not regime.slowed
+    text = regime.text()
+    assert "24% faster beside 5 servers than beside one" in text
+    assert "within 5% of its speed" not in text
+    assert fallback_beside(5, [("r", regime)]) == (5, None)
 
 
 def test_no_regime_window_with_one_beside_nor_with_none_asked(tmp_path: Path) -> None:
