@@ -195,6 +195,8 @@ def test_make_experiment_on_a_fresh_clone_is_inside_the_range_the_plan_names(
     time, stop = whole(s, timing, methods_s=None, outside=outside)
     text = "\n".join(time_lines(time, timing, stop))
     assert time.low < 897.0 < time.high, (time.low, time.high)
+    if cpu == "Intel Xeon":  # a fresh clone's 2-core Intel Xeon, 2026-12-07: 11 min 14 s
+        assert time.low < 674.0 < time.high, (time.low, time.high)
     assert "6 server starts" in text and "the token ids, untimed" in text
     if cpu == "AMD EPYC":  # the committed profile records no machine: another's pace
         assert "measured on another machine, or one not recorded" in text
