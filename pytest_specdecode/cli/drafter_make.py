@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.drafters.carrier import LLAMA_KEYS
 from ..analysis.drafters.check import AUX_KEY, default_aux_ids, text_config
 from ..errors import ConfigError
 from ..record.safetensors_io import SafetensorsFile, TensorOut, bf16_bytes, chunked
@@ -42,26 +43,9 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-# The target's keys an EAGLE-3 head keeps as they are (the rope's in either transformers' form).
-HEAD_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "hidden_act",
-    "rms_norm_eps",
-    "max_position_embeddings",
-    "vocab_size",
-    "rope_theta",
-    "rope_scaling",
-    "rope_parameters",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "attention_bias",
-    "mlp_bias",
-)
+# The target's keys an EAGLE-3 head keeps as they are: the carrier's (analysis/drafters/
+# carrier.py), with the rope's in either transformers' form and the biases.
+HEAD_KEYS = (*LLAMA_KEYS, "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias")
 INIT_STD = 0.02
 CHUNK = 1 << 22  # float32 values drawn at once: 16 MiB
 
